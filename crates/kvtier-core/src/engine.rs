@@ -1,0 +1,297 @@
+//! The engine: one store over a stack of tiers.
+//!
+//! Reads walk the tiers top to bottom and promote what they find into memory;
+//! writes go to memory (lower tiers join through demotion / write policies as
+//! they are added). Lookups walk a chain of keys and stop at the first key no
+//! tier has. Every call reports how long it spent in each tier, which the
+//! fronts return to clients as server timing.
+use crate::block::{Block, BlockId};
+use crate::error::{Error, Result};
+use crate::keys::{HashFn, Key, Namespace, DEFAULT_BLOCK_SIZE};
+use crate::lease::{LeaseGrant, LeaseTable};
+use crate::memory::{MemoryTier, Overwrite};
+use crate::size::ByteSize;
+use crate::tier::{PutOutcome, Tier, TierKind, TierStats};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Engine settings (the `[engine]` section of the server config).
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    /// Memory-tier byte budget.
+    pub memory_capacity: ByteSize,
+    /// Largest payload accepted for one block or value.
+    pub max_block_size: ByteSize,
+    /// Tokens per block when a request does not say.
+    pub default_block_size: usize,
+    /// Longest lease granted; longer requests are clamped.
+    pub max_lease: Duration,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        Self {
+            memory_capacity: ByteSize::gib(2),
+            max_block_size: ByteSize::mib(64),
+            default_block_size: DEFAULT_BLOCK_SIZE,
+            max_lease: Duration::from_secs(60),
+        }
+    }
+}
+
+/// Time spent inside each tier during one request.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StorageTiming {
+    /// Inside the memory tier.
+    pub memory: Duration,
+    /// Inside the disk tier.
+    pub disk: Duration,
+    /// Inside the object-store tier.
+    pub object: Duration,
+}
+
+impl StorageTiming {
+    /// Adds `d` to the tier `kind`.
+    pub fn add(&mut self, kind: TierKind, d: Duration) {
+        match kind {
+            TierKind::Memory => self.memory += d,
+            TierKind::Disk => self.disk += d,
+            TierKind::Object => self.object += d,
+        }
+    }
+    /// Sum over tiers.
+    pub fn total(&self) -> Duration {
+        self.memory + self.disk + self.object
+    }
+}
+
+/// Result of a lookup.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LookupOutcome {
+    /// Leading keys present.
+    pub found: usize,
+    /// Tier of each found key.
+    pub tiers: Vec<TierKind>,
+    /// Lease on the found prefix, when one was asked for and something was found.
+    pub lease: Option<LeaseGrant>,
+}
+
+/// Result of a write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WriteOutcome {
+    /// Newly stored.
+    Stored,
+    /// Identical block already present.
+    Existing,
+}
+
+/// Engine-wide counters.
+#[derive(Debug, Clone, Default)]
+pub struct EngineStats {
+    /// Per tier, top first.
+    pub tiers: Vec<(TierKind, TierStats)>,
+    /// Leases currently active.
+    pub active_leases: u64,
+}
+
+/// The store. Cheap to share behind an `Arc`.
+pub struct Engine {
+    cfg: EngineConfig,
+    memory: Arc<MemoryTier>,
+    lower: Vec<Arc<dyn Tier>>,
+    leases: LeaseTable,
+}
+
+impl Engine {
+    /// An engine with only the memory tier.
+    pub fn new(cfg: EngineConfig) -> Self {
+        Self::with_tiers(cfg, Vec::new())
+    }
+
+    /// An engine with memory plus `lower` tiers (top first).
+    pub fn with_tiers(cfg: EngineConfig, lower: Vec<Arc<dyn Tier>>) -> Self {
+        let memory = Arc::new(MemoryTier::new(cfg.memory_capacity.bytes()));
+        Self { cfg, memory, lower, leases: LeaseTable::default() }
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &EngineConfig {
+        &self.cfg
+    }
+
+    /// The memory tier (for tests and maintenance tasks).
+    pub fn memory(&self) -> &MemoryTier {
+        &self.memory
+    }
+
+    /// Computes chain keys from tokens (`block_size` 0 = default; only full blocks).
+    pub fn keys_for_tokens(&self, tokens: &[u32], block_size: usize, hash: HashFn) -> Result<Vec<Key>> {
+        let bs = if block_size == 0 { self.cfg.default_block_size } else { block_size };
+        hash.chain(tokens, bs)
+    }
+
+    /// Counts the leading `keys` present in any tier, optionally pinning them.
+    pub async fn lookup(
+        &self,
+        ns: &Namespace,
+        keys: &[Key],
+        lease: Option<Duration>,
+        timing: &mut StorageTiming,
+    ) -> Result<LookupOutcome> {
+        let mut tiers = Vec::with_capacity(keys.len());
+        let mut ids = Vec::with_capacity(keys.len());
+        for key in keys {
+            let id = BlockId::new(ns.clone(), key.clone());
+            let t0 = Instant::now();
+            let in_mem = self.memory.contains_block(&id);
+            timing.add(TierKind::Memory, t0.elapsed());
+            let tier = if in_mem {
+                Some(TierKind::Memory)
+            } else {
+                let mut found = None;
+                for t in &self.lower {
+                    let t0 = Instant::now();
+                    let hit = t.contains(&id).await;
+                    timing.add(t.kind(), t0.elapsed());
+                    if hit? {
+                        found = Some(t.kind());
+                        break;
+                    }
+                }
+                found
+            };
+            match tier {
+                Some(t) => {
+                    tiers.push(t);
+                    ids.push(id);
+                }
+                None => break,
+            }
+        }
+        let lease = match lease {
+            Some(d) if !ids.is_empty() => Some(self.pin(&ids, d)?),
+            _ => None,
+        };
+        Ok(LookupOutcome { found: tiers.len(), tiers, lease })
+    }
+
+    /// Pins explicit keys; every key must be present.
+    pub fn lease(&self, ns: &Namespace, keys: &[Key], dur: Duration) -> Result<LeaseGrant> {
+        if keys.is_empty() {
+            return Err(Error::invalid("lease needs at least one key"));
+        }
+        let ids: Vec<BlockId> = keys.iter().map(|k| BlockId::new(ns.clone(), k.clone())).collect();
+        for id in &ids {
+            if !self.memory.contains_block(id) {
+                return Err(Error::not_found(format!(
+                    "cannot lease key {:?} in namespace {}: not present",
+                    id.key, id.namespace
+                )));
+            }
+        }
+        self.pin(&ids, dur)
+    }
+
+    fn pin(&self, ids: &[BlockId], dur: Duration) -> Result<LeaseGrant> {
+        if dur.is_zero() {
+            return Err(Error::invalid("lease duration must be > 0 ms"));
+        }
+        let dur = dur.min(self.cfg.max_lease);
+        let grant = self.leases.grant(ids, dur)?;
+        self.memory.pin(ids, grant.expires_at);
+        Ok(grant)
+    }
+
+    /// Fails unless lease `id` is active.
+    pub fn check_lease(&self, id: u64) -> Result<()> {
+        self.leases.check(id)
+    }
+
+    /// Ends a lease early.
+    pub fn release_lease(&self, id: u64) -> Result<()> {
+        self.leases.release(id)
+    }
+
+    /// Reads one block from the highest tier that has it, promoting it to memory.
+    pub async fn read(&self, id: &BlockId, timing: &mut StorageTiming) -> Result<Option<(Block, TierKind)>> {
+        let t0 = Instant::now();
+        let hit = self.memory.get_block(id);
+        timing.add(TierKind::Memory, t0.elapsed());
+        if let Some(b) = hit {
+            return Ok(Some((b, TierKind::Memory)));
+        }
+        for t in &self.lower {
+            let t0 = Instant::now();
+            let got = t.get(id).await;
+            timing.add(t.kind(), t0.elapsed());
+            if let Some(b) = got? {
+                let t0 = Instant::now();
+                // Promotion is best effort: a full memory tier must not fail the read.
+                let _ = self.memory.put_block(b.clone(), Overwrite::Never);
+                timing.add(TierKind::Memory, t0.elapsed());
+                return Ok(Some((b, t.kind())));
+            }
+        }
+        Ok(None)
+    }
+
+    /// Validates and stores a block (immutable semantics).
+    pub async fn write(&self, block: Block, timing: &mut StorageTiming) -> Result<WriteOutcome> {
+        self.store(block, Overwrite::Never, timing).await
+    }
+
+    /// Stores a key/value entry, replacing any previous value.
+    pub async fn put_value(&self, block: Block, timing: &mut StorageTiming) -> Result<WriteOutcome> {
+        self.store(block, Overwrite::Replace, timing).await
+    }
+
+    async fn store(&self, block: Block, mode: Overwrite, timing: &mut StorageTiming) -> Result<WriteOutcome> {
+        self.check_size(block.payload.len())?;
+        let t0 = Instant::now();
+        let r = self.memory.put_block(block, mode);
+        timing.add(TierKind::Memory, t0.elapsed());
+        Ok(match r? {
+            PutOutcome::Stored => WriteOutcome::Stored,
+            PutOutcome::Existing => WriteOutcome::Existing,
+        })
+    }
+
+    /// Fails with `InvalidArgument` naming the limit if `len` is too large.
+    pub fn check_size(&self, len: usize) -> Result<()> {
+        let max = self.cfg.max_block_size;
+        if len as u64 > max.bytes() {
+            return Err(Error::invalid(format!(
+                "payload of {len} bytes exceeds the maximum block size of {max} ({} bytes)",
+                max.bytes()
+            )));
+        }
+        Ok(())
+    }
+
+    /// Deletes a block (and its descendants) from every tier; returns how many
+    /// blocks were removed from the tier that held the most.
+    pub async fn delete(&self, id: &BlockId, timing: &mut StorageTiming) -> Result<u64> {
+        let t0 = Instant::now();
+        let mut n = self.memory.remove(id);
+        timing.add(TierKind::Memory, t0.elapsed());
+        for t in &self.lower {
+            let t0 = Instant::now();
+            let r = t.delete(id).await;
+            timing.add(t.kind(), t0.elapsed());
+            n = n.max(r?);
+        }
+        Ok(n)
+    }
+
+    /// Removes expired blocks from memory; returns how many. Called periodically.
+    pub fn purge_expired(&self) -> u64 {
+        self.memory.purge_expired()
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> EngineStats {
+        let mut tiers = vec![(TierKind::Memory, Tier::stats(&*self.memory))];
+        tiers.extend(self.lower.iter().map(|t| (t.kind(), t.stats())));
+        EngineStats { tiers, active_leases: self.leases.active().0 }
+    }
+}

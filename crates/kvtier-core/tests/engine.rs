@@ -1,0 +1,248 @@
+//! Engine + memory-tier behaviour: prefix-closed eviction (property test), TTLs
+//! under paused time, leases, idempotent writes and bad input.
+use bytes::Bytes;
+use kvtier_core::error::ErrorKind;
+use kvtier_core::*;
+use proptest::prelude::*;
+use std::time::Duration;
+
+fn ns(s: &str) -> Namespace {
+    Namespace::new(s).unwrap()
+}
+
+fn chain_blocks(ns_: &Namespace, seed: u32, n: usize, size: usize) -> Vec<Block> {
+    let tokens: Vec<u32> = (0..(n * 4) as u32).map(|t| t.wrapping_mul(7919) ^ seed).collect();
+    let keys = HashFn::default().chain(&tokens, 4).unwrap();
+    keys.iter()
+        .enumerate()
+        .map(|(i, k)| {
+            let parent = if i == 0 { None } else { Some(keys[i - 1].clone()) };
+            let payload = Bytes::from(vec![(seed as u8).wrapping_add(i as u8); size]);
+            Block::new(BlockId::new(ns_.clone(), k.clone()), parent, 4, payload)
+        })
+        .collect()
+}
+
+fn engine(cap: u64) -> Engine {
+    Engine::new(EngineConfig { memory_capacity: ByteSize(cap), ..Default::default() })
+}
+
+/// For every resident block, its parent is resident: the stored set is prefix-closed.
+fn assert_prefix_closed(e: &Engine, chains: &[Vec<Block>]) {
+    e.memory().check_invariants().unwrap();
+    for chain in chains {
+        let mut seen_missing = false;
+        for b in chain {
+            let present = e.memory().contains_block(&b.meta.id);
+            assert!(!(present && seen_missing), "block {:?} resident after a missing ancestor", b.meta.id);
+            seen_missing |= !present;
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+    #[test]
+    fn eviction_keeps_chains_prefix_closed(
+        ops in prop::collection::vec((0u32..12, 1usize..10, 0usize..3), 1..60),
+        cap_blocks in 3u64..40,
+    ) {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap();
+        rt.block_on(async {
+            let size = 1000;
+            let e = engine(cap_blocks * (size as u64 + 300));
+            let n = ns("prop");
+            let mut chains = Vec::new();
+            for (seed, len, action) in ops {
+                let chain = chain_blocks(&n, seed, len, size);
+                let mut t = StorageTiming::default();
+                match action {
+                    // write the chain head first
+                    // write the chain head first; a chain longer than memory gets
+                    // RESOURCE_EXHAUSTED for the tail that cannot fit
+                    0 | 1 => for b in &chain {
+                        if let Err(err) = e.write(b.clone(), &mut t).await {
+                            assert_eq!(err.kind, ErrorKind::ResourceExhausted, "{}", err.message);
+                            break;
+                        }
+                    },
+                    // look the chain up (touches its prefix)
+                    _ => {
+                        let keys: Vec<Key> = chain.iter().map(|b| b.meta.id.key.clone()).collect();
+                        e.lookup(&n, &keys, None, &mut t).await.unwrap();
+                    }
+                }
+                chains.push(chain);
+                assert_prefix_closed(&e, &chains);
+            }
+            let st = e.memory().stats_snapshot();
+            prop_assert!(st.bytes <= cap_blocks * (size as u64 + 300));
+            Ok(())
+        })?;
+    }
+}
+
+#[tokio::test]
+async fn write_read_lookup_roundtrip() {
+    let e = engine(1 << 30);
+    let n = ns("t");
+    let chain = chain_blocks(&n, 1, 5, 1_200_000);
+    let mut t = StorageTiming::default();
+    for b in &chain[..3] {
+        assert_eq!(e.write(b.clone(), &mut t).await.unwrap(), WriteOutcome::Stored);
+    }
+    // idempotent
+    assert_eq!(e.write(chain[0].clone(), &mut t).await.unwrap(), WriteOutcome::Existing);
+    let keys: Vec<Key> = chain.iter().map(|b| b.meta.id.key.clone()).collect();
+    let out = e.lookup(&n, &keys, None, &mut t).await.unwrap();
+    assert_eq!(out.found, 3);
+    assert_eq!(out.tiers, vec![TierKind::Memory; 3]);
+    let (b, tier) = e.read(&chain[1].meta.id, &mut t).await.unwrap().unwrap();
+    assert_eq!(tier, TierKind::Memory);
+    assert_eq!(b.payload, chain[1].payload);
+    assert!(e.read(&chain[4].meta.id, &mut t).await.unwrap().is_none());
+    // another namespace sees nothing
+    assert_eq!(e.lookup(&ns("other"), &keys, None, &mut t).await.unwrap().found, 0);
+    // conflicting re-write is rejected, original kept
+    let mut bad = chain[0].clone();
+    bad.payload = Bytes::from(vec![9u8; 10]);
+    bad.meta.crc32c = crc32c::crc32c(&bad.payload);
+    assert_eq!(e.write(bad, &mut t).await.unwrap_err().kind, ErrorKind::FailedPrecondition);
+    assert_eq!(e.read(&chain[0].meta.id, &mut t).await.unwrap().unwrap().0.payload, chain[0].payload);
+}
+
+#[tokio::test]
+async fn oversized_payload_is_rejected_naming_the_limit() {
+    let e = Engine::new(EngineConfig { max_block_size: ByteSize(1000), ..Default::default() });
+    let n = ns("t");
+    let b = Block::new(BlockId::new(n, Key::new(&b"k"[..]).unwrap()), None, 0, Bytes::from(vec![0u8; 1001]));
+    let err = e.write(b, &mut StorageTiming::default()).await.unwrap_err();
+    assert_eq!(err.kind, ErrorKind::InvalidArgument);
+    assert!(err.message.contains("1000"), "{}", err.message);
+}
+
+#[tokio::test(start_paused = true)]
+async fn ttl_expires_under_paused_time() {
+    let e = engine(1 << 20);
+    let n = ns("t");
+    let mut b = Block::new(BlockId::new(n.clone(), Key::new(&b"k"[..]).unwrap()), None, 0, Bytes::from_static(b"v"));
+    b.meta.expires_unix_ms = Some(kvtier_core::memory::unix_ms() + 1000);
+    let mut t = StorageTiming::default();
+    e.put_value(b.clone(), &mut t).await.unwrap();
+    tokio::time::advance(Duration::from_millis(990)).await;
+    assert!(e.read(&b.meta.id, &mut t).await.unwrap().is_some());
+    tokio::time::advance(Duration::from_millis(20)).await;
+    assert!(e.read(&b.meta.id, &mut t).await.unwrap().is_none());
+    assert_eq!(e.memory().stats_snapshot().expirations, 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn expiring_parent_takes_descendants_with_it() {
+    let e = engine(1 << 24);
+    let n = ns("t");
+    let mut chain = chain_blocks(&n, 3, 3, 100);
+    chain[0].meta.expires_unix_ms = Some(kvtier_core::memory::unix_ms() + 50);
+    let mut t = StorageTiming::default();
+    for b in &chain {
+        e.write(b.clone(), &mut t).await.unwrap();
+    }
+    tokio::time::advance(Duration::from_millis(60)).await;
+    assert_eq!(e.purge_expired(), 3);
+    assert!(e.read(&chain[2].meta.id, &mut t).await.unwrap().is_none());
+    e.memory().check_invariants().unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn lease_pins_prefix_until_it_expires() {
+    let size = 1000usize;
+    let e = engine(4 * (size as u64 + 300));
+    let n = ns("t");
+    let leased = chain_blocks(&n, 1, 2, size);
+    let mut t = StorageTiming::default();
+    for b in &leased {
+        e.write(b.clone(), &mut t).await.unwrap();
+    }
+    let keys: Vec<Key> = leased.iter().map(|b| b.meta.id.key.clone()).collect();
+    let out = e.lookup(&n, &keys, Some(Duration::from_millis(500)), &mut t).await.unwrap();
+    let lease = out.lease.expect("lease granted");
+    // Flood memory with other chains: the leased prefix must survive.
+    for s in 10..20 {
+        for b in chain_blocks(&n, s, 2, size) {
+            e.write(b, &mut t).await.unwrap();
+        }
+    }
+    assert_eq!(e.lookup(&n, &keys, None, &mut t).await.unwrap().found, 2);
+    e.check_lease(lease.id).unwrap();
+    // After expiry the pin is gone and reading with the lease fails clearly.
+    tokio::time::advance(Duration::from_millis(501)).await;
+    let err = e.check_lease(lease.id).unwrap_err();
+    assert_eq!(err.kind, ErrorKind::FailedPrecondition);
+    assert!(err.message.contains("expired"), "{}", err.message);
+    for s in 20..30 {
+        for b in chain_blocks(&n, s, 2, size) {
+            e.write(b, &mut t).await.unwrap();
+        }
+    }
+    assert_eq!(e.lookup(&n, &keys, None, &mut t).await.unwrap().found, 0);
+}
+
+#[tokio::test]
+async fn lease_on_missing_key_is_not_found() {
+    let e = engine(1 << 20);
+    let err = e.lease(&ns("t"), &[Key::new(&b"nope"[..]).unwrap()], Duration::from_secs(1)).unwrap_err();
+    assert_eq!(err.kind, ErrorKind::NotFound);
+    assert!(err.message.contains("nope"));
+    // A lookup that finds nothing grants no lease (a miss is not an error).
+    let out = e
+        .lookup(&ns("t"), &[Key::new(&b"nope"[..]).unwrap()], Some(Duration::from_secs(1)), &mut StorageTiming::default())
+        .await
+        .unwrap();
+    assert_eq!((out.found, out.lease), (0, None));
+}
+
+#[tokio::test]
+async fn everything_pinned_means_resource_exhausted() {
+    let size = 1000usize;
+    let e = engine(2 * (size as u64 + 300));
+    let n = ns("t");
+    let chain = chain_blocks(&n, 1, 2, size);
+    let mut t = StorageTiming::default();
+    for b in &chain {
+        e.write(b.clone(), &mut t).await.unwrap();
+    }
+    let keys: Vec<Key> = chain.iter().map(|b| b.meta.id.key.clone()).collect();
+    e.lease(&n, &keys, Duration::from_secs(10)).unwrap();
+    let other = chain_blocks(&n, 2, 1, size).remove(0);
+    let err = e.write(other, &mut t).await.unwrap_err();
+    assert_eq!(err.kind, ErrorKind::ResourceExhausted);
+    assert_eq!(e.lookup(&n, &keys, None, &mut t).await.unwrap().found, 2);
+    e.memory().check_invariants().unwrap();
+}
+
+#[tokio::test]
+async fn delete_cascades_to_descendants() {
+    let e = engine(1 << 24);
+    let n = ns("t");
+    let chain = chain_blocks(&n, 5, 4, 10);
+    let mut t = StorageTiming::default();
+    for b in &chain {
+        e.write(b.clone(), &mut t).await.unwrap();
+    }
+    assert_eq!(e.delete(&chain[1].meta.id, &mut t).await.unwrap(), 3);
+    let keys: Vec<Key> = chain.iter().map(|b| b.meta.id.key.clone()).collect();
+    assert_eq!(e.lookup(&n, &keys, None, &mut t).await.unwrap().found, 1);
+    e.memory().check_invariants().unwrap();
+}
+
+#[tokio::test]
+async fn child_written_before_parent_is_adopted() {
+    let e = engine(1 << 24);
+    let n = ns("t");
+    let chain = chain_blocks(&n, 6, 3, 10);
+    let mut t = StorageTiming::default();
+    for b in chain.iter().rev() {
+        e.write(b.clone(), &mut t).await.unwrap();
+    }
+    e.memory().check_invariants().unwrap();
+    assert_eq!(e.delete(&chain[0].meta.id, &mut t).await.unwrap(), 3);
+}

@@ -1,0 +1,15 @@
+//! Compiles the protos with `protox` (pure Rust), so no system `protoc` is needed.
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let files = ["kvtier/v1/kvtier.proto", "kvstore/kvstore.proto"];
+    let root = "../../proto";
+    for f in &files {
+        println!("cargo:rerun-if-changed={root}/{f}");
+    }
+    let fds = protox::compile(files, [root])?;
+    tonic_prost_build::configure()
+        // Payloads are MB-sized: decode them as `bytes::Bytes` (zero-copy slices of
+        // the receive buffer) instead of `Vec<u8>`.
+        .bytes(".")
+        .compile_fds(fds)?;
+    Ok(())
+}

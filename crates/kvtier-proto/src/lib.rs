@@ -1,0 +1,16 @@
+//! Generated protobuf and gRPC types.
+//!
+//! * [`v1`]: kvtier's own API (`kvtier.v1.KvTier`).
+//! * [`kvstore`]: the seed service's wire API (`kvstore.KVStoreService`), served
+//!   unchanged so existing clients can point at kvtier.
+#![allow(missing_docs, clippy::all)]
+
+/// `kvtier.v1`: the native API.
+pub mod v1 {
+    tonic::include_proto!("kvtier.v1");
+}
+
+/// `kvstore`: wire-compatible API of the seed service.
+pub mod kvstore {
+    tonic::include_proto!("kvstore");
+}
