@@ -1,1 +1,408 @@
-//! placeholder
+//! Rust client for kvtier.
+//!
+//! * A pool of N HTTP/2 connections (one TCP stream caps throughput; seed 003),
+//!   used round-robin.
+//! * Deadlines on every call (sent as `grpc-timeout`, enforced locally too).
+//! * Retries of idempotent calls (all kvtier.v1 calls are idempotent) on
+//!   `UNAVAILABLE` with exponential backoff and jitter, within the deadline.
+//! * End-to-end checksums: CRC32C computed on write, verified on read.
+//! * The key scheme, so callers can pass tokens instead of keys.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), kvtier_client::ClientError> {
+//! use kvtier_client::{Client, ClientConfig};
+//! let client = Client::connect(ClientConfig::new("http://127.0.0.1:50051")).await?;
+//! let tokens: Vec<u32> = (0..256).collect();
+//! let found = client.lookup_tokens("my-model", &tokens, None).await?;
+//! println!("{} blocks cached", found.found);
+//! # Ok(()) }
+//! ```
+pub mod compat;
+
+use bytes::Bytes;
+use futures::StreamExt;
+use kvtier_core::{HashFn, Key};
+use kvtier_proto::v1 as pb;
+use kvtier_proto::v1::kv_tier_client::KvTierClient;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+use tonic::transport::{Channel, Endpoint};
+
+pub use kvtier_proto::v1::{ServerTiming, Tier};
+
+/// Client errors.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// The server answered with an error status.
+    #[error("{}: {}", .0.code(), .0.message())]
+    Status(#[from] tonic::Status),
+    /// Could not connect.
+    #[error("transport: {0}")]
+    Transport(#[from] tonic::transport::Error),
+    /// The caller passed something invalid.
+    #[error("invalid argument: {0}")]
+    Invalid(String),
+    /// Data received does not match its checksum.
+    #[error("corrupt data received: {0}")]
+    Corrupt(String),
+}
+
+impl ClientError {
+    /// The gRPC code, if the server answered.
+    pub fn code(&self) -> Option<tonic::Code> {
+        match self {
+            ClientError::Status(s) => Some(s.code()),
+            _ => None,
+        }
+    }
+}
+
+/// Result alias.
+pub type Result<T, E = ClientError> = std::result::Result<T, E>;
+
+/// Client settings.
+#[derive(Debug, Clone)]
+pub struct ClientConfig {
+    /// Server URI, e.g. `http://127.0.0.1:50051`.
+    pub endpoint: String,
+    /// HTTP/2 connections in the pool.
+    pub connections: usize,
+    /// Deadline per call.
+    pub timeout: Duration,
+    /// Connect timeout.
+    pub connect_timeout: Duration,
+    /// Retries after the first attempt for idempotent calls.
+    pub retries: u32,
+    /// Tokens per block when computing keys from tokens.
+    pub block_size: usize,
+    /// Hash function for keys computed from tokens.
+    pub hash: HashFn,
+}
+
+impl ClientConfig {
+    /// Defaults for `endpoint`: 4 connections, 10 s deadline, 2 retries, 128-token blocks.
+    pub fn new(endpoint: impl Into<String>) -> Self {
+        let mut endpoint = endpoint.into();
+        if !endpoint.contains("://") {
+            endpoint = format!("http://{endpoint}");
+        }
+        Self {
+            endpoint,
+            connections: 4,
+            timeout: Duration::from_secs(10),
+            connect_timeout: Duration::from_secs(5),
+            retries: 2,
+            block_size: kvtier_core::keys::DEFAULT_BLOCK_SIZE,
+            hash: HashFn::default(),
+        }
+    }
+}
+
+/// Result of a lookup.
+#[derive(Debug, Clone)]
+pub struct Lookup {
+    /// Leading blocks present.
+    pub found: usize,
+    /// Tier of each found block.
+    pub tiers: Vec<Tier>,
+    /// The keys checked (computed client-side for token lookups).
+    pub keys: Vec<Key>,
+    /// Lease id (0 = none).
+    pub lease_id: u64,
+    /// Server timing.
+    pub timing: ServerTiming,
+}
+
+/// One block to write.
+#[derive(Debug, Clone)]
+pub struct WriteBlock {
+    /// Key.
+    pub key: Key,
+    /// Parent key (`None` for a chain head).
+    pub parent: Option<Key>,
+    /// Tokens covered.
+    pub token_count: u32,
+    /// Payload.
+    pub payload: Bytes,
+    /// TTL (0 = none).
+    pub ttl_ms: u64,
+}
+
+/// One block read.
+#[derive(Debug, Clone)]
+pub struct ReadBlock {
+    /// Position in the request.
+    pub index: usize,
+    /// Key.
+    pub key: Key,
+    /// Parent key.
+    pub parent: Option<Key>,
+    /// Payload (checksum verified).
+    pub payload: Bytes,
+    /// Tier it was served from.
+    pub tier: Tier,
+}
+
+/// Result of a read.
+#[derive(Debug, Clone)]
+pub struct ReadResult {
+    /// Blocks in request order (a prefix of the request).
+    pub blocks: Vec<ReadBlock>,
+    /// True when fewer than requested were returned.
+    pub partial: bool,
+    /// `missing`, `deadline` or empty.
+    pub reason: String,
+    /// Server timing.
+    pub timing: ServerTiming,
+}
+
+/// Result of a write.
+#[derive(Debug, Clone, Copy)]
+pub struct WriteResult {
+    /// Newly stored.
+    pub stored: u32,
+    /// Already present.
+    pub existing: u32,
+    /// Server timing.
+    pub timing: ServerTiming,
+}
+
+/// A pooled kvtier.v1 client. Cheap to clone.
+#[derive(Clone)]
+pub struct Client {
+    cfg: ClientConfig,
+    pool: std::sync::Arc<Vec<KvTierClient<Channel>>>,
+    next: std::sync::Arc<AtomicUsize>,
+}
+
+/// Builds a tuned endpoint (large HTTP/2 windows, TCP_NODELAY, keepalive).
+pub fn endpoint(cfg: &ClientConfig) -> Result<Endpoint> {
+    Ok(Endpoint::from_shared(cfg.endpoint.clone())
+        .map_err(|e| ClientError::Invalid(format!("endpoint {:?}: {e}", cfg.endpoint)))?
+        .connect_timeout(cfg.connect_timeout)
+        .tcp_nodelay(true)
+        .initial_stream_window_size(Some(32 << 20))
+        .initial_connection_window_size(Some(64 << 20))
+        .http2_keep_alive_interval(Duration::from_secs(30))
+        .keep_alive_timeout(Duration::from_secs(20)))
+}
+
+/// Opens `n` separate HTTP/2 connections.
+pub async fn connect_pool(cfg: &ClientConfig) -> Result<Vec<Channel>> {
+    let ep = endpoint(cfg)?;
+    let mut chans = Vec::with_capacity(cfg.connections.max(1));
+    for _ in 0..cfg.connections.max(1) {
+        chans.push(ep.connect().await?);
+    }
+    Ok(chans)
+}
+
+fn backoff(attempt: u32) -> Duration {
+    let base = 20u64 << attempt.min(6);
+    // Cheap jitter without an RNG dependency: nanos of the clock.
+    let jitter = (Instant::now().elapsed().subsec_nanos() as u64 ^ std::process::id() as u64) % (base / 2 + 1);
+    Duration::from_millis(base / 2 + jitter)
+}
+
+impl Client {
+    /// Connects the pool.
+    pub async fn connect(cfg: ClientConfig) -> Result<Self> {
+        kvtier_core::keys::check_block_size(cfg.block_size).map_err(|e| ClientError::Invalid(e.message))?;
+        let max = 512 << 20;
+        let pool = connect_pool(&cfg)
+            .await?
+            .into_iter()
+            .map(|c| KvTierClient::new(c).max_decoding_message_size(max).max_encoding_message_size(max))
+            .collect();
+        Ok(Self { cfg, pool: std::sync::Arc::new(pool), next: Default::default() })
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &ClientConfig {
+        &self.cfg
+    }
+
+    fn conn(&self) -> KvTierClient<Channel> {
+        let i = self.next.fetch_add(1, Ordering::Relaxed) % self.pool.len();
+        self.pool[i].clone()
+    }
+
+    fn request<T>(&self, msg: T, deadline: Instant) -> tonic::Request<T> {
+        let mut r = tonic::Request::new(msg);
+        r.set_timeout(deadline.saturating_duration_since(Instant::now()));
+        r
+    }
+
+    /// Runs `f` with retries on UNAVAILABLE until the deadline.
+    async fn retry<T, F, Fut>(&self, mut f: F) -> Result<T>
+    where
+        F: FnMut(KvTierClient<Channel>, Instant) -> Fut,
+        Fut: std::future::Future<Output = Result<T, tonic::Status>>,
+    {
+        let deadline = Instant::now() + self.cfg.timeout;
+        let mut attempt = 0;
+        loop {
+            let fut = f(self.conn(), deadline);
+            let r = match tokio::time::timeout_at(deadline.into(), fut).await {
+                Ok(r) => r,
+                Err(_) => Err(tonic::Status::deadline_exceeded(format!(
+                    "no answer within {:?}",
+                    self.cfg.timeout
+                ))),
+            };
+            match r {
+                Err(s) if s.code() == tonic::Code::Unavailable && attempt < self.cfg.retries => {
+                    let pause = backoff(attempt);
+                    if Instant::now() + pause >= deadline {
+                        return Err(s.into());
+                    }
+                    tracing::debug!(attempt, error = %s, "retrying");
+                    tokio::time::sleep(pause).await;
+                    attempt += 1;
+                }
+                other => return other.map_err(Into::into),
+            }
+        }
+    }
+
+    /// Keys of the full blocks of `tokens` under the configured scheme.
+    pub fn keys_for(&self, tokens: &[u32]) -> Vec<Key> {
+        self.cfg.hash.chain(tokens, self.cfg.block_size).expect("block size checked at connect")
+    }
+
+    /// How many leading `keys` are stored.
+    pub async fn lookup(&self, ns: &str, keys: &[Key], lease_ms: Option<u32>) -> Result<Lookup> {
+        let req = pb::LookupRequest {
+            namespace: ns.to_string(),
+            keys: keys.iter().map(Key::bytes).collect(),
+            lease_ms: lease_ms.unwrap_or(0),
+            ..Default::default()
+        };
+        let r = self.retry(|mut c, d| { let rq = self.request(req.clone(), d); async move { c.lookup(rq).await } }).await?;
+        Ok(to_lookup(r.into_inner(), keys.to_vec()))
+    }
+
+    /// How many leading blocks of `tokens` are stored (keys computed client-side).
+    pub async fn lookup_tokens(&self, ns: &str, tokens: &[u32], lease_ms: Option<u32>) -> Result<Lookup> {
+        let keys = self.keys_for(tokens);
+        self.lookup(ns, &keys, lease_ms).await
+    }
+
+    /// Reads `keys` in order; stops at the first missing block.
+    pub async fn read(&self, ns: &str, keys: &[Key], lease_id: u64) -> Result<ReadResult> {
+        let req = pb::ReadRequest { namespace: ns.to_string(), keys: keys.iter().map(Key::bytes).collect(), lease_id };
+        self.retry(|mut c, d| {
+            let rq = self.request(req.clone(), d);
+            async move {
+                let mut stream = c.read(rq).await?.into_inner();
+                let mut out = ReadResult { blocks: Vec::new(), partial: false, reason: String::new(), timing: Default::default() };
+                while let Some(msg) = stream.next().await {
+                    match msg?.item {
+                        Some(pb::read_response::Item::Block(b)) => out.blocks.push(to_read_block(b)?),
+                        Some(pb::read_response::Item::Done(d)) => {
+                            out.partial = d.partial;
+                            out.reason = d.reason;
+                            out.timing = d.timing.unwrap_or_default();
+                        }
+                        None => {}
+                    }
+                }
+                Ok(out)
+            }
+        })
+        .await
+    }
+
+    /// Writes blocks (checksums computed here).
+    pub async fn write(&self, ns: &str, blocks: &[WriteBlock]) -> Result<WriteResult> {
+        let req = pb::WriteRequest {
+            namespace: ns.to_string(),
+            blocks: blocks
+                .iter()
+                .map(|b| pb::Block {
+                    key: b.key.bytes(),
+                    parent_key: b.parent.as_ref().map_or_else(Bytes::new, Key::bytes),
+                    token_count: b.token_count,
+                    crc32c: crc32c::crc32c(&b.payload),
+                    payload: b.payload.clone(),
+                    ttl_ms: b.ttl_ms,
+                })
+                .collect(),
+        };
+        let r = self.retry(|mut c, d| { let rq = self.request(req.clone(), d); async move { c.write(rq).await } }).await?.into_inner();
+        Ok(WriteResult { stored: r.stored, existing: r.existing, timing: r.timing.unwrap_or_default() })
+    }
+
+    /// Writes one payload per full block of `tokens`, chained.
+    pub async fn write_tokens(&self, ns: &str, tokens: &[u32], payloads: &[Bytes]) -> Result<WriteResult> {
+        let keys = self.keys_for(tokens);
+        if payloads.len() != keys.len() {
+            return Err(ClientError::Invalid(format!(
+                "{} payloads for {} full blocks of {} tokens",
+                payloads.len(),
+                keys.len(),
+                self.cfg.block_size
+            )));
+        }
+        let blocks: Vec<WriteBlock> = keys
+            .iter()
+            .enumerate()
+            .map(|(i, k)| WriteBlock {
+                key: k.clone(),
+                parent: i.checked_sub(1).map(|p| keys[p].clone()),
+                token_count: self.cfg.block_size as u32,
+                payload: payloads[i].clone(),
+                ttl_ms: 0,
+            })
+            .collect();
+        self.write(ns, &blocks).await
+    }
+
+    /// Deletes blocks (and their descendants); returns how many were removed.
+    pub async fn delete(&self, ns: &str, keys: &[Key]) -> Result<u32> {
+        let req = pb::DeleteRequest { namespace: ns.to_string(), keys: keys.iter().map(Key::bytes).collect() };
+        let r = self.retry(|mut c, d| { let rq = self.request(req.clone(), d); async move { c.delete(rq).await } }).await?;
+        Ok(r.into_inner().deleted)
+    }
+
+    /// Server statistics.
+    pub async fn stats(&self) -> Result<pb::StatsResponse> {
+        let r = self.retry(|mut c, d| { let rq = self.request(pb::StatsRequest {}, d); async move { c.stats(rq).await } }).await?;
+        Ok(r.into_inner())
+    }
+}
+
+fn to_lookup(r: pb::LookupResponse, keys: Vec<Key>) -> Lookup {
+    Lookup {
+        found: r.found_blocks as usize,
+        tiers: r.tiers.iter().map(|t| Tier::try_from(*t).unwrap_or(Tier::Unspecified)).collect(),
+        keys,
+        lease_id: r.lease_id,
+        timing: r.timing.unwrap_or_default(),
+    }
+}
+
+fn to_read_block(b: pb::ReadBlock) -> Result<ReadBlock, tonic::Status> {
+    let blk = b.block.ok_or_else(|| tonic::Status::internal("server sent a ReadBlock without a block"))?;
+    let actual = crc32c::crc32c(&blk.payload);
+    if actual != blk.crc32c {
+        return Err(tonic::Status::data_loss(format!(
+            "block {} arrived with crc32c {actual:#010x}, expected {:#010x}",
+            hex(&blk.key),
+            blk.crc32c
+        )));
+    }
+    let key = Key::new(blk.key).map_err(|e| tonic::Status::internal(e.message))?;
+    let parent = if blk.parent_key.is_empty() { None } else { Key::new(blk.parent_key).ok() };
+    Ok(ReadBlock {
+        index: b.index as usize,
+        key,
+        parent,
+        payload: blk.payload,
+        tier: Tier::try_from(b.tier).unwrap_or(Tier::Unspecified),
+    })
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}

@@ -1,1 +1,170 @@
-//! placeholder
+//! kvtier-server: the protocol fronts over one engine.
+//!
+//! ```text
+//!   gRPC listener(s) ──┬─ kvtier.v1.KvTier ─────────┐
+//!   (tonic, HTTP/2)    ├─ kvstore.KVStoreService ───┤
+//!                      └─ grpc.health.v1 ───────────┤
+//!   HTTP listener ──── /v1/kv, /healthz, /metrics ──┤
+//!                                                   ▼
+//!                      Shared { engine, metrics, admission }
+//!                                                   │
+//!                                  kvtier_core::Engine (tiers)
+//! ```
+//! Fronts know protocols, not storage: each translates its requests into calls
+//! on [`kvtier_core::Engine`] and reports the server timing it measured.
+
+pub mod config;
+pub mod grpc;
+pub mod http;
+pub mod metrics;
+pub mod state;
+pub mod status;
+pub mod timing;
+
+use anyhow::Context as _;
+use config::Config;
+use kvtier_core::Engine;
+use kvtier_proto::v1::kv_tier_server::KvTierServer;
+use state::Shared;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+
+/// A running server; drop or call [`Server::shutdown`] to stop it.
+pub struct Server {
+    /// Bound gRPC addresses (ephemeral ports resolved), in config order.
+    pub grpc_addrs: Vec<SocketAddr>,
+    /// Bound HTTP address, if enabled.
+    pub http_addr: Option<SocketAddr>,
+    /// The engine (for in-process use and tests).
+    pub engine: Arc<Engine>,
+    stop: watch::Sender<bool>,
+    tasks: JoinSet<anyhow::Result<()>>,
+    grace: Duration,
+}
+
+impl Server {
+    /// Binds every listener and starts serving on the current Tokio runtime.
+    pub async fn start(cfg: Config) -> anyhow::Result<Self> {
+        cfg.validate()?;
+        let engine = Arc::new(Engine::new(cfg.engine.engine_config()));
+        Self::start_with_engine(cfg, engine).await
+    }
+
+    /// Like [`Server::start`] with a caller-built engine (e.g. with more tiers).
+    pub async fn start_with_engine(cfg: Config, engine: Arc<Engine>) -> anyhow::Result<Self> {
+        let shared = Shared::new(engine.clone(), cfg.server.max_inflight);
+        let (stop, stop_rx) = watch::channel(false);
+        let mut tasks = JoinSet::new();
+        let mut grpc_addrs = Vec::new();
+        for spec in cfg.listeners()? {
+            let listener = tokio::net::TcpListener::bind(spec.addr)
+                .await
+                .with_context(|| format!("cannot listen for gRPC on {}", spec.addr))?;
+            let addr = listener.local_addr()?;
+            grpc_addrs.push(addr);
+            if spec.cpus.is_some() {
+                tracing::warn!(%addr, "CPU pinning for listeners is not implemented yet; serving on the shared runtime");
+            }
+            let router = grpc_router(&cfg, shared.clone());
+            let mut rx = stop_rx.clone();
+            let incoming = tonic::transport::server::TcpIncoming::from(listener)
+                .with_nodelay(Some(true))
+                .with_keepalive(Some(Duration::from_secs(60)));
+            tasks.spawn(async move {
+                router
+                    .serve_with_incoming_shutdown(incoming, async move {
+                        let _ = rx.wait_for(|s| *s).await;
+                    })
+                    .await
+                    .with_context(|| format!("gRPC server on {addr}"))
+            });
+            tracing::info!(%addr, "gRPC listening (kvtier.v1, kvstore.KVStoreService, grpc.health.v1)");
+        }
+        let mut http_addr = None;
+        if !cfg.server.http_listen.is_empty() {
+            let a: SocketAddr = cfg.server.http_listen.parse()?;
+            let listener = tokio::net::TcpListener::bind(a)
+                .await
+                .with_context(|| format!("cannot listen for HTTP on {a}"))?;
+            let addr = listener.local_addr()?;
+            http_addr = Some(addr);
+            let app = http::router(shared.clone());
+            let mut rx = stop_rx.clone();
+            tasks.spawn(async move {
+                axum::serve(listener, app)
+                    .with_graceful_shutdown(async move {
+                        let _ = rx.wait_for(|s| *s).await;
+                    })
+                    .await
+                    .with_context(|| format!("HTTP server on {addr}"))
+            });
+            tracing::info!(%addr, "HTTP listening (/v1/kv, /healthz, /metrics)");
+        }
+        // Expired blocks are also dropped lazily on access; this bounds the memory
+        // they hold when nobody asks for them.
+        let eng = engine.clone();
+        let mut rx = stop_rx.clone();
+        tasks.spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_secs(1));
+            loop {
+                tokio::select! {
+                    _ = tick.tick() => { eng.purge_expired(); }
+                    _ = rx.wait_for(|s| *s) => return Ok(()),
+                }
+            }
+        });
+        Ok(Self { grpc_addrs, http_addr, engine, stop, tasks, grace: cfg.server.shutdown_grace })
+    }
+
+    /// Stops accepting, lets in-flight requests finish (up to the grace period).
+    pub async fn shutdown(mut self) -> anyhow::Result<()> {
+        let _ = self.stop.send(true);
+        let grace = self.grace;
+        let drain = async {
+            while let Some(r) = self.tasks.join_next().await {
+                r??;
+            }
+            Ok::<_, anyhow::Error>(())
+        };
+        match tokio::time::timeout(grace, drain).await {
+            Ok(r) => r,
+            Err(_) => {
+                tracing::warn!(?grace, "shutdown grace period over; aborting remaining requests");
+                self.tasks.abort_all();
+                Ok(())
+            }
+        }
+    }
+
+    /// Waits until a listener fails (normally never).
+    pub async fn wait(&mut self) -> anyhow::Result<()> {
+        match self.tasks.join_next().await {
+            Some(r) => r?,
+            None => Ok(()),
+        }
+    }
+}
+
+fn grpc_router(cfg: &Config, shared: Shared) -> tonic::transport::server::Router<tower::layer::util::Stack<timing::ArrivalLayer, tower::layer::util::Identity>> {
+    let max = cfg.server.max_message_size.bytes() as usize;
+    let v1 = KvTierServer::new(grpc::v1::V1Service::new(shared))
+        .max_decoding_message_size(max)
+        .max_encoding_message_size(max);
+    let (health_reporter, health) = tonic_health::server::health_reporter();
+    tokio::spawn(async move {
+        health_reporter.set_serving::<KvTierServer<grpc::v1::V1Service>>().await;
+    });
+    tonic::transport::Server::builder()
+        .initial_stream_window_size(Some(cfg.server.stream_window.bytes() as u32))
+        .initial_connection_window_size(Some(cfg.server.connection_window.bytes() as u32))
+        .max_frame_size(Some((1 << 24) - 1))
+        .http2_keepalive_interval(Some(cfg.server.keepalive_interval))
+        .http2_keepalive_timeout(Some(Duration::from_secs(20)))
+        .tcp_nodelay(true)
+        .layer(timing::ArrivalLayer)
+        .add_service(health)
+        .add_service(v1)
+}

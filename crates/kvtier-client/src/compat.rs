@@ -1,0 +1,1 @@
+//! Client of the seed-compatible `kvstore.KVStoreService` API (see the compat front).

@@ -1,0 +1,246 @@
+//! Server configuration: TOML with typed units, unknown keys rejected,
+//! validated at load. Every command-line flag of `kvtier serve` maps onto a key
+//! here (see `configs/kvtier.toml` for the commented example).
+use kvtier_core::{ByteSize, EngineConfig};
+use serde::{Deserialize, Serialize};
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::Duration;
+
+/// The whole configuration.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    /// Listening sockets and protocol limits.
+    pub server: ServerSection,
+    /// Storage engine and memory tier.
+    pub engine: EngineSection,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self { server: ServerSection::default(), engine: EngineSection::default() }
+    }
+}
+
+/// `[server]`
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct ServerSection {
+    /// gRPC listeners (`kvtier.v1` and `kvstore.KVStoreService` on each).
+    /// An entry may carry a CPU set: `0.0.0.0:8085@0-47`.
+    pub listen: Vec<String>,
+    /// HTTP listener (`/v1/kv`, `/healthz`, `/metrics`); empty disables it.
+    pub http_listen: String,
+    /// Requests served at once per process; the rest wait (counted as queue time).
+    pub max_inflight: usize,
+    /// Largest gRPC message accepted (a Write batch is one message).
+    pub max_message_size: ByteSize,
+    /// HTTP/2 per-stream flow-control window.
+    pub stream_window: ByteSize,
+    /// HTTP/2 per-connection flow-control window.
+    pub connection_window: ByteSize,
+    /// HTTP/2 keepalive ping interval.
+    #[serde(with = "humantime_serde")]
+    pub keepalive_interval: Duration,
+    /// How long in-flight requests may take to finish on shutdown.
+    #[serde(with = "humantime_serde")]
+    pub shutdown_grace: Duration,
+}
+
+impl Default for ServerSection {
+    fn default() -> Self {
+        Self {
+            listen: vec!["127.0.0.1:50051".into()],
+            http_listen: "127.0.0.1:8080".into(),
+            max_inflight: 1024,
+            max_message_size: ByteSize::mib(256),
+            stream_window: ByteSize::mib(32),
+            connection_window: ByteSize::mib(64),
+            keepalive_interval: Duration::from_secs(30),
+            shutdown_grace: Duration::from_secs(10),
+        }
+    }
+}
+
+/// `[engine]`
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct EngineSection {
+    /// Memory-tier byte budget.
+    pub memory_capacity: ByteSize,
+    /// Largest block / value payload.
+    pub max_block_size: ByteSize,
+    /// Tokens per block when a request does not say.
+    pub block_size: usize,
+    /// Longest lease granted.
+    #[serde(with = "humantime_serde")]
+    pub max_lease: Duration,
+}
+
+impl Default for EngineSection {
+    fn default() -> Self {
+        let e = EngineConfig::default();
+        Self {
+            memory_capacity: e.memory_capacity,
+            max_block_size: e.max_block_size,
+            block_size: e.default_block_size,
+            max_lease: e.max_lease,
+        }
+    }
+}
+
+impl EngineSection {
+    /// The engine's view of this section.
+    pub fn engine_config(&self) -> EngineConfig {
+        EngineConfig {
+            memory_capacity: self.memory_capacity,
+            max_block_size: self.max_block_size,
+            default_block_size: self.block_size,
+            max_lease: self.max_lease,
+        }
+    }
+}
+
+/// One gRPC listener: an address and an optional CPU set to pin its runtime to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ListenSpec {
+    /// Socket address.
+    pub addr: SocketAddr,
+    /// CPUs for this listener's runtime (`None`: the shared runtime).
+    pub cpus: Option<Vec<usize>>,
+}
+
+impl ListenSpec {
+    /// Parses `ADDR` or `ADDR@CPUSET` (CPUSET like `0-3,8,10-11`).
+    pub fn parse(s: &str) -> anyhow::Result<Self> {
+        let (addr, cpus) = match s.split_once('@') {
+            Some((a, c)) => (a, Some(parse_cpuset(c)?)),
+            None => (s, None),
+        };
+        let addr = addr
+            .parse()
+            .map_err(|e| anyhow::anyhow!("invalid listen address {addr:?}: {e} (expected e.g. 127.0.0.1:50051)"))?;
+        Ok(Self { addr, cpus })
+    }
+}
+
+/// Parses a CPU list like `0-3,8,10-11`.
+pub fn parse_cpuset(s: &str) -> anyhow::Result<Vec<usize>> {
+    let mut out = Vec::new();
+    for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let bad = || anyhow::anyhow!("invalid CPU set {s:?}: expected e.g. 0-3,8");
+        match part.split_once('-') {
+            Some((a, b)) => {
+                let (a, b): (usize, usize) = (a.parse().map_err(|_| bad())?, b.parse().map_err(|_| bad())?);
+                if a > b {
+                    return Err(bad());
+                }
+                out.extend(a..=b);
+            }
+            None => out.push(part.parse().map_err(|_| bad())?),
+        }
+    }
+    if out.is_empty() {
+        anyhow::bail!("empty CPU set {s:?}");
+    }
+    out.sort_unstable();
+    out.dedup();
+    Ok(out)
+}
+
+impl Config {
+    /// Reads and validates a TOML file.
+    pub fn load(path: &Path) -> anyhow::Result<Self> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| anyhow::anyhow!("cannot read config {}: {e}", path.display()))?;
+        Self::parse(&text).map_err(|e| anyhow::anyhow!("config {}: {e}", path.display()))
+    }
+
+    /// Parses and validates TOML text.
+    pub fn parse(text: &str) -> anyhow::Result<Self> {
+        let cfg: Config = toml::from_str(text)?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// The effective configuration as TOML (for `--print-config`).
+    pub fn to_toml(&self) -> String {
+        toml::to_string_pretty(self).expect("config serializes")
+    }
+
+    /// Checks cross-field constraints.
+    pub fn validate(&self) -> anyhow::Result<()> {
+        if self.server.listen.is_empty() {
+            anyhow::bail!("server.listen: at least one gRPC listener is required");
+        }
+        for l in &self.server.listen {
+            ListenSpec::parse(l)?;
+        }
+        if !self.server.http_listen.is_empty() {
+            self.server
+                .http_listen
+                .parse::<SocketAddr>()
+                .map_err(|e| anyhow::anyhow!("server.http_listen {:?}: {e}", self.server.http_listen))?;
+        }
+        if self.server.max_inflight == 0 {
+            anyhow::bail!("server.max_inflight must be > 0");
+        }
+        let e = &self.engine;
+        if e.max_block_size.bytes() == 0 {
+            anyhow::bail!("engine.max_block_size must be > 0");
+        }
+        if self.server.max_message_size < e.max_block_size {
+            anyhow::bail!(
+                "server.max_message_size ({}) must be at least engine.max_block_size ({})",
+                self.server.max_message_size,
+                e.max_block_size
+            );
+        }
+        kvtier_core::keys::check_block_size(e.block_size).map_err(|x| anyhow::anyhow!("engine.block_size: {x}"))?;
+        if e.memory_capacity.bytes() < e.max_block_size.bytes().min(1 << 20) {
+            anyhow::bail!("engine.memory_capacity ({}) is too small", e.memory_capacity);
+        }
+        Ok(())
+    }
+
+    /// Parsed gRPC listeners.
+    pub fn listeners(&self) -> anyhow::Result<Vec<ListenSpec>> {
+        self.server.listen.iter().map(|s| ListenSpec::parse(s)).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_roundtrip_through_toml() {
+        let c = Config::default();
+        let text = c.to_toml();
+        assert_eq!(Config::parse(&text).unwrap(), c);
+    }
+
+    #[test]
+    fn unknown_keys_are_rejected() {
+        let err = Config::parse("[engine]\nmemory_capacityy = \"1GiB\"\n").unwrap_err();
+        assert!(err.to_string().contains("memory_capacityy"), "{err}");
+    }
+
+    #[test]
+    fn units_and_validation() {
+        let c = Config::parse("[engine]\nmemory_capacity = \"512MiB\"\nmax_lease = \"5s\"\n").unwrap();
+        assert_eq!(c.engine.memory_capacity, ByteSize::mib(512));
+        assert_eq!(c.engine.max_lease, Duration::from_secs(5));
+        assert!(Config::parse("[engine]\nblock_size = 0\n").is_err());
+        assert!(Config::parse("[server]\nlisten = [\"nope\"]\n").is_err());
+    }
+
+    #[test]
+    fn listen_specs_with_cpusets() {
+        let l = ListenSpec::parse("0.0.0.0:8085@0-3,8").unwrap();
+        assert_eq!(l.cpus, Some(vec![0, 1, 2, 3, 8]));
+        assert!(ListenSpec::parse("0.0.0.0:8085@3-1").is_err());
+        assert_eq!(ListenSpec::parse("127.0.0.1:1").unwrap().cpus, None);
+    }
+}

@@ -1,0 +1,3 @@
+//! gRPC fronts: `kvtier.v1` ([`v1`]) and, on the same listeners, the seed's
+//! `kvstore.KVStoreService`.
+pub mod v1;

@@ -1,0 +1,328 @@
+//! `kvtier.v1.KvTier`: translates protobuf requests into engine calls.
+use crate::state::{self, Shared};
+use crate::status::to_status;
+use crate::timing::Clock;
+use bytes::Bytes;
+use futures::Stream;
+use kvtier_core::{Block, BlockId, HashFn, Key, Namespace, TierKind, WriteOutcome};
+use kvtier_proto::v1 as pb;
+use kvtier_proto::v1::kv_tier_server::KvTier;
+use std::pin::Pin;
+use std::time::{Duration, Instant};
+use tokio_stream::StreamExt;
+use tonic::{Request, Response, Status, Streaming};
+
+/// Most keys one Lookup / Read / Delete may name.
+pub const MAX_KEYS_PER_REQUEST: usize = 65_536;
+
+const API: &str = "v1";
+
+/// The service implementation.
+#[derive(Clone)]
+pub struct V1Service {
+    shared: Shared,
+}
+
+impl V1Service {
+    /// Wraps the shared state.
+    pub fn new(shared: Shared) -> Self {
+        Self { shared }
+    }
+
+    fn done<T>(&self, op: &'static str, clock: &Clock, r: Result<T, Status>) -> Result<T, Status> {
+        let code = match &r {
+            Ok(_) => "ok",
+            Err(s) => state::code_name(s.code()),
+        };
+        self.shared.observe(API, op, code, clock);
+        r
+    }
+}
+
+fn tier(k: TierKind) -> i32 {
+    match k {
+        TierKind::Memory => pb::Tier::Memory as i32,
+        TierKind::Disk => pb::Tier::Disk as i32,
+        TierKind::Object => pb::Tier::Object as i32,
+    }
+}
+
+fn check_count(n: usize) -> Result<(), Status> {
+    if n > MAX_KEYS_PER_REQUEST {
+        return Err(Status::invalid_argument(format!(
+            "{n} keys in one request; the limit is {MAX_KEYS_PER_REQUEST}"
+        )));
+    }
+    Ok(())
+}
+
+/// Converts a wire block into a verified core block (checksum checked first).
+pub fn block_from_pb(ns: &Namespace, i: usize, b: pb::Block, max_size: u64) -> Result<Block, Status> {
+    let ctx = |m: String| Status::invalid_argument(format!("blocks[{i}]: {m}"));
+    let key = Key::new(b.key).map_err(|e| ctx(e.message))?;
+    if b.payload.len() as u64 > max_size {
+        return Err(ctx(format!(
+            "payload of {} bytes exceeds the maximum block size of {max_size} bytes",
+            b.payload.len()
+        )));
+    }
+    let parent = if b.parent_key.is_empty() {
+        None
+    } else {
+        Some(Key::new(b.parent_key).map_err(|e| ctx(format!("parent_key: {}", e.message)))?)
+    };
+    let mut block = Block::with_checksum(BlockId::new(ns.clone(), key), parent, b.token_count, b.crc32c, b.payload)
+        .map_err(|e| Status::data_loss(format!("blocks[{i}]: {}", e.message)))?;
+    if b.ttl_ms > 0 {
+        block.meta.expires_unix_ms = Some(kvtier_core::memory::unix_ms().saturating_add(b.ttl_ms));
+    }
+    Ok(block)
+}
+
+impl V1Service {
+    async fn lookup_inner(&self, req: pb::LookupRequest, clock: &mut Clock) -> Result<pb::LookupResponse, Status> {
+        let ns = state::namespace(&req.namespace)?;
+        let engine = &self.shared.engine;
+        let keys = match (req.keys.is_empty(), req.tokens.is_empty()) {
+            (false, false) => return Err(Status::invalid_argument("give either keys or tokens, not both")),
+            (false, true) => {
+                check_count(req.keys.len())?;
+                state::keys(&req.keys)?
+            }
+            (true, _) => {
+                let hash = HashFn::parse(&req.hash).map_err(to_status)?;
+                let keys = engine.keys_for_tokens(&req.tokens, req.block_size as usize, hash).map_err(to_status)?;
+                check_count(keys.len())?;
+                keys
+            }
+        };
+        let lease = (req.lease_ms > 0).then(|| Duration::from_millis(req.lease_ms as u64));
+        let out = engine.lookup(&ns, &keys, lease, &mut clock.storage).await.map_err(to_status)?;
+        Ok(pb::LookupResponse {
+            found_blocks: out.found as u32,
+            tiers: out.tiers.into_iter().map(tier).collect(),
+            keys: if req.tokens.is_empty() { Vec::new() } else { keys.iter().map(Key::bytes).collect() },
+            lease_id: out.lease.map_or(0, |l| l.id),
+            lease_expires_unix_ms: out.lease.map_or(0, |l| l.expires_unix_ms),
+            timing: Some(clock.finish()),
+        })
+    }
+
+    async fn write_batch(&self, req: pb::WriteRequest, clock: &mut Clock, acc: &mut pb::WriteResponse) -> Result<(), Status> {
+        let ns = state::namespace(&req.namespace)?;
+        let engine = &self.shared.engine;
+        let max = engine.config().max_block_size.bytes();
+        // Verify every block before storing any of them.
+        let blocks: Vec<Block> = req
+            .blocks
+            .into_iter()
+            .enumerate()
+            .map(|(i, b)| block_from_pb(&ns, i, b, max))
+            .collect::<Result<_, _>>()?;
+        for b in blocks {
+            let len = b.payload.len() as u64;
+            match engine.write(b, &mut clock.storage).await.map_err(to_status)? {
+                WriteOutcome::Stored => acc.stored += 1,
+                WriteOutcome::Existing => acc.existing += 1,
+            }
+            self.shared.metrics.bytes_in.inc_by(len);
+        }
+        Ok(())
+    }
+}
+
+type ReadStream = Pin<Box<dyn Stream<Item = Result<pb::ReadResponse, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl KvTier for V1Service {
+    async fn lookup(&self, request: Request<pb::LookupRequest>) -> Result<Response<pb::LookupResponse>, Status> {
+        let adm = self.shared.admit(state::arrival(request.extensions())).await;
+        let mut clock = adm.clock;
+        let r = self.lookup_inner(request.into_inner(), &mut clock).await;
+        self.done("lookup", &clock, r).map(Response::new)
+    }
+
+    type ReadStream = ReadStream;
+
+    async fn read(&self, request: Request<pb::ReadRequest>) -> Result<Response<ReadStream>, Status> {
+        let arrived = state::arrival(request.extensions()).unwrap_or_else(Instant::now);
+        let deadline = state::deadline(request.metadata(), arrived);
+        let req = request.into_inner();
+        let adm = self.shared.admit(Some(arrived)).await;
+        let mut clock = adm.clock;
+        let prep = (|| {
+            let ns = state::namespace(&req.namespace)?;
+            check_count(req.keys.len())?;
+            let keys = state::keys(&req.keys)?;
+            if req.lease_id != 0 {
+                self.shared.engine.check_lease(req.lease_id).map_err(to_status)?;
+            }
+            Ok::<_, Status>((ns, keys))
+        })();
+        let (ns, keys) = match prep {
+            Ok(v) => v,
+            Err(e) => return Err(self.done("read", &clock, Err::<(), _>(e)).unwrap_err()),
+        };
+        let (tx, rx) = tokio::sync::mpsc::channel::<Result<pb::ReadResponse, Status>>(2);
+        let shared = self.shared.clone();
+        tokio::spawn(async move {
+            let _adm = adm;
+            let requested = keys.len() as u32;
+            let mut returned = 0u32;
+            let mut reason = "";
+            for (i, key) in keys.into_iter().enumerate() {
+                if deadline.is_some_and(|d| Instant::now() >= d) {
+                    reason = "deadline";
+                    break;
+                }
+                let id = BlockId::new(ns.clone(), key);
+                let fut = shared.engine.read(&id, &mut clock.storage);
+                let got = match deadline {
+                    Some(d) => match tokio::time::timeout_at(d.into(), fut).await {
+                        Ok(r) => r,
+                        Err(_) => {
+                            reason = "deadline";
+                            break;
+                        }
+                    },
+                    None => fut.await,
+                };
+                match got {
+                    Ok(Some((b, t))) => {
+                        shared.metrics.bytes_out.inc_by(b.payload.len() as u64);
+                        let msg = pb::ReadResponse {
+                            item: Some(pb::read_response::Item::Block(pb::ReadBlock {
+                                index: i as u32,
+                                block: Some(pb::Block {
+                                    key: b.meta.id.key.bytes(),
+                                    parent_key: b.meta.parent.as_ref().map_or_else(Bytes::new, Key::bytes),
+                                    token_count: b.meta.token_count,
+                                    crc32c: b.meta.crc32c,
+                                    payload: b.payload,
+                                    ttl_ms: 0,
+                                }),
+                                tier: tier(t),
+                            })),
+                        };
+                        if tx.send(Ok(msg)).await.is_err() {
+                            shared.observe(API, "read", "cancelled", &clock);
+                            return;
+                        }
+                        returned += 1;
+                    }
+                    Ok(None) => {
+                        reason = "missing";
+                        break;
+                    }
+                    Err(e) => {
+                        let st = to_status(e);
+                        shared.observe(API, "read", state::code_name(st.code()), &clock);
+                        let _ = tx.send(Err(st)).await;
+                        return;
+                    }
+                }
+            }
+            let done = pb::ReadDone {
+                returned,
+                requested,
+                partial: returned < requested,
+                reason: reason.to_string(),
+                timing: Some(clock.finish()),
+            };
+            shared.observe(API, "read", "ok", &clock);
+            let _ = tx.send(Ok(pb::ReadResponse { item: Some(pb::read_response::Item::Done(done)) })).await;
+        });
+        Ok(Response::new(Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))))
+    }
+
+    async fn write(&self, request: Request<pb::WriteRequest>) -> Result<Response<pb::WriteResponse>, Status> {
+        let adm = self.shared.admit(state::arrival(request.extensions())).await;
+        let mut clock = adm.clock;
+        let mut resp = pb::WriteResponse::default();
+        let r = self.write_batch(request.into_inner(), &mut clock, &mut resp).await;
+        resp.timing = Some(clock.finish());
+        self.done("write", &clock, r.map(|_| Response::new(resp)))
+    }
+
+    async fn write_stream(
+        &self,
+        request: Request<Streaming<pb::WriteRequest>>,
+    ) -> Result<Response<pb::WriteResponse>, Status> {
+        let adm = self.shared.admit(state::arrival(request.extensions())).await;
+        let mut clock = adm.clock;
+        let mut stream = request.into_inner();
+        let mut resp = pb::WriteResponse::default();
+        let r = async {
+            while let Some(msg) = stream.next().await {
+                self.write_batch(msg?, &mut clock, &mut resp).await?;
+            }
+            Ok(())
+        }
+        .await;
+        resp.timing = Some(clock.finish());
+        self.done("write_stream", &clock, r.map(|_| Response::new(resp)))
+    }
+
+    async fn delete(&self, request: Request<pb::DeleteRequest>) -> Result<Response<pb::DeleteResponse>, Status> {
+        let adm = self.shared.admit(state::arrival(request.extensions())).await;
+        let mut clock = adm.clock;
+        let req = request.into_inner();
+        let r = async {
+            let ns = state::namespace(&req.namespace)?;
+            check_count(req.keys.len())?;
+            let mut deleted = 0;
+            for key in state::keys(&req.keys)? {
+                let id = BlockId::new(ns.clone(), key);
+                deleted += self.shared.engine.delete(&id, &mut clock.storage).await.map_err(to_status)?;
+            }
+            Ok(pb::DeleteResponse { deleted: deleted as u32, timing: Some(clock.finish()) })
+        }
+        .await;
+        self.done("delete", &clock, r.map(Response::new))
+    }
+
+    async fn lease(&self, request: Request<pb::LeaseRequest>) -> Result<Response<pb::LeaseResponse>, Status> {
+        let adm = self.shared.admit(state::arrival(request.extensions())).await;
+        let clock = adm.clock;
+        let req = request.into_inner();
+        let r = (|| {
+            let engine = &self.shared.engine;
+            if req.release_lease_id != 0 {
+                engine.release_lease(req.release_lease_id).map_err(to_status)?;
+                return Ok(pb::LeaseResponse { lease_id: req.release_lease_id, lease_expires_unix_ms: 0, timing: Some(clock.finish()) });
+            }
+            let ns = state::namespace(&req.namespace)?;
+            check_count(req.keys.len())?;
+            let keys = state::keys(&req.keys)?;
+            let g = engine.lease(&ns, &keys, Duration::from_millis(req.lease_ms as u64)).map_err(to_status)?;
+            Ok(pb::LeaseResponse { lease_id: g.id, lease_expires_unix_ms: g.expires_unix_ms, timing: Some(clock.finish()) })
+        })();
+        self.done("lease", &clock, r.map(Response::new))
+    }
+
+    async fn stats(&self, request: Request<pb::StatsRequest>) -> Result<Response<pb::StatsResponse>, Status> {
+        let adm = self.shared.admit(state::arrival(request.extensions())).await;
+        let clock = adm.clock;
+        let s = self.shared.engine.stats();
+        let resp = pb::StatsResponse {
+            tiers: s
+                .tiers
+                .iter()
+                .map(|(k, t)| pb::TierStats {
+                    tier: tier(*k),
+                    blocks: t.blocks,
+                    bytes: t.bytes,
+                    capacity_bytes: t.capacity_bytes,
+                    hits: t.hits,
+                    misses: t.misses,
+                    evictions: t.evictions,
+                })
+                .collect(),
+            active_leases: s.active_leases,
+            expired_blocks: s.tiers.iter().map(|(_, t)| t.expirations).sum(),
+            version: env!("CARGO_PKG_VERSION").to_string(),
+            timing: Some(clock.finish()),
+        };
+        self.done("stats", &clock, Ok(Response::new(resp)))
+    }
+}

@@ -1,0 +1,149 @@
+//! The HTTP front: a seed-004-style key/value API over the same engine, plus
+//! `/healthz` and `/metrics`.
+//!
+//! | method | path | success | errors |
+//! |---|---|---|---|
+//! | PUT | `/v1/kv/{namespace}/{key}?ttl_ms=N` | 204 | 400, 413, 507 (JSON body) |
+//! | GET | `/v1/kv/{namespace}/{key}` | 200 + bytes | 404 (JSON body) |
+//! | DELETE | `/v1/kv/{namespace}/{key}` | 204 | 404 |
+//! | GET | `/healthz` | 200 | |
+//! | GET | `/metrics` | 200 Prometheus text | |
+//!
+//! Values are stored as blocks whose key is the UTF-8 key; they live in the same
+//! tiers as KV-cache blocks and a PUT replaces the previous value.
+use crate::state::Shared;
+use crate::status::to_http;
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{DefaultBodyLimit, Path, Query, State};
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::{Json, Router};
+use kvtier_core::{Block, BlockId, Error, Key, Namespace};
+use serde::Deserialize;
+use std::time::Instant;
+
+const API: &str = "http";
+
+/// Builds the router.
+pub fn router(shared: Shared) -> Router {
+    let limit = shared.engine.config().max_block_size.bytes() as usize;
+    Router::new()
+        .route("/v1/kv/{namespace}/{key}", get(get_value).put(put_value).delete(delete_value))
+        .route("/healthz", get(healthz))
+        .route("/metrics", get(metrics))
+        .fallback(not_found)
+        .layer(DefaultBodyLimit::max(limit))
+        .with_state(shared)
+}
+
+fn error(status: StatusCode, code: &str, message: impl Into<String>) -> Response {
+    let body = serde_json::json!({ "error": message.into(), "code": code });
+    (status, Json(body)).into_response()
+}
+
+fn core_error(e: Error) -> Response {
+    let (status, code) = to_http(&e);
+    error(status, code, e.message)
+}
+
+fn id(ns: &str, key: &str) -> Result<BlockId, Response> {
+    let ns = Namespace::new(ns).map_err(core_error)?;
+    let key = Key::new(Bytes::copy_from_slice(key.as_bytes())).map_err(core_error)?;
+    Ok(BlockId::new(ns, key))
+}
+
+#[derive(Deserialize)]
+struct PutParams {
+    ttl_ms: Option<u64>,
+}
+
+async fn put_value(
+    State(s): State<Shared>,
+    Path((ns, key)): Path<(String, String)>,
+    params: Result<Query<PutParams>, axum::extract::rejection::QueryRejection>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    let adm = s.admit(Some(Instant::now())).await;
+    let mut clock = adm.clock;
+    let resp = async {
+        let Query(params) = params.map_err(|e| error(StatusCode::BAD_REQUEST, "invalid_argument", e.body_text()))?;
+        let body = body.map_err(|e| {
+            let status = e.status();
+            let msg = if status == StatusCode::PAYLOAD_TOO_LARGE {
+                format!("value exceeds the maximum block size of {}", s.engine.config().max_block_size)
+            } else {
+                e.body_text()
+            };
+            error(status, if status == StatusCode::PAYLOAD_TOO_LARGE { "payload_too_large" } else { "bad_body" }, msg)
+        })?;
+        let id = id(&ns, &key)?;
+        let len = body.len() as u64;
+        let mut block = Block::new(id, None, 0, body);
+        if let Some(ttl) = params.ttl_ms.filter(|t| *t > 0) {
+            block.meta.expires_unix_ms = Some(kvtier_core::memory::unix_ms().saturating_add(ttl));
+        }
+        s.engine.put_value(block, &mut clock.storage).await.map_err(core_error)?;
+        s.metrics.bytes_in.inc_by(len);
+        Ok::<_, Response>(StatusCode::NO_CONTENT.into_response())
+    }
+    .await
+    .unwrap_or_else(|r| r);
+    finish(&s, "put", &clock, resp)
+}
+
+async fn get_value(State(s): State<Shared>, Path((ns, key)): Path<(String, String)>) -> Response {
+    let adm = s.admit(Some(Instant::now())).await;
+    let mut clock = adm.clock;
+    let resp = async {
+        let id = id(&ns, &key)?;
+        match s.engine.read(&id, &mut clock.storage).await.map_err(core_error)? {
+            Some((b, tier)) => {
+                s.metrics.bytes_out.inc_by(b.payload.len() as u64);
+                Ok(([(header::CONTENT_TYPE, "application/octet-stream"), (header::HeaderName::from_static("x-kvtier-tier"), tier.name())], b.payload).into_response())
+            }
+            None => Err(error(StatusCode::NOT_FOUND, "not_found", format!("key {key:?} not found in namespace {ns:?}"))),
+        }
+    }
+    .await
+    .unwrap_or_else(|r| r);
+    finish(&s, "get", &clock, resp)
+}
+
+async fn delete_value(State(s): State<Shared>, Path((ns, key)): Path<(String, String)>) -> Response {
+    let adm = s.admit(Some(Instant::now())).await;
+    let mut clock = adm.clock;
+    let resp = async {
+        let id = id(&ns, &key)?;
+        match s.engine.delete(&id, &mut clock.storage).await.map_err(core_error)? {
+            0 => Err(error(StatusCode::NOT_FOUND, "not_found", format!("key {key:?} not found in namespace {ns:?}"))),
+            _ => Ok(StatusCode::NO_CONTENT.into_response()),
+        }
+    }
+    .await
+    .unwrap_or_else(|r| r);
+    finish(&s, "delete", &clock, resp)
+}
+
+fn finish(s: &Shared, op: &'static str, clock: &crate::timing::Clock, mut resp: Response) -> Response {
+    let t = clock.finish();
+    let code = resp.status().as_u16().to_string();
+    s.observe(API, op, &code, clock);
+    if let Ok(v) = format!("queue;dur={:.3}, service;dur={:.3}, storage;dur={:.3}", t.queue_us as f64 / 1e3, t.service_us as f64 / 1e3, (t.storage_memory_us + t.storage_disk_us + t.storage_object_us) as f64 / 1e3).parse() {
+        resp.headers_mut().insert(header::HeaderName::from_static("server-timing"), v);
+    }
+    resp
+}
+
+async fn healthz() -> Response {
+    Json(serde_json::json!({ "status": "ok" })).into_response()
+}
+
+async fn metrics(State(s): State<Shared>) -> Response {
+    ([(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], s.metrics.encode()).into_response()
+}
+
+async fn not_found() -> Response {
+    error(StatusCode::NOT_FOUND, "no_route", "no such endpoint; see /v1/kv/{namespace}/{key}, /healthz, /metrics")
+}

@@ -1,0 +1,158 @@
+//! Metrics, declared in one place and exposed as Prometheus text on `/metrics`.
+//!
+//! * `kvtier_requests_total{api,op,code}`: requests by outcome.
+//! * `kvtier_request_duration_seconds{api,op}`: server total (queue + service),
+//!   log-linear 1-2-5 buckets from 10 µs to 50 s.
+//! * `kvtier_tier_{blocks,bytes,capacity_bytes}{tier}`: gauges read from the engine at scrape.
+//! * `kvtier_tier_{hits,misses,evictions,expirations}_total{tier}`: counters read at scrape.
+//! * `kvtier_active_leases`, `kvtier_inflight_requests`.
+use kvtier_core::Engine;
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
+use prometheus_client::metrics::counter::{ConstCounter, Counter};
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Labels of per-request series.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OpLabels {
+    /// `v1`, `kvstore` or `http`.
+    pub api: &'static str,
+    /// Operation name.
+    pub op: &'static str,
+}
+
+/// Labels of per-request outcome counters.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OutcomeLabels {
+    /// `v1`, `kvstore` or `http`.
+    pub api: &'static str,
+    /// Operation name.
+    pub op: &'static str,
+    /// `ok` or the status code name.
+    pub code: String,
+}
+
+/// All server metrics.
+pub struct Metrics {
+    registry: Registry,
+    requests: Family<OutcomeLabels, Counter>,
+    latency: Family<OpLabels, Histogram>,
+    /// Requests being served now.
+    pub inflight: Gauge,
+    /// Payload bytes received in writes.
+    pub bytes_in: Counter,
+    /// Payload bytes sent in reads.
+    pub bytes_out: Counter,
+}
+
+fn latency_histogram() -> Histogram {
+    // Log-linear 1-2-5 buckets from 10 µs to 50 s.
+    let mut buckets = Vec::new();
+    for exp in -5..=1 {
+        for m in [1.0, 2.0, 5.0] {
+            buckets.push(m * 10f64.powi(exp));
+        }
+    }
+    Histogram::new(buckets)
+}
+
+impl Metrics {
+    /// Creates the registry; `engine` is read at every scrape.
+    pub fn new(engine: Arc<Engine>) -> Self {
+        let mut registry = Registry::with_prefix("kvtier");
+        let requests = Family::<OutcomeLabels, Counter>::default();
+        registry.register("requests", "Requests by API, operation and outcome", requests.clone());
+        let latency = Family::<OpLabels, Histogram>::new_with_constructor(latency_histogram as fn() -> Histogram);
+        registry.register(
+            "request_duration_seconds",
+            "Server time per request (queue + service)",
+            latency.clone(),
+        );
+        let inflight = Gauge::default();
+        registry.register("inflight_requests", "Requests being served now", inflight.clone());
+        let bytes_in = Counter::default();
+        registry.register("write_payload_bytes", "Payload bytes received by writes", bytes_in.clone());
+        let bytes_out = Counter::default();
+        registry.register("read_payload_bytes", "Payload bytes sent by reads", bytes_out.clone());
+        registry.register_collector(Box::new(EngineCollector(engine)));
+        Self { registry, requests, latency, inflight, bytes_in, bytes_out }
+    }
+
+    /// Records one finished request.
+    pub fn observe(&self, api: &'static str, op: &'static str, code: &str, total: Duration) {
+        self.requests.get_or_create(&OutcomeLabels { api, op, code: code.to_string() }).inc();
+        self.latency.get_or_create(&OpLabels { api, op }).observe(total.as_secs_f64());
+    }
+
+    /// Prometheus / OpenMetrics text.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &self.registry).expect("encode metrics");
+        out
+    }
+}
+
+struct EngineCollector(Arc<Engine>);
+
+impl std::fmt::Debug for EngineCollector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("EngineCollector")
+    }
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Metrics")
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TierLabel {
+    tier: &'static str,
+}
+
+impl Collector for EngineCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let stats = self.0.stats();
+        type Get = fn(&kvtier_core::TierStats) -> u64;
+        let gauges: [(&str, &str, Get); 3] = [
+            ("tier_blocks", "Blocks held per tier", |s| s.blocks),
+            ("tier_bytes", "Bytes held per tier", |s| s.bytes),
+            ("tier_capacity_bytes", "Byte budget per tier", |s| s.capacity_bytes),
+        ];
+        for (name, help, get) in gauges {
+            let mut fam = encoder.encode_descriptor(name, help, None, prometheus_client::metrics::MetricType::Gauge)?;
+            for (kind, s) in &stats.tiers {
+                let g = ConstGauge::new(get(s) as i64);
+                g.encode(fam.encode_family(&TierLabel { tier: kind.name() })?)?;
+            }
+        }
+        let counters: [(&str, &str, Get); 4] = [
+            ("tier_hits", "Reads that found the block in this tier", |s| s.hits),
+            ("tier_misses", "Reads that did not find the block in this tier", |s| s.misses),
+            ("tier_evictions", "Blocks evicted to make room", |s| s.evictions),
+            ("tier_expirations", "Blocks removed because their TTL passed", |s| s.expirations),
+        ];
+        for (name, help, get) in counters {
+            let mut fam =
+                encoder.encode_descriptor(name, help, None, prometheus_client::metrics::MetricType::Counter)?;
+            for (kind, s) in &stats.tiers {
+                let c = ConstCounter::new(get(s));
+                c.encode(fam.encode_family(&TierLabel { tier: kind.name() })?)?;
+            }
+        }
+        let g = ConstGauge::new(stats.active_leases as i64);
+        g.encode(encoder.encode_descriptor(
+            "active_leases",
+            "Leases currently pinning blocks",
+            None,
+            prometheus_client::metrics::MetricType::Gauge,
+        )?)?;
+        Ok(())
+    }
+}

@@ -1,0 +1,216 @@
+//! CLI verbs against a running server (kvtier.v1 over gRPC).
+//!
+//! Keys are given as hex (`--key 0a1b...`), as text (`--text-key name`), or
+//! computed from tokens (`--tokens 1,2,3,...`).
+use anyhow::Context as _;
+use bytes::Bytes;
+use clap::Args;
+use kvtier_client::{Client, ClientConfig, WriteBlock};
+use kvtier_core::{HashFn, Key};
+use std::io::{Read, Write};
+use std::path::PathBuf;
+
+/// Flags every verb shares.
+#[derive(Args, Debug, Clone)]
+pub struct CommonArgs {
+    /// Server address.
+    #[arg(long, short = 's', default_value = "http://127.0.0.1:50051", env = "KVTIER_SERVER")]
+    server: String,
+    /// Deadline per call, in milliseconds.
+    #[arg(long, default_value_t = 10_000)]
+    timeout_ms: u64,
+}
+
+/// Namespace and key selection.
+#[derive(Args, Debug, Clone)]
+pub struct KeyArgs {
+    /// Namespace.
+    #[arg(long, short = 'n', default_value = "default")]
+    namespace: String,
+    /// Key as hex.
+    #[arg(long, conflicts_with = "text_key")]
+    key: Option<String>,
+    /// Key as UTF-8 text (as used by the HTTP API).
+    #[arg(long)]
+    text_key: Option<String>,
+}
+
+impl KeyArgs {
+    fn key(&self) -> anyhow::Result<Key> {
+        match (&self.key, &self.text_key) {
+            (Some(h), _) => Ok(Key::from_hex(h)?),
+            (None, Some(t)) => Ok(Key::new(Bytes::copy_from_slice(t.as_bytes()))?),
+            (None, None) => anyhow::bail!("give --key HEX or --text-key TEXT"),
+        }
+    }
+}
+
+/// `kvtier put`
+#[derive(Args, Debug)]
+pub struct PutArgs {
+    #[command(flatten)]
+    common: CommonArgs,
+    #[command(flatten)]
+    key: KeyArgs,
+    /// Parent key as hex (for chained blocks).
+    #[arg(long)]
+    parent: Option<String>,
+    /// File with the payload; `-` or absent reads stdin.
+    #[arg(long, short = 'f')]
+    file: Option<PathBuf>,
+    /// Time to live in milliseconds.
+    #[arg(long, default_value_t = 0)]
+    ttl_ms: u64,
+}
+
+/// `kvtier get`
+#[derive(Args, Debug)]
+pub struct GetArgs {
+    #[command(flatten)]
+    common: CommonArgs,
+    #[command(flatten)]
+    key: KeyArgs,
+    /// Write the payload here instead of stdout.
+    #[arg(long, short = 'o')]
+    out: Option<PathBuf>,
+}
+
+/// `kvtier lookup`
+#[derive(Args, Debug)]
+pub struct LookupArgs {
+    #[command(flatten)]
+    common: CommonArgs,
+    /// Namespace.
+    #[arg(long, short = 'n', default_value = "default")]
+    namespace: String,
+    /// Comma-separated token ids.
+    #[arg(long, value_delimiter = ',', conflicts_with = "keys")]
+    tokens: Vec<u32>,
+    /// Comma-separated hex keys, in chain order.
+    #[arg(long, value_delimiter = ',')]
+    keys: Vec<String>,
+    /// Tokens per block.
+    #[arg(long, default_value_t = 128)]
+    block_size: usize,
+    /// Hash function.
+    #[arg(long, default_value = "xxh3-64-v1")]
+    hash: String,
+    /// Pin the found prefix for this many ms.
+    #[arg(long)]
+    lease_ms: Option<u32>,
+}
+
+/// `kvtier delete`
+#[derive(Args, Debug)]
+pub struct DeleteArgs {
+    #[command(flatten)]
+    common: CommonArgs,
+    #[command(flatten)]
+    key: KeyArgs,
+}
+
+async fn client(c: &CommonArgs) -> anyhow::Result<Client> {
+    let mut cfg = ClientConfig::new(c.server.clone());
+    cfg.connections = 1;
+    cfg.timeout = std::time::Duration::from_millis(c.timeout_ms);
+    Client::connect(cfg).await.with_context(|| format!("connecting to {}", c.server))
+}
+
+/// `kvtier put`
+pub async fn put(a: PutArgs) -> anyhow::Result<()> {
+    let key = a.key.key()?;
+    let mut buf = Vec::new();
+    match &a.file {
+        Some(p) if p.as_os_str() != "-" => {
+            buf = std::fs::read(p).with_context(|| format!("reading {}", p.display()))?
+        }
+        _ => {
+            std::io::stdin().read_to_end(&mut buf)?;
+        }
+    }
+    let parent = a.parent.as_deref().map(Key::from_hex).transpose()?;
+    let c = client(&a.common).await?;
+    let block = WriteBlock { key: key.clone(), parent, token_count: 0, payload: buf.into(), ttl_ms: a.ttl_ms };
+    let r = c.write(&a.key.namespace, &[block]).await?;
+    println!(
+        "{} {} (server {} µs)",
+        key.to_hex(),
+        if r.stored == 1 { "stored" } else { "already present" },
+        r.timing.total_us
+    );
+    Ok(())
+}
+
+/// `kvtier get`
+pub async fn get(a: GetArgs) -> anyhow::Result<()> {
+    let key = a.key.key()?;
+    let c = client(&a.common).await?;
+    let r = c.read(&a.key.namespace, std::slice::from_ref(&key), 0).await?;
+    let Some(b) = r.blocks.into_iter().next() else {
+        anyhow::bail!("key {} not found in namespace {:?}", key.to_hex(), a.key.namespace);
+    };
+    match &a.out {
+        Some(p) => std::fs::write(p, &b.payload).with_context(|| format!("writing {}", p.display()))?,
+        None => std::io::stdout().write_all(&b.payload)?,
+    }
+    eprintln!("{} bytes from {:?} tier (server {} µs)", b.payload.len(), b.tier, r.timing.total_us);
+    Ok(())
+}
+
+/// `kvtier lookup`
+pub async fn lookup(a: LookupArgs) -> anyhow::Result<()> {
+    let hash = HashFn::parse(&a.hash)?;
+    let keys: Vec<Key> = if a.tokens.is_empty() {
+        a.keys.iter().map(|k| Key::from_hex(k)).collect::<Result<_, _>>()?
+    } else {
+        hash.chain(&a.tokens, a.block_size)?
+    };
+    if keys.is_empty() {
+        anyhow::bail!("nothing to look up: give --tokens (at least one full block) or --keys");
+    }
+    let c = client(&a.common).await?;
+    let r = c.lookup(&a.namespace, &keys, a.lease_ms).await?;
+    let out = serde_json::json!({
+        "namespace": a.namespace,
+        "blocks": keys.len(),
+        "found": r.found,
+        "tiers": r.tiers.iter().map(|t| t.as_str_name()).collect::<Vec<_>>(),
+        "keys": keys.iter().map(Key::to_hex).collect::<Vec<_>>(),
+        "lease_id": r.lease_id,
+        "server_us": r.timing.total_us,
+    });
+    println!("{}", serde_json::to_string_pretty(&out)?);
+    Ok(())
+}
+
+/// `kvtier delete`
+pub async fn delete(a: DeleteArgs) -> anyhow::Result<()> {
+    let key = a.key.key()?;
+    let c = client(&a.common).await?;
+    let n = c.delete(&a.key.namespace, std::slice::from_ref(&key)).await?;
+    if n == 0 {
+        anyhow::bail!("key {} not found in namespace {:?}", key.to_hex(), a.key.namespace);
+    }
+    println!("deleted {n} block(s)");
+    Ok(())
+}
+
+/// `kvtier stats`
+pub async fn stats(a: CommonArgs) -> anyhow::Result<()> {
+    let c = client(&a).await?;
+    let s = c.stats().await?;
+    let tiers: Vec<_> = s
+        .tiers
+        .iter()
+        .map(|t| {
+            serde_json::json!({
+                "tier": kvtier_client::Tier::try_from(t.tier).map(|x| x.as_str_name()).unwrap_or("?"),
+                "blocks": t.blocks, "bytes": t.bytes, "capacity_bytes": t.capacity_bytes,
+                "hits": t.hits, "misses": t.misses, "evictions": t.evictions,
+            })
+        })
+        .collect();
+    let out = serde_json::json!({ "version": s.version, "tiers": tiers, "active_leases": s.active_leases, "expired_blocks": s.expired_blocks });
+    println!("{}", serde_json::to_string_pretty(&out)?);
+    Ok(())
+}

@@ -1,0 +1,99 @@
+//! `kvtier serve`: flags override the config file, which overrides defaults.
+use clap::Args;
+use kvtier_core::ByteSize;
+use kvtier_server::config::Config;
+use kvtier_server::Server;
+use std::path::PathBuf;
+
+/// Flags of `kvtier serve`. Each maps onto a config key (shown in brackets).
+#[derive(Args, Debug)]
+pub struct ServeArgs {
+    /// TOML config file; flags given here override it.
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Print the effective configuration as TOML and exit.
+    #[arg(long)]
+    print_config: bool,
+    /// gRPC listen address, repeatable; `ADDR@CPUSET` pins [server.listen].
+    #[arg(long = "listen")]
+    listen: Vec<String>,
+    /// HTTP listen address; "" disables HTTP [server.http_listen].
+    #[arg(long)]
+    http_listen: Option<String>,
+    /// Memory-tier budget, e.g. 2GiB [engine.memory_capacity].
+    #[arg(long)]
+    memory_capacity: Option<ByteSize>,
+    /// Largest block/value payload, e.g. 64MiB [engine.max_block_size].
+    #[arg(long)]
+    max_block_size: Option<ByteSize>,
+    /// Default tokens per block [engine.block_size].
+    #[arg(long)]
+    block_size: Option<usize>,
+    /// Requests served at once [server.max_inflight].
+    #[arg(long)]
+    max_inflight: Option<usize>,
+    /// Largest gRPC message [server.max_message_size].
+    #[arg(long)]
+    max_message_size: Option<ByteSize>,
+    /// Print the bound addresses as one JSON line on stdout once listening.
+    #[arg(long)]
+    ready_json: bool,
+}
+
+impl ServeArgs {
+    fn config(&self) -> anyhow::Result<Config> {
+        let mut cfg = match &self.config {
+            Some(p) => Config::load(p)?,
+            None => Config::default(),
+        };
+        if !self.listen.is_empty() {
+            cfg.server.listen = self.listen.clone();
+        }
+        if let Some(v) = &self.http_listen {
+            cfg.server.http_listen = v.clone();
+        }
+        if let Some(v) = self.memory_capacity {
+            cfg.engine.memory_capacity = v;
+        }
+        if let Some(v) = self.max_block_size {
+            cfg.engine.max_block_size = v;
+        }
+        if let Some(v) = self.block_size {
+            cfg.engine.block_size = v;
+        }
+        if let Some(v) = self.max_inflight {
+            cfg.server.max_inflight = v;
+        }
+        if let Some(v) = self.max_message_size {
+            cfg.server.max_message_size = v;
+        }
+        cfg.validate()?;
+        Ok(cfg)
+    }
+}
+
+/// Runs the server until SIGINT / SIGTERM, then shuts down gracefully.
+pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
+    let cfg = args.config()?;
+    if args.print_config {
+        print!("{}", cfg.to_toml());
+        return Ok(());
+    }
+    let mut server = Server::start(cfg).await?;
+    if args.ready_json {
+        let grpc: Vec<String> = server.grpc_addrs.iter().map(|a| a.to_string()).collect();
+        println!(
+            "{}",
+            serde_json::json!({ "grpc": grpc, "http": server.http_addr.map(|a| a.to_string()), "pid": std::process::id() })
+        );
+    }
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: shutting down"),
+        _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
+        r = server.wait() => { r?; anyhow::bail!("a listener stopped unexpectedly"); }
+    }
+    server.shutdown().await?;
+    tracing::info!("stopped");
+    Ok(())
+}
