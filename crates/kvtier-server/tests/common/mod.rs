@@ -1,0 +1,28 @@
+//! Shared helpers: start an in-process server on ephemeral loopback ports.
+#![allow(dead_code)]
+use kvtier_client::{Client, ClientConfig};
+use kvtier_server::config::Config;
+use kvtier_server::Server;
+
+pub fn test_config() -> Config {
+    let mut cfg = Config::default();
+    cfg.server.listen = vec!["127.0.0.1:0".into()];
+    cfg.server.http_listen = "127.0.0.1:0".into();
+    cfg
+}
+
+pub async fn start(cfg: Config) -> (Server, Client) {
+    let server = Server::start(cfg).await.expect("server starts");
+    let client = client_for(&server).await;
+    (server, client)
+}
+
+pub async fn client_for(server: &Server) -> Client {
+    let mut cc = ClientConfig::new(format!("http://{}", server.grpc_addrs[0]));
+    cc.connections = 2;
+    Client::connect(cc).await.expect("client connects")
+}
+
+pub fn raw_endpoint(server: &Server) -> String {
+    format!("http://{}", server.grpc_addrs[0])
+}
