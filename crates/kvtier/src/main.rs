@@ -1,6 +1,7 @@
 //! `kvtier`: the server (`kvtier serve`), CLI verbs against a running server
 //! (`put`, `get`, `lookup`, `delete`, `stats`) and the benchmark harness (`bench`).
 mod cli;
+mod demo;
 mod serve;
 
 use clap::{Parser, Subcommand};
@@ -27,6 +28,8 @@ enum Cmd {
     Delete(cli::DeleteArgs),
     /// Server statistics.
     Stats(cli::CommonArgs),
+    /// Drive a small multi-turn prompt workload against a server and report.
+    Demo(demo::DemoArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -46,6 +49,7 @@ fn main() -> anyhow::Result<()> {
             Cmd::Lookup(a) => cli::lookup(a).await,
             Cmd::Delete(a) => cli::delete(a).await,
             Cmd::Stats(a) => cli::stats(a).await,
+            Cmd::Demo(a) => demo::run(a).await,
         }
     })
 }
