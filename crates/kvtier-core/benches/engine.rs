@@ -1,1 +1,2 @@
+//! Engine benchmarks (placeholder; see `make bench`).
 fn main() {}

@@ -1,18 +1,34 @@
 //! The engine: one store over a stack of tiers.
 //!
 //! Reads walk the tiers top to bottom and promote what they find into memory;
-//! writes go to memory (lower tiers join through demotion / write policies as
-//! they are added). Lookups walk a chain of keys and stop at the first key no
-//! tier has. Every call reports how long it spent in each tier, which the
-//! fronts return to clients as server timing.
+//! lookups walk a chain of keys and stop at the first key no tier has. Every
+//! call reports how long it spent in each tier, which the fronts return to
+//! clients as server timing.
+//!
+//! With a disk tier ([`Engine::with_disk`]) writes follow a [`WritePolicy`]:
+//!
+//! * [`WritePolicy::WriteThrough`] (the default): every write goes to memory
+//!   *and* disk before it is acknowledged, so under `--disk-sync always` an
+//!   acknowledged write is durable; memory is a cache in front of the disk.
+//! * [`WritePolicy::WriteBack`]: writes go to memory only; blocks reach the
+//!   disk when memory evicts them (demotion). Faster writes, nothing durable
+//!   until demoted.
+//!
+//! In both, blocks memory evicts that the disk does not hold are demoted to
+//! it, and disk hits are promoted to memory. A disk write that fails under
+//! `batch` / `never` sync degrades to memory-only (counted in
+//! [`EngineStats::degraded_writes`]); under `always` it fails the write.
+//! See `docs/durability.md`.
 use crate::block::{Block, BlockId};
-use crate::error::{Error, Result};
-use crate::keys::{HashFn, Key, Namespace, DEFAULT_BLOCK_SIZE};
+use crate::disk::{DiskTier, SyncMode};
+use crate::error::{Error, ErrorKind, Result};
+use crate::keys::{DEFAULT_BLOCK_SIZE, HashFn, Key, Namespace};
 use crate::lease::{LeaseGrant, LeaseTable};
 use crate::memory::{MemoryTier, Overwrite};
 use crate::size::ByteSize;
 use crate::tier::{PutOutcome, Tier, TierKind, TierStats};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 /// Engine settings (the `[engine]` section of the server config).
@@ -92,14 +108,41 @@ pub struct EngineStats {
     pub tiers: Vec<(TierKind, TierStats)>,
     /// Leases currently active.
     pub active_leases: u64,
+    /// Writes acknowledged although the disk tier refused them (memory only).
+    pub degraded_writes: u64,
+    /// Blocks evicted from memory and written to disk.
+    pub demotions: u64,
+    /// Demotions that failed (the block was dropped).
+    pub demotion_failures: u64,
+}
+
+/// How writes reach the disk tier. See the module docs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum WritePolicy {
+    /// Write to memory and disk before acknowledging (the default).
+    #[default]
+    WriteThrough,
+    /// Write to memory; demote to disk on eviction.
+    WriteBack,
+}
+
+#[derive(Default)]
+struct Counters {
+    degraded_writes: AtomicU64,
+    demotions: AtomicU64,
+    demotion_failures: AtomicU64,
 }
 
 /// The store. Cheap to share behind an `Arc`.
 pub struct Engine {
     cfg: EngineConfig,
     memory: Arc<MemoryTier>,
+    /// The disk tier, if configured; also the first entry of `lower`.
+    disk: Option<Arc<DiskTier>>,
+    policy: WritePolicy,
     lower: Vec<Arc<dyn Tier>>,
     leases: LeaseTable,
+    counters: Counters,
 }
 
 impl Engine {
@@ -108,10 +151,40 @@ impl Engine {
         Self::with_tiers(cfg, Vec::new())
     }
 
-    /// An engine with memory plus `lower` tiers (top first).
+    /// An engine with memory plus `lower` tiers (top first). Lower tiers are
+    /// read from (and promoted to memory) but never written by the engine.
     pub fn with_tiers(cfg: EngineConfig, lower: Vec<Arc<dyn Tier>>) -> Self {
         let memory = Arc::new(MemoryTier::new(cfg.memory_capacity.bytes()));
-        Self { cfg, memory, lower, leases: LeaseTable::default() }
+        Self {
+            cfg,
+            memory,
+            disk: None,
+            policy: WritePolicy::default(),
+            lower,
+            leases: LeaseTable::default(),
+            counters: Counters::default(),
+        }
+    }
+
+    /// An engine with memory in front of an optional disk tier (opened with
+    /// [`DiskTier::open`]), writing to it per `policy`. `None` is the same as
+    /// [`Engine::new`].
+    pub fn with_disk(cfg: EngineConfig, disk: Option<Arc<DiskTier>>, policy: WritePolicy) -> Self {
+        let lower: Vec<Arc<dyn Tier>> = disk.iter().map(|d| d.clone() as Arc<dyn Tier>).collect();
+        let mut e = Self::with_tiers(cfg, lower);
+        e.disk = disk;
+        e.policy = policy;
+        e
+    }
+
+    /// The disk tier, if configured.
+    pub fn disk(&self) -> Option<&Arc<DiskTier>> {
+        self.disk.as_ref()
+    }
+
+    /// The write policy towards the disk tier.
+    pub fn write_policy(&self) -> WritePolicy {
+        self.policy
     }
 
     /// The configuration.
@@ -125,8 +198,17 @@ impl Engine {
     }
 
     /// Computes chain keys from tokens (`block_size` 0 = default; only full blocks).
-    pub fn keys_for_tokens(&self, tokens: &[u32], block_size: usize, hash: HashFn) -> Result<Vec<Key>> {
-        let bs = if block_size == 0 { self.cfg.default_block_size } else { block_size };
+    pub fn keys_for_tokens(
+        &self,
+        tokens: &[u32],
+        block_size: usize,
+        hash: HashFn,
+    ) -> Result<Vec<Key>> {
+        let bs = if block_size == 0 {
+            self.cfg.default_block_size
+        } else {
+            block_size
+        };
         hash.chain(tokens, bs)
     }
 
@@ -172,17 +254,24 @@ impl Engine {
             Some(d) if !ids.is_empty() => Some(self.pin(&ids, d)?),
             _ => None,
         };
-        Ok(LookupOutcome { found: tiers.len(), tiers, lease })
+        Ok(LookupOutcome {
+            found: tiers.len(),
+            tiers,
+            lease,
+        })
     }
 
-    /// Pins explicit keys; every key must be present.
+    /// Pins explicit keys; every key must be present (in memory or on disk).
     pub fn lease(&self, ns: &Namespace, keys: &[Key], dur: Duration) -> Result<LeaseGrant> {
         if keys.is_empty() {
             return Err(Error::invalid("lease needs at least one key"));
         }
-        let ids: Vec<BlockId> = keys.iter().map(|k| BlockId::new(ns.clone(), k.clone())).collect();
+        let ids: Vec<BlockId> = keys
+            .iter()
+            .map(|k| BlockId::new(ns.clone(), k.clone()))
+            .collect();
         for id in &ids {
-            if !self.memory.contains_block(id) {
+            if !self.memory.contains_block(id) && !self.disk.as_ref().is_some_and(|d| d.has(id)) {
                 return Err(Error::not_found(format!(
                     "cannot lease key {:?} in namespace {}: not present",
                     id.key, id.namespace
@@ -199,6 +288,9 @@ impl Engine {
         let dur = dur.min(self.cfg.max_lease);
         let grant = self.leases.grant(ids, dur)?;
         self.memory.pin(ids, grant.expires_at);
+        if let Some(d) = &self.disk {
+            d.pin(ids, grant.expires_at);
+        }
         Ok(grant)
     }
 
@@ -213,7 +305,11 @@ impl Engine {
     }
 
     /// Reads one block from the highest tier that has it, promoting it to memory.
-    pub async fn read(&self, id: &BlockId, timing: &mut StorageTiming) -> Result<Option<(Block, TierKind)>> {
+    pub async fn read(
+        &self,
+        id: &BlockId,
+        timing: &mut StorageTiming,
+    ) -> Result<Option<(Block, TierKind)>> {
         let t0 = Instant::now();
         let hit = self.memory.get_block(id);
         timing.add(TierKind::Memory, t0.elapsed());
@@ -227,8 +323,11 @@ impl Engine {
             if let Some(b) = got? {
                 let t0 = Instant::now();
                 // Promotion is best effort: a full memory tier must not fail the read.
-                let _ = self.memory.put_block(b.clone(), Overwrite::Never);
+                let evicted = self.memory.put_block_evicting(b.clone(), Overwrite::Never);
                 timing.add(TierKind::Memory, t0.elapsed());
+                if let Ok((_, evicted)) = evicted {
+                    self.demote(evicted, timing).await;
+                }
                 return Ok(Some((b, t.kind())));
             }
         }
@@ -241,19 +340,90 @@ impl Engine {
     }
 
     /// Stores a key/value entry, replacing any previous value.
-    pub async fn put_value(&self, block: Block, timing: &mut StorageTiming) -> Result<WriteOutcome> {
+    pub async fn put_value(
+        &self,
+        block: Block,
+        timing: &mut StorageTiming,
+    ) -> Result<WriteOutcome> {
         self.store(block, Overwrite::Replace, timing).await
     }
 
-    async fn store(&self, block: Block, mode: Overwrite, timing: &mut StorageTiming) -> Result<WriteOutcome> {
+    async fn store(
+        &self,
+        block: Block,
+        mode: Overwrite,
+        timing: &mut StorageTiming,
+    ) -> Result<WriteOutcome> {
         self.check_size(block.payload.len())?;
         let t0 = Instant::now();
-        let r = self.memory.put_block(block, mode);
+        let r = self.memory.put_block_evicting(block.clone(), mode);
         timing.add(TierKind::Memory, t0.elapsed());
-        Ok(match r? {
-            PutOutcome::Stored => WriteOutcome::Stored,
-            PutOutcome::Existing => WriteOutcome::Existing,
-        })
+        let Some(disk) = &self.disk else {
+            return Ok(outcome(r?.0));
+        };
+        let (mem, evicted) = match r {
+            Ok((o, ev)) => (Some(o), ev),
+            // No room in memory (chain longer than memory, or pinned): the
+            // block can still live on disk.
+            Err(e) if e.kind == ErrorKind::ResourceExhausted => (None, Vec::new()),
+            Err(e) => return Err(e),
+        };
+        let result = match (self.policy, mem) {
+            (WritePolicy::WriteBack, Some(o)) => Ok(o),
+            // Identical block already in memory and on disk: nothing to write.
+            (_, Some(PutOutcome::Existing)) if disk.has(&block.meta.id) => Ok(PutOutcome::Existing),
+            _ => {
+                let id = block.meta.id.clone();
+                let t0 = Instant::now();
+                let d = disk.put_with(block, mode).await;
+                timing.add(TierKind::Disk, t0.elapsed());
+                match (d, mem) {
+                    (Ok(o), _) => Ok(o),
+                    (Err(e), Some(o)) if disk.config().sync != SyncMode::Always => {
+                        self.counters
+                            .degraded_writes
+                            .fetch_add(1, Ordering::Relaxed);
+                        tracing::warn!(key = ?id.key, namespace = %id.namespace, error = %e,
+                            "disk tier refused a write; kept in memory only");
+                        Ok(o)
+                    }
+                    (Err(e), mem) => {
+                        // Not acknowledged, so not kept: drop the copy memory just took.
+                        if mem == Some(PutOutcome::Stored) {
+                            self.memory.remove(&id);
+                        }
+                        Err(e)
+                    }
+                }
+            }
+        };
+        self.demote(evicted, timing).await;
+        result.map(outcome)
+    }
+
+    /// Writes blocks evicted from memory to the disk tier unless it holds them
+    /// already (under write-through it normally does). Best effort: failures
+    /// are counted and logged.
+    async fn demote(&self, evicted: Vec<Block>, timing: &mut StorageTiming) {
+        let Some(disk) = &self.disk else { return };
+        let now = crate::memory::unix_ms();
+        for b in evicted {
+            if b.expired_at(now) || disk.has(&b.meta.id) {
+                continue;
+            }
+            let t0 = Instant::now();
+            let r = disk.put_with(b, Overwrite::Never).await;
+            timing.add(TierKind::Disk, t0.elapsed());
+            match r {
+                Ok(_) => self.counters.demotions.fetch_add(1, Ordering::Relaxed),
+                Err(e) => {
+                    tracing::warn!(error = %e, "demotion to the disk tier failed; block dropped");
+                    self.counters
+                        .demotion_failures
+                        .fetch_add(1, Ordering::Relaxed)
+                }
+            };
+        }
     }
 
     /// Fails with `InvalidArgument` naming the limit if `len` is too large.
@@ -283,15 +453,30 @@ impl Engine {
         Ok(n)
     }
 
-    /// Removes expired blocks from memory; returns how many. Called periodically.
+    /// Removes expired blocks from memory and the disk tier's index (their
+    /// files are unlinked in the background); returns how many. Called
+    /// periodically; does no blocking I/O.
     pub fn purge_expired(&self) -> u64 {
-        self.memory.purge_expired()
+        self.memory.purge_expired() + self.disk.as_ref().map_or(0, |d| d.purge_expired())
     }
 
     /// Counters.
     pub fn stats(&self) -> EngineStats {
         let mut tiers = vec![(TierKind::Memory, Tier::stats(&*self.memory))];
         tiers.extend(self.lower.iter().map(|t| (t.kind(), t.stats())));
-        EngineStats { tiers, active_leases: self.leases.active().0 }
+        EngineStats {
+            tiers,
+            active_leases: self.leases.active().0,
+            degraded_writes: self.counters.degraded_writes.load(Ordering::Relaxed),
+            demotions: self.counters.demotions.load(Ordering::Relaxed),
+            demotion_failures: self.counters.demotion_failures.load(Ordering::Relaxed),
+        }
+    }
+}
+
+fn outcome(o: PutOutcome) -> WriteOutcome {
+    match o {
+        PutOutcome::Stored => WriteOutcome::Stored,
+        PutOutcome::Existing => WriteOutcome::Existing,
     }
 }

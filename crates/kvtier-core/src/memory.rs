@@ -32,7 +32,10 @@ pub const ENTRY_OVERHEAD: u64 = 160;
 
 /// Current Unix time in milliseconds.
 pub fn unix_ms() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
 }
 
 struct Entry {
@@ -95,7 +98,10 @@ pub struct MemoryTier {
 impl MemoryTier {
     /// A tier holding at most `capacity` bytes (payload + per-entry overhead).
     pub fn new(capacity: u64) -> Self {
-        Self { capacity, inner: Mutex::new(Inner::default()) }
+        Self {
+            capacity,
+            inner: Mutex::new(Inner::default()),
+        }
     }
 
     /// The byte budget.
@@ -108,7 +114,11 @@ impl MemoryTier {
         let mut g = self.inner.lock();
         let now = Instant::now();
         let found = g.touch(id, now).map(|e| e.block.clone());
-        if found.is_some() { g.hits += 1 } else { g.misses += 1 }
+        if found.is_some() {
+            g.hits += 1
+        } else {
+            g.misses += 1
+        }
         found
     }
 
@@ -120,6 +130,18 @@ impl MemoryTier {
 
     /// Stores a block. See [`Overwrite`].
     pub fn put_block(&self, block: Block, overwrite: Overwrite) -> Result<PutOutcome> {
+        self.put_block_evicting(block, overwrite)
+            .map(|(outcome, _)| outcome)
+    }
+
+    /// Stores a block like [`MemoryTier::put_block`] and hands back the blocks
+    /// evicted to make room (LRU leaves), so the caller can demote them to a
+    /// lower tier outside the lock. Expired blocks are not handed back.
+    pub fn put_block_evicting(
+        &self,
+        block: Block,
+        overwrite: Overwrite,
+    ) -> Result<(PutOutcome, Vec<Block>)> {
         let cost = cost_of(&block);
         if cost > self.capacity {
             return Err(Error::exhausted(format!(
@@ -140,7 +162,7 @@ impl MemoryTier {
         });
         if let Some(same) = same {
             if same {
-                return Ok(PutOutcome::Existing);
+                return Ok((PutOutcome::Existing, Vec::new()));
             }
             match overwrite {
                 Overwrite::Never => {
@@ -154,9 +176,10 @@ impl MemoryTier {
                 }
             }
         }
-        let expires_at = block.meta.expires_unix_ms.map(|exp| {
-            now + Duration::from_millis(exp.saturating_sub(unix_ms()))
-        });
+        let expires_at = block
+            .meta
+            .expires_unix_ms
+            .map(|exp| now + Duration::from_millis(exp.saturating_sub(unix_ms())));
         g.tick += 1;
         let tick = g.tick;
         let children = g.orphans.remove(&id).unwrap_or_default();
@@ -179,14 +202,26 @@ impl MemoryTier {
                 None => g.orphans.entry(pid).or_default().push(id.key.clone()),
             }
         }
-        let entry = Entry { block, tick, children, pinned_until: None, expiry };
+        let entry = Entry {
+            block,
+            tick,
+            children,
+            pinned_until: None,
+            expiry,
+        };
         if entry.is_leaf() {
             g.leaves.insert(tick, id.clone());
         }
         g.map.insert(id.clone(), entry);
         g.bytes += cost;
-        if !g.evict_to(self.capacity, now, &id) {
-            let pinned: u64 = g.map.values().filter(|e| e.pinned(now)).map(Entry::cost).sum();
+        let mut evicted = Vec::new();
+        if !g.evict_to(self.capacity, now, &id, &mut evicted) {
+            let pinned: u64 = g
+                .map
+                .values()
+                .filter(|e| e.pinned(now))
+                .map(Entry::cost)
+                .sum();
             g.remove_cascade(&id);
             let why = if pinned > self.capacity / 2 {
                 format!("{pinned} of {} bytes are pinned by leases", self.capacity)
@@ -195,9 +230,11 @@ impl MemoryTier {
                  memory tier; raise --memory-capacity or add a disk tier)"
                     .to_string()
             };
-            return Err(Error::exhausted(format!("memory tier full, block not stored: {why}")));
+            return Err(Error::exhausted(format!(
+                "memory tier full, block not stored: {why}"
+            )));
         }
-        Ok(PutOutcome::Stored)
+        Ok((PutOutcome::Stored, evicted))
     }
 
     /// Removes a block and its resident descendants; returns how many.
@@ -241,7 +278,10 @@ impl MemoryTier {
         for (id, e) in &g.map {
             let in_leaves = g.leaves.get(&e.tick) == Some(id);
             if e.is_leaf() != in_leaves {
-                return Err(format!("{id:?}: leaf={} in_leaves={in_leaves}", e.is_leaf()));
+                return Err(format!(
+                    "{id:?}: leaf={} in_leaves={in_leaves}",
+                    e.is_leaf()
+                ));
             }
             for c in &e.children {
                 let cid = BlockId::new(id.namespace.clone(), c.clone());
@@ -252,7 +292,10 @@ impl MemoryTier {
             }
             if let Some(p) = &e.block.meta.parent {
                 let pid = BlockId::new(id.namespace.clone(), p.clone());
-                let linked = g.map.get(&pid).is_some_and(|pe| pe.children.contains(&id.key));
+                let linked = g
+                    .map
+                    .get(&pid)
+                    .is_some_and(|pe| pe.children.contains(&id.key));
                 let orphan = g.orphans.get(&pid).is_some_and(|o| o.contains(&id.key));
                 if linked == orphan {
                     return Err(format!("{id:?}: linked={linked} orphan={orphan}"));
@@ -301,9 +344,16 @@ impl Inner {
         n
     }
 
-    /// Evicts LRU unpinned leaves (never `keep`) until within `capacity`.
-    /// Returns false if that is impossible.
-    fn evict_to(&mut self, capacity: u64, now: Instant, keep: &BlockId) -> bool {
+    /// Evicts LRU unpinned leaves (never `keep`) until within `capacity`,
+    /// appending them to `evicted`. Returns false if that is impossible (the
+    /// blocks evicted so far stay evicted and are still reported).
+    fn evict_to(
+        &mut self,
+        capacity: u64,
+        now: Instant,
+        keep: &BlockId,
+        evicted: &mut Vec<Block>,
+    ) -> bool {
         if self.bytes <= capacity {
             return true;
         }
@@ -317,6 +367,9 @@ impl Inner {
                 .find(|id| *id != keep && !self.map.get(*id).is_some_and(|e| e.pinned(now)))
                 .cloned();
             let Some(id) = victim else { return false };
+            if let Some(e) = self.map.get(&id) {
+                evicted.push(e.block.clone());
+            }
             self.remove_cascade(&id);
             self.evictions += 1;
         }
@@ -328,7 +381,9 @@ impl Inner {
         let mut stack = vec![id.clone()];
         let mut removed = 0;
         while let Some(cur) = stack.pop() {
-            let Some(e) = self.map.remove(&cur) else { continue };
+            let Some(e) = self.map.remove(&cur) else {
+                continue;
+            };
             removed += 1;
             self.bytes -= e.cost();
             if e.is_leaf() {
