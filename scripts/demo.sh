@@ -8,7 +8,11 @@ OUT=${OUT:-out/demo}
 mkdir -p "$OUT"
 ready="$OUT/ready.json"
 rm -f "$ready"
-"$BIN" serve --listen 127.0.0.1:0 --http-listen 127.0.0.1:0 --ready-json >"$ready" 2>"$OUT/server.log" &
+# Embedded default tiers: memory in front of a local disk tier. Memory is kept
+# small (64 MiB) so the workload overflows it and reads are served from disk too.
+rm -rf "$OUT/data"
+"$BIN" serve --listen 127.0.0.1:0 --http-listen 127.0.0.1:0 --ready-json \
+  --memory-capacity 64MiB --disk-dir "$OUT/data" --disk-capacity 4GiB >"$ready" 2>"$OUT/server.log" &
 pid=$!
 trap 'kill -TERM $pid 2>/dev/null || true; wait $pid 2>/dev/null || true' EXIT
 # Wait for readiness by probing (bounded), never a fixed sleep.

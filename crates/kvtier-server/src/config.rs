@@ -15,12 +15,96 @@ pub struct Config {
     pub server: ServerSection,
     /// Storage engine and memory tier.
     pub engine: EngineSection,
+    /// The local disk tier (disabled when `dir` is empty).
+    pub disk: DiskSection,
+    /// The seed-compatible `kvstore.KVStoreService` API.
+    pub compat: CompatSection,
+}
+
+/// `[disk]`: the local disk tier below memory.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct DiskSection {
+    /// Directory holding the blocks; empty disables the disk tier.
+    pub dir: String,
+    /// Byte budget on disk.
+    pub capacity: ByteSize,
+    /// `always` (fsync before acknowledging; the default), `batch` (fsync every
+    /// `batch_interval`), `never` (page cache only). See docs/durability.md.
+    pub sync: kvtier_core::SyncMode,
+    /// Flush interval for `sync = "batch"`.
+    #[serde(with = "humantime_serde")]
+    pub batch_interval: Duration,
+    /// `write-through` (memory and disk before acknowledging; the default) or
+    /// `write-back` (memory; demoted to disk on eviction).
+    pub write_policy: String,
+    /// Re-verify every payload checksum when rebuilding the index at start.
+    pub verify_on_open: bool,
+}
+
+impl Default for DiskSection {
+    fn default() -> Self {
+        Self {
+            dir: String::new(),
+            capacity: ByteSize::gib(10),
+            sync: kvtier_core::SyncMode::Always,
+            batch_interval: Duration::from_millis(10),
+            write_policy: "write-through".into(),
+            verify_on_open: true,
+        }
+    }
+}
+
+impl DiskSection {
+    /// The engine's write policy.
+    pub fn policy(&self) -> anyhow::Result<kvtier_core::WritePolicy> {
+        match self.write_policy.as_str() {
+            "write-through" => Ok(kvtier_core::WritePolicy::WriteThrough),
+            "write-back" => Ok(kvtier_core::WritePolicy::WriteBack),
+            other => anyhow::bail!("disk.write_policy {other:?}: expected write-through or write-back"),
+        }
+    }
 }
 
 impl Default for Config {
     fn default() -> Self {
-        Self { server: ServerSection::default(), engine: EngineSection::default() }
+        Self {
+            server: ServerSection::default(),
+            engine: EngineSection::default(),
+            disk: DiskSection::default(),
+            compat: CompatSection::default(),
+        }
     }
+}
+
+/// `[compat]`: the seed service's API.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct CompatSection {
+    /// Tokens per block (the seed service uses 128).
+    pub block_size: usize,
+    /// Refuse tenants not listed in `tenants` (default: create on first use).
+    pub strict_tenants: bool,
+    /// Explicit tenant → namespace mappings.
+    pub tenants: Vec<TenantMapping>,
+}
+
+impl Default for CompatSection {
+    fn default() -> Self {
+        Self { block_size: 128, strict_tenants: false, tenants: Vec::new() }
+    }
+}
+
+/// One `[[compat.tenants]]` entry.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct TenantMapping {
+    /// `resource_name` of requests (the seed's storage account).
+    pub resource_name: String,
+    /// `container_name` of requests.
+    pub container_name: String,
+    /// kvtier namespace holding this tenant's blocks.
+    pub namespace: String,
 }
 
 /// `[server]`
@@ -196,6 +280,17 @@ impl Config {
                 self.server.max_message_size,
                 e.max_block_size
             );
+        }
+        self.disk.policy()?;
+        if !self.disk.dir.is_empty() && self.disk.capacity < e.max_block_size {
+            anyhow::bail!("disk.capacity ({}) is smaller than engine.max_block_size ({})", self.disk.capacity, e.max_block_size);
+        }
+        kvtier_core::keys::check_block_size(self.compat.block_size)
+            .map_err(|x| anyhow::anyhow!("compat.block_size: {x}"))?;
+        for t in &self.compat.tenants {
+            kvtier_core::Namespace::new(&t.namespace).map_err(|x| {
+                anyhow::anyhow!("compat.tenants ({}, {}): {x}", t.resource_name, t.container_name)
+            })?;
         }
         kvtier_core::keys::check_block_size(e.block_size).map_err(|x| anyhow::anyhow!("engine.block_size: {x}"))?;
         if e.memory_capacity.bytes() < e.max_block_size.bytes().min(1 << 20) {

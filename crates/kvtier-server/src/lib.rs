@@ -24,6 +24,7 @@ pub mod timing;
 use anyhow::Context as _;
 use config::Config;
 use kvtier_core::Engine;
+use kvtier_proto::kvstore::kv_store_service_server::KvStoreServiceServer;
 use kvtier_proto::v1::kv_tier_server::KvTierServer;
 use state::Shared;
 use std::net::SocketAddr;
@@ -49,7 +50,7 @@ impl Server {
     /// Binds every listener and starts serving on the current Tokio runtime.
     pub async fn start(cfg: Config) -> anyhow::Result<Self> {
         cfg.validate()?;
-        let engine = Arc::new(Engine::new(cfg.engine.engine_config()));
+        let engine = Arc::new(build_engine(&cfg).await?);
         Self::start_with_engine(cfg, engine).await
     }
 
@@ -68,7 +69,7 @@ impl Server {
             if spec.cpus.is_some() {
                 tracing::warn!(%addr, "CPU pinning for listeners is not implemented yet; serving on the shared runtime");
             }
-            let router = grpc_router(&cfg, shared.clone());
+            let router = grpc_router(&cfg, shared.clone())?;
             let mut rx = stop_rx.clone();
             let incoming = tonic::transport::server::TcpIncoming::from(listener)
                 .with_nodelay(Some(true))
@@ -148,16 +149,45 @@ impl Server {
     }
 }
 
-fn grpc_router(cfg: &Config, shared: Shared) -> tonic::transport::server::Router<tower::layer::util::Stack<timing::ArrivalLayer, tower::layer::util::Identity>> {
+/// Builds the engine the config describes: memory, plus disk when `disk.dir` is set.
+pub async fn build_engine(cfg: &Config) -> anyhow::Result<Engine> {
+    if cfg.disk.dir.is_empty() {
+        return Ok(Engine::new(cfg.engine.engine_config()));
+    }
+    let d = &cfg.disk;
+    let mut dc = kvtier_core::DiskConfig::new(&d.dir, d.capacity);
+    dc.sync = d.sync;
+    dc.batch_interval = d.batch_interval;
+    dc.verify_on_open = d.verify_on_open;
+    let (disk, rep) = kvtier_core::DiskTier::open_async(dc).await.map_err(|e| anyhow::anyhow!("disk tier: {}", e.message))?;
+    tracing::info!(
+        dir = %d.dir,
+        blocks = rep.blocks,
+        bytes = rep.bytes,
+        dropped = rep.dropped(),
+        elapsed_ms = rep.elapsed.as_millis() as u64,
+        "disk tier recovered"
+    );
+    Ok(Engine::with_disk(cfg.engine.engine_config(), Some(Arc::new(disk)), d.policy()?))
+}
+
+type GrpcRouter =
+    tonic::transport::server::Router<tower::layer::util::Stack<timing::ArrivalLayer, tower::layer::util::Identity>>;
+
+fn grpc_router(cfg: &Config, shared: Shared) -> anyhow::Result<GrpcRouter> {
     let max = cfg.server.max_message_size.bytes() as usize;
+    let compat = KvStoreServiceServer::new(grpc::compat::CompatService::new(shared.clone(), &cfg.compat)?)
+        .max_decoding_message_size(max)
+        .max_encoding_message_size(max);
     let v1 = KvTierServer::new(grpc::v1::V1Service::new(shared))
         .max_decoding_message_size(max)
         .max_encoding_message_size(max);
     let (health_reporter, health) = tonic_health::server::health_reporter();
     tokio::spawn(async move {
         health_reporter.set_serving::<KvTierServer<grpc::v1::V1Service>>().await;
+        health_reporter.set_serving::<KvStoreServiceServer<grpc::compat::CompatService>>().await;
     });
-    tonic::transport::Server::builder()
+    Ok(tonic::transport::Server::builder()
         .initial_stream_window_size(Some(cfg.server.stream_window.bytes() as u32))
         .initial_connection_window_size(Some(cfg.server.connection_window.bytes() as u32))
         .max_frame_size(Some((1 << 24) - 1))
@@ -167,4 +197,5 @@ fn grpc_router(cfg: &Config, shared: Shared) -> tonic::transport::server::Router
         .layer(timing::ArrivalLayer)
         .add_service(health)
         .add_service(v1)
+        .add_service(compat))
 }

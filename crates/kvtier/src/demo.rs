@@ -65,6 +65,7 @@ pub async fn run(a: DemoArgs) -> anyhow::Result<()> {
     let bs = client.config().block_size;
     let (mut lookup, mut read, mut write) = (Op::new(), Op::new(), Op::new());
     let (mut hit_blocks, mut miss_blocks, mut bytes_read) = (0u64, 0u64, 0u64);
+    let mut by_tier: std::collections::BTreeMap<&'static str, u64> = Default::default();
     let started = Instant::now();
     for conv in 0..a.conversations {
         // Every conversation shares a 2-block system prompt, then diverges.
@@ -84,6 +85,7 @@ pub async fn run(a: DemoArgs) -> anyhow::Result<()> {
                 for b in &r.blocks {
                     anyhow::ensure!(b.payload == payload(&b.key, a.block_bytes), "block {} came back different", b.key.to_hex());
                     bytes_read += b.payload.len() as u64;
+                    *by_tier.entry(b.tier.as_str_name()).or_default() += 1;
                 }
             }
             // Write back the blocks the server did not have (the "computed" KV).
@@ -119,8 +121,11 @@ pub async fn run(a: DemoArgs) -> anyhow::Result<()> {
         "blocks_hit": hit_blocks, "blocks_missed": miss_blocks, "hit_rate": hit_rate,
         "tokens_served_from_cache": hit_blocks * bs as u64,
         "read_gbytes_per_s": bytes_read as f64 / wall.as_secs_f64() / 1e9,
+        "blocks_read_by_tier": by_tier,
         "lookup": lookup.json(), "read": read.json(), "write": write.json(),
-        "memory_tier": stats.tiers.first().map(|t| serde_json::json!({"blocks": t.blocks, "bytes": t.bytes, "evictions": t.evictions})),
+        "tiers": stats.tiers.iter().map(|t| serde_json::json!({
+            "tier": kvtier_client::Tier::try_from(t.tier).map(|x| x.as_str_name()).unwrap_or("?"),
+            "blocks": t.blocks, "bytes": t.bytes, "hits": t.hits, "evictions": t.evictions})).collect::<Vec<_>>(),
     });
     std::fs::create_dir_all(&a.out)?;
     std::fs::write(a.out.join("demo-report.json"), serde_json::to_string_pretty(&report)?)?;
@@ -134,6 +139,8 @@ pub async fn run(a: DemoArgs) -> anyhow::Result<()> {
         hit_rate * 100.0,
         (hit_blocks * bs as u64) as f64
     );
+    let tiers: Vec<String> = by_tier.iter().map(|(t, n)| format!("{n} from {}", t.trim_start_matches("TIER_").to_lowercase())).collect();
+    md += &format!("Blocks read: {}.\n\n", if tiers.is_empty() { "none".to_string() } else { tiers.join(", ") });
     md += "| op | count | client p50 ms | client p90 ms | client p99 ms | server p50 ms | server p99 ms |\n|---|---|---|---|---|---|---|\n";
     for (name, op) in [("lookup", &lookup), ("read (whole cached prefix)", &read), ("write (new blocks)", &write)] {
         let j = op.json();

@@ -35,6 +35,18 @@ pub struct ServeArgs {
     /// Largest gRPC message [server.max_message_size].
     #[arg(long)]
     max_message_size: Option<ByteSize>,
+    /// Disk-tier directory; enables the disk tier [disk.dir].
+    #[arg(long)]
+    disk_dir: Option<String>,
+    /// Disk-tier budget, e.g. 100GiB [disk.capacity].
+    #[arg(long)]
+    disk_capacity: Option<ByteSize>,
+    /// always | batch | never [disk.sync].
+    #[arg(long)]
+    disk_sync: Option<kvtier_core::SyncMode>,
+    /// write-through | write-back [disk.write_policy].
+    #[arg(long)]
+    write_policy: Option<String>,
     /// Print the bound addresses as one JSON line on stdout once listening.
     #[arg(long)]
     ready_json: bool,
@@ -66,6 +78,18 @@ impl ServeArgs {
         }
         if let Some(v) = self.max_message_size {
             cfg.server.max_message_size = v;
+        }
+        if let Some(v) = &self.disk_dir {
+            cfg.disk.dir = v.clone();
+        }
+        if let Some(v) = self.disk_capacity {
+            cfg.disk.capacity = v;
+        }
+        if let Some(v) = self.disk_sync {
+            cfg.disk.sync = v;
+        }
+        if let Some(v) = &self.write_policy {
+            cfg.disk.write_policy = v.clone();
         }
         cfg.validate()?;
         Ok(cfg)

@@ -1,3 +1,4 @@
 //! gRPC fronts: `kvtier.v1` ([`v1`]) and, on the same listeners, the seed's
 //! `kvstore.KVStoreService`.
+pub mod compat;
 pub mod v1;

@@ -1,0 +1,338 @@
+//! `kvstore.KVStoreService`: the seed service's wire API, served on the same
+//! listeners as `kvtier.v1`, mapped onto the engine without special cases in it.
+//!
+//! The seed service addresses a block by its own 128 tokens and lets the same
+//! tokens exist in several *versions* (one per distinct prefix). Mapping, per
+//! tenant namespace, with `d = xxh3-128(tokens as i64 LE)`:
+//!
+//! ```text
+//!   'D' d hash        data:  [u32 LE meta_len][meta: PromptChunk without buffer][buffer]
+//!   'M' d parent_hash meta:  PromptChunk without buffer   (the version reached from `parent_hash`)
+//!   'H' d             meta of the first version written   (block 0 matches any version)
+//! ```
+//!
+//! `Lookup` walks the prompt's full blocks: block 0 via `H d0`, block i via
+//! `M di hash(i-1)`, stopping at the first miss. Locations are the hex of the
+//! data key, so `Read(location)` is one engine read. Metadata entries are tiny,
+//! so lookups never touch the 1.2 MB payloads.
+//!
+//! Errors are in-band (`success = false`, `error`), as in the original; the gRPC
+//! status is OK. `ServerMetrics` are measured: storage = time inside the tiers,
+//! total = request arrival to response ready, overhead = total − storage.
+use crate::config::CompatSection;
+use crate::state::{self, Shared};
+use crate::timing::Clock;
+use bytes::{Buf, BufMut, Bytes, BytesMut};
+use futures::{Stream, StreamExt};
+use kvtier_core::{Block, BlockId, Key, Namespace, WriteOutcome};
+use kvtier_proto::kvstore as pb;
+use kvtier_proto::kvstore::kv_store_service_server::KvStoreService;
+use prost::Message;
+use std::collections::HashMap;
+use std::pin::Pin;
+use std::time::Instant;
+use tonic::{Request, Response, Status, Streaming};
+
+const API: &str = "kvstore";
+
+/// Requests of a StreamingRead processed concurrently (answers stay in order).
+const STREAM_PIPELINE: usize = 16;
+
+/// The service.
+#[derive(Clone)]
+pub struct CompatService {
+    shared: Shared,
+    block_size: usize,
+    strict: bool,
+    tenants: std::sync::Arc<HashMap<(String, String), Namespace>>,
+}
+
+/// An in-band error: reported as `success = false` with a message.
+type InBand<T> = Result<T, String>;
+
+fn digest(tokens: &[i64]) -> [u8; 16] {
+    let mut buf = Vec::with_capacity(tokens.len() * 8);
+    for t in tokens {
+        buf.extend_from_slice(&t.to_le_bytes());
+    }
+    xxhash_rust::xxh3::xxh3_128(&buf).to_be_bytes()
+}
+
+fn key(tag: u8, d: &[u8; 16], h: Option<u64>) -> Key {
+    let mut k = Vec::with_capacity(25);
+    k.push(tag);
+    k.extend_from_slice(d);
+    if let Some(h) = h {
+        k.extend_from_slice(&h.to_be_bytes());
+    }
+    Key::new(k).expect("non-empty, short")
+}
+
+fn metrics(clock: &Clock) -> pb::ServerMetrics {
+    let t = clock.finish();
+    let storage = (t.storage_memory_us + t.storage_disk_us + t.storage_object_us) as i64;
+    let total = t.total_us as i64;
+    pb::ServerMetrics { storage_latency_us: storage, total_latency_us: total, overhead_us: total - storage }
+}
+
+/// Readable namespace for a tenant when both names are plain, else a hashed one.
+pub fn tenant_namespace(resource: &str, container: &str) -> Namespace {
+    let plain = |s: &str| !s.is_empty() && s.len() <= 48 && s.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'));
+    let name = if plain(resource) && plain(container) {
+        format!("kvstore:{resource}/{container}")
+    } else {
+        let mut h = Vec::with_capacity(resource.len() + container.len() + 1);
+        h.extend_from_slice(resource.as_bytes());
+        h.push(0);
+        h.extend_from_slice(container.as_bytes());
+        format!("kvstore:h:{:032x}", xxhash_rust::xxh3::xxh3_128(&h))
+    };
+    Namespace::new(&name).expect("generated namespaces are valid")
+}
+
+impl CompatService {
+    /// Builds the service from the `[compat]` config section.
+    pub fn new(shared: Shared, cfg: &CompatSection) -> anyhow::Result<Self> {
+        let mut tenants = HashMap::new();
+        for t in &cfg.tenants {
+            let ns = Namespace::new(&t.namespace)
+                .map_err(|e| anyhow::anyhow!("compat.tenants: {}/{}: {}", t.resource_name, t.container_name, e.message))?;
+            tenants.insert((t.resource_name.clone(), t.container_name.clone()), ns);
+        }
+        Ok(Self { shared, block_size: cfg.block_size, strict: cfg.strict_tenants, tenants: std::sync::Arc::new(tenants) })
+    }
+
+    fn tenant(&self, resource: &str, container: &str) -> InBand<Namespace> {
+        if let Some(ns) = self.tenants.get(&(resource.to_string(), container.to_string())) {
+            return Ok(ns.clone());
+        }
+        if self.strict {
+            return Err(format!(
+                "unknown tenant resource_name={resource:?} container_name={container:?} (strict_tenants is on)"
+            ));
+        }
+        Ok(tenant_namespace(resource, container))
+    }
+
+    async fn meta(&self, id: BlockId, clock: &mut Clock) -> InBand<Option<pb::PromptChunk>> {
+        match self.shared.engine.read(&id, &mut clock.storage).await {
+            Ok(Some((b, _))) => pb::PromptChunk::decode(b.payload)
+                .map(Some)
+                .map_err(|e| format!("stored metadata for {:?} is unreadable: {e}", id.key)),
+            Ok(None) => Ok(None),
+            Err(e) => Err(e.message),
+        }
+    }
+
+    async fn lookup_inner(&self, req: pb::LookupRequest, clock: &mut Clock) -> InBand<pb::LookupResponse> {
+        let ns = self.tenant(&req.resource_name, &req.container_name)?;
+        let bs = self.block_size;
+        let blocks = req.tokens.len() / bs;
+        if !req.precomputed_hashes.is_empty() && req.precomputed_hashes.len() < blocks {
+            return Err(format!(
+                "precomputed_hashes has {} entries for {blocks} full blocks",
+                req.precomputed_hashes.len()
+            ));
+        }
+        let mut locations = Vec::new();
+        let mut last_hash = 0u64;
+        for (i, toks) in req.tokens.chunks_exact(bs).enumerate() {
+            let d = digest(toks);
+            let k = if i == 0 { key(b'H', &d, None) } else { key(b'M', &d, Some(last_hash)) };
+            let Some(meta) = self.meta(BlockId::new(ns.clone(), k), clock).await? else { break };
+            if req.precomputed_hashes.get(i).is_some_and(|h| *h != meta.hash) {
+                break;
+            }
+            last_hash = meta.hash;
+            locations.push(pb::BlockLocation { hash: meta.hash, location: hex(key(b'D', &d, Some(meta.hash)).as_bytes()) });
+        }
+        Ok(pb::LookupResponse {
+            cached_blocks: locations.len() as i32,
+            last_hash: if locations.is_empty() { 0 } else { last_hash },
+            locations,
+            error: String::new(),
+            success: true,
+            server_metrics: None,
+        })
+    }
+
+    async fn read_inner(&self, req: pb::ReadRequest, clock: &mut Clock) -> InBand<pb::ReadResponse> {
+        let ns = self.tenant(&req.resource_name, &req.container_name)?;
+        let raw = unhex(&req.location).filter(|k| k.len() == 25 && k[0] == b'D').ok_or_else(|| {
+            format!("malformed location {:?}: expected the 50-hex-digit string returned by Lookup", req.location)
+        })?;
+        let id = BlockId::new(ns, Key::new(raw).expect("25 bytes"));
+        let not_found = || pb::ReadResponse {
+            found: false,
+            chunk: None,
+            error: format!("location {} not found", req.location),
+            success: false,
+            server_metrics: None,
+        };
+        let (b, _) = match self.shared.engine.read(&id, &mut clock.storage).await {
+            Ok(Some(x)) => x,
+            Ok(None) => return Ok(not_found()),
+            Err(e) => return Err(e.message),
+        };
+        let mut p = b.payload.clone();
+        if p.len() < 4 {
+            return Err(format!("stored chunk at {} is truncated", req.location));
+        }
+        let mlen = p.get_u32_le() as usize;
+        if p.len() < mlen {
+            return Err(format!("stored chunk at {} is truncated", req.location));
+        }
+        let mut chunk = pb::PromptChunk::decode(p.split_to(mlen)).map_err(|e| format!("stored chunk unreadable: {e}"))?;
+        chunk.buffer = p; // zero-copy slice of the stored payload
+        self.shared.metrics.bytes_out.inc_by(chunk.buffer.len() as u64);
+        Ok(pb::ReadResponse { found: true, chunk: Some(chunk), error: String::new(), success: true, server_metrics: None })
+    }
+
+    async fn write_inner(&self, req: pb::WriteRequest, clock: &mut Clock) -> InBand<pb::WriteResponse> {
+        let ns = self.tenant(&req.resource_name, &req.container_name)?;
+        let mut chunk = req.chunk.ok_or("WriteRequest has no chunk")?;
+        if chunk.tokens.len() != self.block_size {
+            return Err(format!("chunk has {} tokens; blocks are exactly {} tokens", chunk.tokens.len(), self.block_size));
+        }
+        let max = self.shared.engine.config().max_block_size.bytes() as usize;
+        if chunk.buffer.len() > max {
+            return Err(format!("chunk buffer of {} bytes exceeds the maximum block size of {max} bytes", chunk.buffer.len()));
+        }
+        let d = digest(&chunk.tokens);
+        let buffer = std::mem::take(&mut chunk.buffer);
+        let meta = Bytes::from(chunk.encode_to_vec());
+        let mut data = BytesMut::with_capacity(4 + meta.len() + buffer.len());
+        data.put_u32_le(meta.len() as u32);
+        data.put_slice(&meta);
+        data.put_slice(&buffer);
+        let engine = &self.shared.engine;
+        let put = |k: Key, payload: Bytes| Block::new(BlockId::new(ns.clone(), k), None, self.block_size as u32, payload);
+        // Data first, then the metadata that makes it findable: a crash in between
+        // leaves an unreachable data entry, never a lookup hit without data.
+        let outcome = engine.write(put(key(b'D', &d, Some(chunk.hash)), data.freeze()), &mut clock.storage).await;
+        map_write(outcome)?;
+        map_write(engine.write(put(key(b'M', &d, Some(chunk.parent_hash)), meta.clone()), &mut clock.storage).await)?;
+        map_write(engine.write(put(key(b'H', &d, None), meta), &mut clock.storage).await)?;
+        self.shared.metrics.bytes_in.inc_by(buffer.len() as u64);
+        Ok(pb::WriteResponse { success: true, error: String::new(), server_metrics: None })
+    }
+}
+
+/// A version already present is fine (writes are idempotent; the first version
+/// of a (tokens, parent) pair wins).
+fn map_write(r: kvtier_core::Result<WriteOutcome>) -> InBand<()> {
+    match r {
+        Ok(_) => Ok(()),
+        Err(e) if e.kind == kvtier_core::error::ErrorKind::FailedPrecondition => Ok(()),
+        Err(e) => Err(e.message),
+    }
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+fn unhex(s: &str) -> Option<Vec<u8>> {
+    if s.len() % 2 != 0 || !s.is_ascii() {
+        return None;
+    }
+    (0..s.len()).step_by(2).map(|i| u8::from_str_radix(&s[i..i + 2], 16).ok()).collect()
+}
+
+macro_rules! respond {
+    ($self:ident, $op:literal, $clock:ident, $r:expr, $ty:ident) => {{
+        let (resp, code) = match $r {
+            Ok(mut resp) => {
+                resp.server_metrics = Some(metrics(&$clock));
+                let code = if resp.success { "ok" } else { "not_found" };
+                (resp, code)
+            }
+            Err(error) => (
+                pb::$ty { error, success: false, server_metrics: Some(metrics(&$clock)), ..Default::default() },
+                "error",
+            ),
+        };
+        $self.shared.observe(API, $op, code, &$clock);
+        resp
+    }};
+}
+
+impl CompatService {
+    async fn read_one(&self, req: pb::ReadRequest, arrived: Option<Instant>) -> pb::ReadResponse {
+        let adm = self.shared.admit(arrived).await;
+        let mut clock = adm.clock;
+        let r = self.read_inner(req, &mut clock).await;
+        respond!(self, "read", clock, r, ReadResponse)
+    }
+}
+
+type ReadStream = Pin<Box<dyn Stream<Item = Result<pb::ReadResponse, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl KvStoreService for CompatService {
+    async fn lookup(&self, request: Request<pb::LookupRequest>) -> Result<Response<pb::LookupResponse>, Status> {
+        let adm = self.shared.admit(state::arrival(request.extensions())).await;
+        let mut clock = adm.clock;
+        let r = self.lookup_inner(request.into_inner(), &mut clock).await;
+        Ok(Response::new(respond!(self, "lookup", clock, r, LookupResponse)))
+    }
+
+    async fn read(&self, request: Request<pb::ReadRequest>) -> Result<Response<pb::ReadResponse>, Status> {
+        let arrived = state::arrival(request.extensions());
+        Ok(Response::new(self.read_one(request.into_inner(), arrived).await))
+    }
+
+    async fn write(&self, request: Request<pb::WriteRequest>) -> Result<Response<pb::WriteResponse>, Status> {
+        let adm = self.shared.admit(state::arrival(request.extensions())).await;
+        let mut clock = adm.clock;
+        let r = self.write_inner(request.into_inner(), &mut clock).await;
+        Ok(Response::new(respond!(self, "write", clock, r, WriteResponse)))
+    }
+
+    type StreamingReadStream = ReadStream;
+
+    async fn streaming_read(
+        &self,
+        request: Request<Streaming<pb::ReadRequest>>,
+    ) -> Result<Response<ReadStream>, Status> {
+        let this = self.clone();
+        let inbound = request.into_inner();
+        // Each message's clock starts when it is taken off the stream; answers are
+        // produced concurrently but delivered in request order.
+        let out = inbound
+            .map(move |msg| {
+                let this = this.clone();
+                let arrived = Instant::now();
+                async move {
+                    match msg {
+                        Ok(req) => Ok(this.read_one(req, Some(arrived)).await),
+                        Err(s) => Err(s),
+                    }
+                }
+            })
+            .buffered(STREAM_PIPELINE);
+        Ok(Response::new(Box::pin(out)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tenant_namespaces_never_collide() {
+        let a = tenant_namespace("acct", "c1");
+        assert_eq!(a.as_str(), "kvstore:acct/c1");
+        assert_ne!(tenant_namespace("a/b", "c"), tenant_namespace("a", "b/c"));
+        assert_ne!(tenant_namespace("a b", "c"), tenant_namespace("a_b", "c"));
+        assert!(tenant_namespace("", "").as_str().starts_with("kvstore:h:"));
+    }
+
+    #[test]
+    fn hex_roundtrip() {
+        assert_eq!(unhex(&hex(&[0, 255, 16])), Some(vec![0, 255, 16]));
+        assert_eq!(unhex("zz"), None);
+        assert_eq!(unhex("abc"), None);
+        assert_eq!(unhex("é1"), None);
+    }
+}
