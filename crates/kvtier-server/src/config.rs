@@ -116,6 +116,9 @@ pub struct ServerSection {
     pub listen: Vec<String>,
     /// HTTP listener (`/v1/kv`, `/healthz`, `/metrics`); empty disables it.
     pub http_listen: String,
+    /// Replace `listen` by one listener per NUMA node (port + node index),
+    /// each pinned to that node's CPUs; uses the first `listen` address as base.
+    pub numa: bool,
     /// Requests served at once per process; the rest wait (counted as queue time).
     pub max_inflight: usize,
     /// Largest gRPC message accepted (a Write batch is one message).
@@ -136,6 +139,7 @@ impl Default for ServerSection {
     fn default() -> Self {
         Self {
             listen: vec!["127.0.0.1:50051".into()],
+            numa: false,
             http_listen: "127.0.0.1:8080".into(),
             max_inflight: 1024,
             max_message_size: ByteSize::mib(256),
@@ -299,9 +303,14 @@ impl Config {
         Ok(())
     }
 
-    /// Parsed gRPC listeners.
+    /// Parsed gRPC listeners (expanded per NUMA node when `server.numa` is set).
     pub fn listeners(&self) -> anyhow::Result<Vec<ListenSpec>> {
-        self.server.listen.iter().map(|s| ListenSpec::parse(s)).collect()
+        let list = if self.server.numa {
+            crate::numa::listeners_for(&self.server.listen[0])?
+        } else {
+            self.server.listen.clone()
+        };
+        list.iter().map(|s| ListenSpec::parse(s)).collect()
     }
 }
 

@@ -17,6 +17,7 @@ pub mod config;
 pub mod grpc;
 pub mod http;
 pub mod metrics;
+pub mod numa;
 pub mod state;
 pub mod status;
 pub mod timing;
@@ -61,28 +62,48 @@ impl Server {
         let mut tasks = JoinSet::new();
         let mut grpc_addrs = Vec::new();
         for spec in cfg.listeners()? {
-            let listener = tokio::net::TcpListener::bind(spec.addr)
-                .await
+            let std_listener = std::net::TcpListener::bind(spec.addr)
                 .with_context(|| format!("cannot listen for gRPC on {}", spec.addr))?;
-            let addr = listener.local_addr()?;
+            std_listener.set_nonblocking(true)?;
+            let addr = std_listener.local_addr()?;
             grpc_addrs.push(addr);
-            if spec.cpus.is_some() {
-                tracing::warn!(%addr, "CPU pinning for listeners is not implemented yet; serving on the shared runtime");
-            }
             let router = grpc_router(&cfg, shared.clone())?;
-            let mut rx = stop_rx.clone();
-            let incoming = tonic::transport::server::TcpIncoming::from(listener)
-                .with_nodelay(Some(true))
-                .with_keepalive(Some(Duration::from_secs(60)));
-            tasks.spawn(async move {
-                router
-                    .serve_with_incoming_shutdown(incoming, async move {
-                        let _ = rx.wait_for(|s| *s).await;
-                    })
-                    .await
-                    .with_context(|| format!("gRPC server on {addr}"))
-            });
-            tracing::info!(%addr, "gRPC listening (kvtier.v1, kvstore.KVStoreService, grpc.health.v1)");
+            let rx = stop_rx.clone();
+            match spec.cpus {
+                None => {
+                    let listener = tokio::net::TcpListener::from_std(std_listener)?;
+                    tasks.spawn(serve_grpc(router, listener, rx, addr));
+                    tracing::info!(%addr, "gRPC listening (kvtier.v1, kvstore.KVStoreService, grpc.health.v1)");
+                }
+                Some(cpus) => {
+                    // Its own runtime, every worker pinned to the listener's CPU set.
+                    let pin = cpus.clone();
+                    let rt = tokio::runtime::Builder::new_multi_thread()
+                        .worker_threads(cpus.len())
+                        .thread_name(format!("kvtier-{}", addr.port()))
+                        .on_thread_start(move || {
+                            if let Err(e) = numa::pin_current_thread(&pin) {
+                                tracing::warn!(error = %e, "could not pin listener thread");
+                            }
+                        })
+                        .enable_all()
+                        .build()?;
+                    let thread = std::thread::Builder::new()
+                        .name(format!("kvtier-listener-{}", addr.port()))
+                        .spawn(move || {
+                            rt.block_on(async move {
+                                let listener = tokio::net::TcpListener::from_std(std_listener)?;
+                                serve_grpc(router, listener, rx, addr).await
+                            })
+                        })?;
+                    tasks.spawn(async move {
+                        tokio::task::spawn_blocking(move || thread.join())
+                            .await?
+                            .map_err(|_| anyhow::anyhow!("listener thread for {addr} panicked"))?
+                    });
+                    tracing::info!(%addr, ?cpus, "gRPC listening on a pinned runtime");
+                }
+            }
         }
         let mut http_addr = None;
         if !cfg.server.http_listen.is_empty() {
@@ -147,6 +168,23 @@ impl Server {
             None => Ok(()),
         }
     }
+}
+
+async fn serve_grpc(
+    router: GrpcRouter,
+    listener: tokio::net::TcpListener,
+    mut stop: watch::Receiver<bool>,
+    addr: SocketAddr,
+) -> anyhow::Result<()> {
+    let incoming = tonic::transport::server::TcpIncoming::from(listener)
+        .with_nodelay(Some(true))
+        .with_keepalive(Some(Duration::from_secs(60)));
+    router
+        .serve_with_incoming_shutdown(incoming, async move {
+            let _ = stop.wait_for(|s| *s).await;
+        })
+        .await
+        .with_context(|| format!("gRPC server on {addr}"))
 }
 
 /// Builds the engine the config describes: memory, plus disk when `disk.dir` is set.

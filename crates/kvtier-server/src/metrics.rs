@@ -6,6 +6,11 @@
 //! * `kvtier_tier_{blocks,bytes,capacity_bytes}{tier}`: gauges read from the engine at scrape.
 //! * `kvtier_tier_{hits,misses,evictions,expirations}_total{tier}`: counters read at scrape.
 //! * `kvtier_active_leases`, `kvtier_inflight_requests`.
+//! * `kvtier_engine_{degraded_writes,demotions,demotion_failures}_total`: engine counters.
+//! * With a disk tier: `kvtier_disk_recovered_{blocks,bytes}`, `kvtier_disk_recovery_seconds`,
+//!   `kvtier_disk_recovery_dropped_files{reason}` (the recovery report of the start),
+//!   `kvtier_disk_{corrupt_on_read,write_exhausted,write_errors}_total`,
+//!   `kvtier_disk_reserved_bytes`, `kvtier_disk_pending_unlinks`.
 use kvtier_core::Engine;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
@@ -112,6 +117,74 @@ impl std::fmt::Debug for Metrics {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReasonLabel {
+    reason: &'static str,
+}
+
+/// Disk-tier series: the recovery report of the last open and the disk counters.
+fn encode_disk(disk: &kvtier_core::DiskTier, encoder: &mut DescriptorEncoder) -> Result<(), std::fmt::Error> {
+    use prometheus_client::metrics::MetricType;
+    let rep = disk.recovery_report();
+    ConstGauge::new(rep.blocks as i64).encode(encoder.encode_descriptor(
+        "disk_recovered_blocks",
+        "Blocks recovered by the disk tier's index rebuild at start",
+        None,
+        MetricType::Gauge,
+    )?)?;
+    ConstGauge::new(rep.bytes as i64).encode(encoder.encode_descriptor(
+        "disk_recovered_bytes",
+        "Bytes (charged) recovered by the disk tier's index rebuild at start",
+        None,
+        MetricType::Gauge,
+    )?)?;
+    ConstGauge::new(rep.elapsed.as_secs_f64()).encode(encoder.encode_descriptor(
+        "disk_recovery_seconds",
+        "Wall time of the disk tier's index rebuild at start",
+        None,
+        MetricType::Gauge,
+    )?)?;
+    let dropped: [(&'static str, u64); 6] = [
+        ("torn", rep.dropped_torn),
+        ("corrupt", rep.dropped_corrupt),
+        ("expired", rep.dropped_expired),
+        ("superseded", rep.dropped_superseded),
+        ("over_capacity", rep.evicted_over_capacity),
+        ("temp_file", rep.temp_files_removed),
+    ];
+    let mut fam = encoder.encode_descriptor(
+        "disk_recovery_dropped_files",
+        "Files deleted by the disk tier's index rebuild at start, by reason",
+        None,
+        MetricType::Gauge,
+    )?;
+    for (reason, n) in dropped {
+        ConstGauge::new(n as i64).encode(fam.encode_family(&ReasonLabel { reason })?)?;
+    }
+    let ds = disk.disk_stats();
+    let counters: [(&str, &str, u64); 3] = [
+        ("disk_corrupt_on_read", "Disk records found corrupt or unreadable on read (served as misses)", ds.corrupt_on_read),
+        ("disk_write_exhausted", "Disk writes refused for lack of space (full tier or ENOSPC)", ds.write_exhausted),
+        ("disk_write_errors", "Disk writes that failed with another I/O error", ds.write_errors),
+    ];
+    for (name, help, v) in counters {
+        ConstCounter::new(v).encode(encoder.encode_descriptor(name, help, None, MetricType::Counter)?)?;
+    }
+    ConstGauge::new(ds.reserved_bytes as i64).encode(encoder.encode_descriptor(
+        "disk_reserved_bytes",
+        "Disk bytes reserved by writes in flight",
+        None,
+        MetricType::Gauge,
+    )?)?;
+    ConstGauge::new(ds.pending_unlinks as i64).encode(encoder.encode_descriptor(
+        "disk_pending_unlinks",
+        "Removed disk records whose files are still queued for unlinking",
+        None,
+        MetricType::Gauge,
+    )?)?;
+    Ok(())
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct TierLabel {
     tier: &'static str,
 }
@@ -145,6 +218,22 @@ impl Collector for EngineCollector {
                 let c = ConstCounter::new(get(s));
                 c.encode(fam.encode_family(&TierLabel { tier: kind.name() })?)?;
             }
+        }
+        let engine_counters: [(&str, &str, u64); 3] = [
+            ("engine_degraded_writes", "Writes acknowledged memory-only because the disk tier refused them", stats.degraded_writes),
+            ("engine_demotions", "Blocks evicted from memory and written to the disk tier", stats.demotions),
+            ("engine_demotion_failures", "Demotions to the disk tier that failed (block dropped)", stats.demotion_failures),
+        ];
+        for (name, help, v) in engine_counters {
+            ConstCounter::new(v).encode(encoder.encode_descriptor(
+                name,
+                help,
+                None,
+                prometheus_client::metrics::MetricType::Counter,
+            )?)?;
+        }
+        if let Some(disk) = self.0.disk() {
+            encode_disk(disk, &mut encoder)?;
         }
         let g = ConstGauge::new(stats.active_leases as i64);
         g.encode(encoder.encode_descriptor(

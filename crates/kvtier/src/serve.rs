@@ -17,6 +17,9 @@ pub struct ServeArgs {
     /// gRPC listen address, repeatable; `ADDR@CPUSET` pins [server.listen].
     #[arg(long = "listen")]
     listen: Vec<String>,
+    /// One gRPC listener per NUMA node (port + node), pinned to its CPUs [server.numa].
+    #[arg(long)]
+    numa: bool,
     /// HTTP listen address; "" disables HTTP [server.http_listen].
     #[arg(long)]
     http_listen: Option<String>,
@@ -60,6 +63,9 @@ impl ServeArgs {
         };
         if !self.listen.is_empty() {
             cfg.server.listen = self.listen.clone();
+        }
+        if self.numa {
+            cfg.server.numa = true;
         }
         if let Some(v) = &self.http_listen {
             cfg.server.http_listen = v.clone();

@@ -1,0 +1,98 @@
+//! Listeners pinned to CPU sets, one runtime each: the seed ran one process per
+//! NUMA node (ports 8085 and 8086); `--listen ADDR@CPUSET` does it in one
+//! process, and `--numa` derives the split from the machine's topology.
+//!
+//! All listeners share one engine: a block written through one port is served
+//! by every other (the seed's clients spread a conversation across ports), and
+//! the engine's memory is not partitioned per node. See `docs/numa.md`.
+use std::path::Path;
+
+/// CPU list of every NUMA node, from `/sys/devices/system/node/node*/cpulist`.
+/// A machine without NUMA information is one node holding every CPU.
+pub fn nodes() -> Vec<Vec<usize>> {
+    nodes_from(Path::new("/sys/devices/system/node"))
+}
+
+fn nodes_from(root: &Path) -> Vec<Vec<usize>> {
+    let mut out: Vec<(usize, Vec<usize>)> = Vec::new();
+    if let Ok(rd) = std::fs::read_dir(root) {
+        for e in rd.flatten() {
+            let name = e.file_name().to_string_lossy().to_string();
+            let Some(n) = name.strip_prefix("node").and_then(|n| n.parse::<usize>().ok()) else { continue };
+            let Ok(list) = std::fs::read_to_string(e.path().join("cpulist")) else { continue };
+            if let Ok(cpus) = crate::config::parse_cpuset(list.trim()) {
+                out.push((n, cpus));
+            }
+        }
+    }
+    out.sort();
+    if out.is_empty() {
+        let n = std::thread::available_parallelism().map_or(1, |n| n.get());
+        return vec![(0..n).collect()];
+    }
+    out.into_iter().map(|(_, c)| c).collect()
+}
+
+/// One listener per NUMA node: node `i` gets `port + i`, pinned to its CPUs.
+pub fn listeners_for(base: &str) -> anyhow::Result<Vec<String>> {
+    let base = base.split('@').next().unwrap_or(base);
+    let addr: std::net::SocketAddr = base.parse().map_err(|e| anyhow::anyhow!("--numa base address {base:?}: {e}"))?;
+    Ok(nodes()
+        .iter()
+        .enumerate()
+        .map(|(i, cpus)| {
+            let port = if addr.port() == 0 { 0 } else { addr.port() + i as u16 };
+            let list: Vec<String> = cpus.iter().map(|c| c.to_string()).collect();
+            format!("{}:{}@{}", addr.ip(), port, list.join(","))
+        })
+        .collect())
+}
+
+/// Pins the calling thread to `cpus`.
+pub fn pin_current_thread(cpus: &[usize]) -> anyhow::Result<()> {
+    let mut set = nix::sched::CpuSet::new();
+    for &c in cpus {
+        set.set(c).map_err(|e| anyhow::anyhow!("CPU {c}: {e}"))?;
+    }
+    nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &set)
+        .map_err(|e| anyhow::anyhow!("sched_setaffinity({cpus:?}): {e}"))
+}
+
+/// The CPUs the calling thread may run on.
+pub fn current_affinity() -> anyhow::Result<Vec<usize>> {
+    let set = nix::sched::sched_getaffinity(nix::unistd::Pid::from_raw(0))?;
+    Ok((0..nix::sched::CpuSet::count()).filter(|&c| set.is_set(c).unwrap_or(false)).collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_topology_and_derives_listeners() {
+        let dir = tempfile::tempdir().unwrap();
+        for (n, list) in [(0, "0-3"), (1, "4-7")] {
+            let d = dir.path().join(format!("node{n}"));
+            std::fs::create_dir_all(&d).unwrap();
+            std::fs::write(d.join("cpulist"), format!("{list}\n")).unwrap();
+        }
+        std::fs::create_dir_all(dir.path().join("power")).unwrap();
+        assert_eq!(nodes_from(dir.path()), vec![vec![0, 1, 2, 3], vec![4, 5, 6, 7]]);
+        assert!(!nodes().is_empty());
+        let l = listeners_for("0.0.0.0:8085").unwrap();
+        assert_eq!(l.len(), nodes().len());
+        assert!(l[0].starts_with("0.0.0.0:8085@"));
+    }
+
+    #[test]
+    fn pinning_takes_effect() {
+        let cpus = current_affinity().unwrap();
+        let first = cpus[0];
+        std::thread::spawn(move || {
+            pin_current_thread(&[first]).unwrap();
+            assert_eq!(current_affinity().unwrap(), vec![first]);
+        })
+        .join()
+        .unwrap();
+    }
+}

@@ -1,0 +1,53 @@
+"""kvtier: Python SDK for the kvtier KV-cache block store.
+
+* :mod:`kvtier.keys` — the chained block-key scheme (no gRPC needed).
+* :class:`kvtier.Client` — pooled ``kvtier.v1`` gRPC client.
+* :class:`kvtier.HttpClient` — stdlib client for the HTTP key/value API.
+* :class:`kvtier.Server` — starts the real binary (tests, examples).
+* :mod:`kvtier.pb` — the generated protobuf/gRPC modules.
+
+gRPC-dependent names are imported lazily, so ``import kvtier.keys`` does not
+load grpc or generate stubs.
+"""
+from __future__ import annotations
+
+import importlib
+
+from .keys import chain
+
+__version__ = "0.1.0"
+
+_LAZY = {
+    "Client": "client",
+    "KvtierError": "client",
+    "Tier": "client",
+    "ServerTiming": "client",
+    "Block": "client",
+    "LookupResult": "client",
+    "ReadBlock": "client",
+    "ReadResult": "client",
+    "WriteResult": "client",
+    "DeleteResult": "client",
+    "LeaseResult": "client",
+    "StatsResult": "client",
+    "TierStats": "client",
+    "HttpClient": "http",
+    "HttpError": "http",
+    "Server": "server",
+    "ServerError": "server",
+}
+
+__all__ = ["chain", "__version__", *_LAZY]
+
+
+def __getattr__(name: str):
+    mod = _LAZY.get(name)
+    if mod is None:
+        raise AttributeError(f"module 'kvtier' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{mod}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_LAZY))

@@ -1,0 +1,564 @@
+"""Synchronous Python client for ``kvtier.v1`` (mirrors crates/kvtier-client).
+
+* A pool of N gRPC channels (separate HTTP/2 connections: one TCP stream caps
+  throughput), used round-robin.
+* A deadline on every call (``timeout`` seconds, covering retries).
+* Retries of idempotent calls (all kvtier.v1 calls are) on ``UNAVAILABLE``
+  with exponential backoff and jitter, within the deadline.
+* End-to-end checksums: CRC32C computed on write, verified on read.
+* The key scheme, so callers can pass tokens instead of keys.
+
+>>> from kvtier import Client
+>>> with Client("127.0.0.1:50051") as c:                     # doctest: +SKIP
+...     c.write_tokens("my-model", tokens, payloads)
+...     print(c.lookup("my-model", tokens=tokens).found)
+"""
+from __future__ import annotations
+
+import enum
+import itertools
+import random
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable, Iterable, Sequence, TypeVar
+
+import grpc
+
+from . import keys as _keys
+from ._crc import crc32c
+from ._proto import load as _load_proto
+
+__all__ = [
+    "Client",
+    "KvtierError",
+    "Tier",
+    "ServerTiming",
+    "Block",
+    "LookupResult",
+    "ReadBlock",
+    "ReadResult",
+    "WriteResult",
+    "DeleteResult",
+    "LeaseResult",
+    "TierStats",
+    "StatsResult",
+    "MAX_MESSAGE_SIZE",
+]
+
+#: Largest gRPC message sent or received (matches the Rust client).
+MAX_MESSAGE_SIZE = 512 << 20
+
+T = TypeVar("T")
+
+
+class KvtierError(Exception):
+    """A call failed: the server's status, or a client-side check (checksum, deadline).
+
+    ``code`` is a :class:`grpc.StatusCode`; ``message`` the status message.
+    """
+
+    def __init__(self, code: grpc.StatusCode, message: str):
+        super().__init__(f"{code.name}: {message}")
+        self.code = code
+        self.message = message
+
+    @classmethod
+    def from_rpc(cls, e: grpc.RpcError) -> "KvtierError":
+        code = e.code() if hasattr(e, "code") else grpc.StatusCode.UNKNOWN
+        details = e.details() if hasattr(e, "details") else str(e)
+        err = cls(code or grpc.StatusCode.UNKNOWN, details or "")
+        err.__cause__ = e
+        return err
+
+
+class Tier(enum.IntEnum):
+    """Storage tier a block was found in (``kvtier.v1.Tier``)."""
+
+    UNSPECIFIED = 0
+    MEMORY = 1
+    DISK = 2
+    OBJECT = 3
+
+    @classmethod
+    def of(cls, v: int) -> "Tier":
+        try:
+            return cls(v)
+        except ValueError:
+            return cls.UNSPECIFIED
+
+
+@dataclass(frozen=True)
+class ServerTiming:
+    """The server's own timing of one request, in microseconds.
+
+    ``elapsed_us`` is the client's end-to-end time of the same call (all
+    attempts), so ``network_us = elapsed_us - total_us``.
+    """
+
+    queue_us: int = 0
+    service_us: int = 0
+    storage_memory_us: int = 0
+    storage_disk_us: int = 0
+    storage_object_us: int = 0
+    total_us: int = 0
+    elapsed_us: int = 0
+
+    @property
+    def storage_us(self) -> int:
+        return self.storage_memory_us + self.storage_disk_us + self.storage_object_us
+
+    @property
+    def network_us(self) -> int:
+        """Client end-to-end minus server total (never negative)."""
+        return max(0, self.elapsed_us - self.total_us)
+
+    @classmethod
+    def _from_pb(cls, t, elapsed_us: int = 0) -> "ServerTiming":
+        if t is None:
+            return cls(elapsed_us=elapsed_us)
+        return cls(
+            queue_us=t.queue_us,
+            service_us=t.service_us,
+            storage_memory_us=t.storage_memory_us,
+            storage_disk_us=t.storage_disk_us,
+            storage_object_us=t.storage_object_us,
+            total_us=t.total_us,
+            elapsed_us=elapsed_us,
+        )
+
+
+@dataclass(frozen=True)
+class Block:
+    """One block to write. The CRC32C is computed by :meth:`Client.write`."""
+
+    key: bytes
+    payload: bytes
+    parent: bytes | None = None
+    token_count: int = 0
+    ttl_ms: int = 0
+
+
+@dataclass(frozen=True)
+class LookupResult:
+    found: int
+    """Number of leading blocks present."""
+    tiers: list[Tier]
+    """Tier of each found block."""
+    keys: list[bytes]
+    """The keys checked (for token lookups: computed by the client, or by the server with ``hash_on_server``)."""
+    lease_id: int
+    """Non-zero when a lease was taken on the found prefix."""
+    lease_expires_unix_ms: int
+    timing: ServerTiming
+
+
+@dataclass(frozen=True)
+class ReadBlock:
+    index: int
+    """Position in the request's key list."""
+    key: bytes
+    parent: bytes | None
+    token_count: int
+    payload: bytes
+    """Payload, checksum verified."""
+    tier: Tier
+
+
+@dataclass(frozen=True)
+class ReadResult:
+    blocks: list[ReadBlock]
+    """Blocks in request order (a prefix of the request)."""
+    requested: int
+    partial: bool
+    """True when fewer blocks than requested were returned."""
+    reason: str
+    """``missing``, ``deadline`` or empty."""
+    timing: ServerTiming
+
+    @property
+    def payloads(self) -> list[bytes]:
+        return [b.payload for b in self.blocks]
+
+
+@dataclass(frozen=True)
+class WriteResult:
+    stored: int
+    """Blocks newly stored."""
+    existing: int
+    """Blocks already present (idempotent re-writes)."""
+    timing: ServerTiming
+
+
+@dataclass(frozen=True)
+class DeleteResult:
+    deleted: int
+    timing: ServerTiming
+
+
+@dataclass(frozen=True)
+class LeaseResult:
+    lease_id: int
+    lease_expires_unix_ms: int
+    timing: ServerTiming
+
+
+@dataclass(frozen=True)
+class TierStats:
+    tier: Tier
+    blocks: int
+    bytes: int
+    capacity_bytes: int
+    hits: int
+    misses: int
+    evictions: int
+
+
+@dataclass(frozen=True)
+class StatsResult:
+    tiers: list[TierStats]
+    active_leases: int
+    expired_blocks: int
+    version: str
+    timing: ServerTiming
+
+    def tier(self, tier: Tier) -> TierStats | None:
+        return next((t for t in self.tiers if t.tier == tier), None)
+
+
+def _target(t: str) -> str:
+    for scheme in ("http://", "grpc://"):
+        if t.startswith(scheme):
+            t = t[len(scheme):]
+    if t.startswith("https://"):
+        raise ValueError("TLS targets are not supported by this client")
+    return t.rstrip("/")
+
+
+def _check_keys(keys: Sequence[bytes]) -> list[bytes]:
+    if isinstance(keys, (bytes, bytearray, str)):
+        raise TypeError("keys must be a sequence of bytes, not a single key")
+    out = []
+    for k in keys:
+        if not isinstance(k, (bytes, bytearray, memoryview)):
+            raise TypeError(f"key {k!r} is not bytes")
+        out.append(bytes(k))
+    return out
+
+
+class Client:
+    """A pooled, thread-safe ``kvtier.v1`` client.
+
+    :param target: ``host:port`` (an ``http://`` prefix is accepted).
+    :param connections: gRPC channels (HTTP/2 connections) in the pool.
+    :param timeout: deadline per call in seconds, retries included.
+    :param block_size: tokens per block for keys computed from tokens.
+    :param hash: hash function for keys computed from tokens.
+    :param retries: retries after the first attempt on ``UNAVAILABLE``.
+    """
+
+    def __init__(
+        self,
+        target: str = "127.0.0.1:50051",
+        connections: int = 4,
+        timeout: float = 10.0,
+        block_size: int = _keys.DEFAULT_BLOCK_SIZE,
+        hash: str = _keys.DEFAULT_HASH,
+        retries: int = 2,
+    ):
+        _keys.check_block_size(block_size)
+        _keys.key_len(hash)  # validates the name
+        if connections < 1:
+            raise ValueError("connections must be >= 1")
+        if timeout <= 0:
+            raise ValueError("timeout must be > 0")
+        self.target = _target(target)
+        self.timeout = float(timeout)
+        self.block_size = block_size
+        self.hash = hash
+        self.retries = retries
+        self._pb = _load_proto()
+        options = [
+            ("grpc.max_send_message_length", MAX_MESSAGE_SIZE),
+            ("grpc.max_receive_message_length", MAX_MESSAGE_SIZE),
+            # Without this, channels with equal arguments share one subchannel
+            # (one TCP connection) through the global subchannel pool.
+            ("grpc.use_local_subchannel_pool", 1),
+            # Retries are done here, with our own deadline accounting.
+            ("grpc.enable_retries", 0),
+            ("grpc.keepalive_time_ms", 30_000),
+            ("grpc.keepalive_timeout_ms", 20_000),
+        ]
+        self._channels = [grpc.insecure_channel(self.target, options=options) for _ in range(connections)]
+        self._stubs = [self._pb.v1_grpc.KvTierStub(ch) for ch in self._channels]
+        self._next = itertools.count()
+        self._rr_lock = threading.Lock()
+        self._closed = False
+
+    # -- plumbing ---------------------------------------------------------
+
+    @property
+    def pb(self):
+        """The generated messages of ``kvtier.v1`` (``client.pb.WriteRequest`` ...)."""
+        return self._pb.v1
+
+    @property
+    def connections(self) -> int:
+        return len(self._channels)
+
+    def stub(self):
+        """The next raw ``KvTierStub`` of the pool (round-robin), for calls this API does not wrap."""
+        if self._closed:
+            raise ValueError("client is closed")
+        with self._rr_lock:
+            i = next(self._next) % len(self._stubs)
+        return self._stubs[i]
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            for ch in self._channels:
+                ch.close()
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Client({self.target!r}, connections={len(self._channels)}, timeout={self.timeout})"
+
+    def _backoff(self, attempt: int) -> float:
+        base = 0.020 * (1 << min(attempt, 6))
+        return base / 2 + random.uniform(0, base / 2)
+
+    def _call(self, fn: Callable[[object, float], T]) -> tuple[T, int]:
+        """Runs ``fn(stub, remaining_seconds)`` with retries on UNAVAILABLE.
+
+        Returns the result and the end-to-end time in microseconds.
+        """
+        start = time.monotonic()
+        deadline = start + self.timeout
+        attempt = 0
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise KvtierError(grpc.StatusCode.DEADLINE_EXCEEDED, f"no answer within {self.timeout}s")
+            try:
+                r = fn(self.stub(), remaining)
+                return r, int((time.monotonic() - start) * 1e6)
+            except grpc.RpcError as e:
+                code = e.code() if hasattr(e, "code") else None
+                if code == grpc.StatusCode.UNAVAILABLE and attempt < self.retries:
+                    pause = self._backoff(attempt)
+                    if time.monotonic() + pause < deadline:
+                        time.sleep(pause)
+                        attempt += 1
+                        continue
+                raise KvtierError.from_rpc(e) from e
+
+    # -- keys -------------------------------------------------------------
+
+    def keys_for(self, tokens: Sequence[int]) -> list[bytes]:
+        """Keys of the full blocks of ``tokens`` under this client's scheme."""
+        return _keys.chain(tokens, self.block_size, self.hash)
+
+    # -- calls ------------------------------------------------------------
+
+    def lookup(
+        self,
+        namespace: str,
+        keys: Sequence[bytes] | None = None,
+        tokens: Sequence[int] | None = None,
+        lease_ms: int = 0,
+        hash_on_server: bool = False,
+    ) -> LookupResult:
+        """How many leading blocks are stored, given either ``keys`` or ``tokens``.
+
+        With ``tokens`` the keys are computed here (only full blocks count);
+        ``hash_on_server=True`` sends the tokens instead and lets the server hash
+        them (with this client's block size and hash), returning its keys.
+        ``lease_ms > 0`` pins the found prefix; the result carries the lease id.
+        """
+        if (keys is None) == (tokens is None):
+            raise ValueError("give exactly one of keys or tokens")
+        pb = self._pb.v1
+        if tokens is not None and hash_on_server:
+            toks = list(tokens)
+            req = pb.LookupRequest(
+                namespace=namespace, tokens=toks, block_size=self.block_size, hash=self.hash, lease_ms=lease_ms
+            )
+            checked: list[bytes] | None = None
+        else:
+            checked = self.keys_for(tokens) if tokens is not None else _check_keys(keys)
+            req = pb.LookupRequest(namespace=namespace, keys=checked, lease_ms=lease_ms)
+        r, us = self._call(lambda s, t: s.Lookup(req, timeout=t))
+        return LookupResult(
+            found=r.found_blocks,
+            tiers=[Tier.of(t) for t in r.tiers],
+            keys=checked if checked is not None else list(r.keys),
+            lease_id=r.lease_id,
+            lease_expires_unix_ms=r.lease_expires_unix_ms,
+            timing=ServerTiming._from_pb(r.timing if r.HasField("timing") else None, us),
+        )
+
+    def read(self, namespace: str, keys: Sequence[bytes], lease_id: int = 0) -> ReadResult:
+        """Reads ``keys`` in order; the server stops at the first missing block.
+
+        Each payload's CRC32C is verified; a mismatch raises ``KvtierError(DATA_LOSS)``.
+        """
+        ks = _check_keys(keys)
+        req = self._pb.v1.ReadRequest(namespace=namespace, keys=ks, lease_id=lease_id)
+
+        def attempt(stub, t):
+            blocks: list[ReadBlock] = []
+            done = None
+            for msg in stub.Read(req, timeout=t):
+                which = msg.WhichOneof("item")
+                if which == "block":
+                    blocks.append(self._to_read_block(msg.block))
+                elif which == "done":
+                    done = msg.done
+            return blocks, done
+
+        (blocks, done), us = self._call(attempt)
+        if done is None:
+            # The server always ends with ReadDone; be lenient but honest.
+            return ReadResult(blocks, len(ks), len(blocks) < len(ks), "", ServerTiming(elapsed_us=us))
+        return ReadResult(
+            blocks=blocks,
+            requested=done.requested,
+            partial=done.partial,
+            reason=done.reason,
+            timing=ServerTiming._from_pb(done.timing if done.HasField("timing") else None, us),
+        )
+
+    @staticmethod
+    def _to_read_block(rb) -> ReadBlock:
+        if not rb.HasField("block"):
+            raise KvtierError(grpc.StatusCode.INTERNAL, "server sent a ReadBlock without a block")
+        b = rb.block
+        payload = b.payload
+        actual = crc32c(payload)
+        if actual != b.crc32c:
+            raise KvtierError(
+                grpc.StatusCode.DATA_LOSS,
+                f"block {b.key.hex()} arrived with crc32c {actual:#010x}, expected {b.crc32c:#010x}",
+            )
+        return ReadBlock(
+            index=rb.index,
+            key=b.key,
+            parent=b.parent_key or None,
+            token_count=b.token_count,
+            payload=payload,
+            tier=Tier.of(rb.tier),
+        )
+
+    def _pb_blocks(self, blocks: Iterable[Block]) -> list:
+        pb = self._pb.v1
+        out = []
+        for b in blocks:
+            if not isinstance(b, Block):
+                raise TypeError(f"expected kvtier.Block, got {type(b).__name__}")
+            payload = bytes(b.payload)
+            out.append(
+                pb.Block(
+                    key=bytes(b.key),
+                    parent_key=bytes(b.parent) if b.parent else b"",
+                    token_count=b.token_count,
+                    crc32c=crc32c(payload),
+                    payload=payload,
+                    ttl_ms=b.ttl_ms,
+                )
+            )
+        return out
+
+    def write(self, namespace: str, blocks: Iterable[Block]) -> WriteResult:
+        """Stores a batch of blocks in one request (checksums computed here).
+
+        The server verifies every block before storing any of them.
+        """
+        req = self._pb.v1.WriteRequest(namespace=namespace, blocks=self._pb_blocks(blocks))
+        r, us = self._call(lambda s, t: s.Write(req, timeout=t))
+        return WriteResult(r.stored, r.existing, ServerTiming._from_pb(r.timing if r.HasField("timing") else None, us))
+
+    def write_stream(self, namespace: str, blocks: Iterable[Block], batch_bytes: int = 16 << 20) -> WriteResult:
+        """Stores blocks as a client stream of batches of about ``batch_bytes`` each.
+
+        For writes too large for one message. Unlike :meth:`write`, batches
+        already sent are stored even if a later one fails.
+        """
+        pbs = self._pb_blocks(blocks)
+        batches: list[list] = [[]]
+        size = 0
+        for b in pbs:
+            if batches[-1] and size + len(b.payload) > batch_bytes:
+                batches.append([])
+                size = 0
+            batches[-1].append(b)
+            size += len(b.payload)
+        WriteRequest = self._pb.v1.WriteRequest
+
+        def reqs():
+            for batch in batches:
+                yield WriteRequest(namespace=namespace, blocks=batch)
+
+        r, us = self._call(lambda s, t: s.WriteStream(reqs(), timeout=t))
+        return WriteResult(r.stored, r.existing, ServerTiming._from_pb(r.timing if r.HasField("timing") else None, us))
+
+    def write_tokens(
+        self, namespace: str, tokens: Sequence[int], payloads: Sequence[bytes], ttl_ms: int = 0
+    ) -> WriteResult:
+        """Writes one payload per full block of ``tokens``, chained parent to child."""
+        ks = self.keys_for(tokens)
+        payloads = list(payloads)
+        if len(payloads) != len(ks):
+            raise ValueError(
+                f"{len(payloads)} payloads for {len(ks)} full blocks of {self.block_size} tokens "
+                f"({len(tokens)} tokens)"
+            )
+        blocks = [
+            Block(key=k, payload=p, parent=ks[i - 1] if i else None, token_count=self.block_size, ttl_ms=ttl_ms)
+            for i, (k, p) in enumerate(zip(ks, payloads))
+        ]
+        return self.write(namespace, blocks)
+
+    def delete(self, namespace: str, keys: Sequence[bytes]) -> DeleteResult:
+        """Deletes blocks (and their descendants)."""
+        req = self._pb.v1.DeleteRequest(namespace=namespace, keys=_check_keys(keys))
+        r, us = self._call(lambda s, t: s.Delete(req, timeout=t))
+        return DeleteResult(r.deleted, ServerTiming._from_pb(r.timing if r.HasField("timing") else None, us))
+
+    def lease(self, namespace: str, keys: Sequence[bytes], lease_ms: int) -> LeaseResult:
+        """Pins explicit keys against eviction for ``lease_ms``."""
+        req = self._pb.v1.LeaseRequest(namespace=namespace, keys=_check_keys(keys), lease_ms=lease_ms)
+        r, us = self._call(lambda s, t: s.Lease(req, timeout=t))
+        return LeaseResult(
+            r.lease_id, r.lease_expires_unix_ms, ServerTiming._from_pb(r.timing if r.HasField("timing") else None, us)
+        )
+
+    def release(self, lease_id: int) -> LeaseResult:
+        """Ends a lease early."""
+        if lease_id == 0:
+            raise ValueError("lease id 0 is not a lease")
+        req = self._pb.v1.LeaseRequest(release_lease_id=lease_id)
+        r, us = self._call(lambda s, t: s.Lease(req, timeout=t))
+        return LeaseResult(
+            r.lease_id, r.lease_expires_unix_ms, ServerTiming._from_pb(r.timing if r.HasField("timing") else None, us)
+        )
+
+    def stats(self) -> StatsResult:
+        """Engine and tier statistics."""
+        req = self._pb.v1.StatsRequest()
+        r, us = self._call(lambda s, t: s.Stats(req, timeout=t))
+        return StatsResult(
+            tiers=[
+                TierStats(Tier.of(t.tier), t.blocks, t.bytes, t.capacity_bytes, t.hits, t.misses, t.evictions)
+                for t in r.tiers
+            ],
+            active_leases=r.active_leases,
+            expired_blocks=r.expired_blocks,
+            version=r.version,
+            timing=ServerTiming._from_pb(r.timing if r.HasField("timing") else None, us),
+        )

@@ -1,0 +1,48 @@
+"""kvtier.server.Server: starting and stopping the real binary."""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from kvtier import Client, Server, ServerError
+from kvtier.server import find_binary
+
+
+def test_start_reports_addresses_and_stops_gracefully(kvtier_bin):
+    s = Server.start(binary=kvtier_bin)
+    try:
+        assert s.running
+        assert s.ready["pid"] == s.pid
+        assert s.grpc.startswith("127.0.0.1:") and s.http.startswith("127.0.0.1:")
+        with Client(s.grpc, connections=1) as c:
+            assert c.stats().version
+    finally:
+        code = s.stop()
+    assert code == 0
+    assert not s.running
+    assert s.stop() == 0  # idempotent
+
+
+def test_context_manager_stops(kvtier_bin):
+    with Server.start(binary=kvtier_bin) as s:
+        pid = s.pid
+        assert s.running
+    assert not s.running
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+
+
+def test_bad_flags_fail_fast_with_stderr(kvtier_bin):
+    with pytest.raises(ServerError) as ei:
+        Server.start(binary=kvtier_bin, args=["--memory-capacity", "lots"], timeout=30)
+    assert "exited before it was ready" in str(ei.value)
+    assert "lots" in str(ei.value)  # the server's own message is included
+
+
+def test_find_binary_honours_env(kvtier_bin, monkeypatch, tmp_path):
+    monkeypatch.setenv("KVTIER_BIN", str(kvtier_bin))
+    assert find_binary() == kvtier_bin
+    monkeypatch.setenv("KVTIER_BIN", str(tmp_path / "missing"))
+    with pytest.raises(ServerError):
+        find_binary()
