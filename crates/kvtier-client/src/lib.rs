@@ -18,6 +18,7 @@
 //! # Ok(()) }
 //! ```
 pub mod compat;
+pub mod conversation;
 
 use bytes::Bytes;
 use futures::StreamExt;

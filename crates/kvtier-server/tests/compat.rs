@@ -190,3 +190,17 @@ async fn malformed_requests_get_in_band_errors() {
     assert!(!r.success && r.error.contains("precomputed_hashes"), "{}", r.error);
     server.shutdown().await.unwrap();
 }
+
+#[tokio::test]
+async fn conversation_turns_hit_the_growing_prefix() {
+    let (server, _) = common::start(common::test_config()).await;
+    let c = compat(&server, "play", "ground").await;
+    let mut conv = kvtier_client::conversation::Conversation::new(128);
+    let t1 = conv.turn(&c, &prompt(300, 1), |i, _| payload(i, 1000)).await.unwrap();
+    assert_eq!((t1.blocks, t1.hits, t1.misses, t1.writes.len()), (2, 0, 2, 2));
+    let t2 = conv.turn(&c, &prompt(300, 2), |i, _| payload(i, 1000)).await.unwrap();
+    assert_eq!((t2.blocks, t2.hits, t2.misses), (4, 2, 2));
+    assert_eq!(t2.reads.len(), 2);
+    assert_eq!(t2.bytes_read, 2000);
+    server.shutdown().await.unwrap();
+}
