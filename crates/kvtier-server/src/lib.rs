@@ -14,6 +14,7 @@
 //! on [`kvtier_core::Engine`] and reports the server timing it measured.
 
 pub mod config;
+pub mod fuzzing;
 pub mod grpc;
 pub mod http;
 pub mod metrics;
