@@ -19,6 +19,95 @@ pub struct Config {
     pub disk: DiskSection,
     /// The seed-compatible `kvstore.KVStoreService` API.
     pub compat: CompatSection,
+    /// The shared object-store tier (disabled when no URL is set).
+    pub object_store: ObjectStoreSection,
+}
+
+/// `[object_store]`: the shared, durable tier below disk. See docs/object-store.md.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct ObjectStoreSection {
+    /// `az://container/prefix`, `s3://bucket/prefix`, `file:///dir`; empty
+    /// disables the tier (unless `namespaces` or a tenant names a store).
+    pub url: String,
+    /// `write-back` (the default: acknowledged locally, uploaded by a bounded
+    /// background queue) or `write-through` (acknowledged once in the store).
+    pub write_policy: String,
+    /// Longest one store call may take, retries included (the request
+    /// deadline caps it further).
+    #[serde(with = "humantime_serde")]
+    pub timeout: Duration,
+    /// Longest one HTTP request to the store may take.
+    #[serde(with = "humantime_serde")]
+    pub request_timeout: Duration,
+    /// TCP connect timeout.
+    #[serde(with = "humantime_serde")]
+    pub connect_timeout: Duration,
+    /// Retries of a failed request (transient errors; backoff with jitter).
+    pub max_retries: usize,
+    /// Longest a lookup waits for the store's answers (request deadline caps it).
+    #[serde(with = "humantime_serde")]
+    pub lookup_timeout: Duration,
+    /// Existence checks in flight at once per lookup.
+    pub lookup_concurrency: usize,
+    /// Write-back: blocks waiting for upload at most (then writes wait, then fail).
+    pub queue_capacity: usize,
+    /// Write-back: uploads in flight at once.
+    pub upload_concurrency: usize,
+    /// How long a "not in the store" answer is cached.
+    #[serde(with = "humantime_serde")]
+    pub negative_cache_ttl: Duration,
+    /// How long an "in the store" answer is cached.
+    #[serde(with = "humantime_serde")]
+    pub positive_cache_ttl: Duration,
+    /// Entries in the existence cache at most.
+    pub cache_capacity: usize,
+    /// `object_store` config keys applied after the environment, e.g.
+    /// `aws_endpoint`, `aws_allow_http`, `azure_storage_use_emulator`.
+    pub options: std::collections::BTreeMap<String, String>,
+    /// Per-namespace stores: `[[object_store.namespaces]] namespace = "...", url = "..."`.
+    pub namespaces: Vec<NamespaceStore>,
+}
+
+/// One `[[object_store.namespaces]]` entry.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct NamespaceStore {
+    /// kvtier namespace.
+    pub namespace: String,
+    /// Its store URL.
+    pub url: String,
+}
+
+impl Default for ObjectStoreSection {
+    fn default() -> Self {
+        Self {
+            url: String::new(),
+            write_policy: "write-back".into(),
+            timeout: Duration::from_secs(10),
+            request_timeout: Duration::from_secs(5),
+            connect_timeout: Duration::from_secs(2),
+            max_retries: 3,
+            lookup_timeout: Duration::from_secs(2),
+            lookup_concurrency: 32,
+            queue_capacity: 1024,
+            upload_concurrency: 8,
+            negative_cache_ttl: Duration::from_secs(2),
+            positive_cache_ttl: Duration::from_secs(30),
+            cache_capacity: 100_000,
+            options: Default::default(),
+            namespaces: Vec::new(),
+        }
+    }
+}
+
+impl ObjectStoreSection {
+    /// The engine's write policy towards the store.
+    pub fn policy(&self) -> anyhow::Result<kvtier_core::ObjectWritePolicy> {
+        self.write_policy
+            .parse()
+            .map_err(|e: kvtier_core::Error| anyhow::anyhow!("object_store.write_policy: {}", e.message))
+    }
 }
 
 /// `[disk]`: the local disk tier below memory.
@@ -73,6 +162,7 @@ impl Default for Config {
             engine: EngineSection::default(),
             disk: DiskSection::default(),
             compat: CompatSection::default(),
+            object_store: ObjectStoreSection::default(),
         }
     }
 }
@@ -105,6 +195,10 @@ pub struct TenantMapping {
     pub container_name: String,
     /// kvtier namespace holding this tenant's blocks.
     pub namespace: String,
+    /// This tenant's own object store (e.g. `az://its-container/kv`); blocks
+    /// of `namespace` go there instead of `object_store.url`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub object_store: Option<String>,
 }
 
 /// `[server]`
@@ -297,6 +391,14 @@ impl Config {
             })?;
         }
         kvtier_core::keys::check_block_size(e.block_size).map_err(|x| anyhow::anyhow!("engine.block_size: {x}"))?;
+        self.object_store.policy()?;
+        for n in &self.object_store.namespaces {
+            kvtier_core::Namespace::new(&n.namespace)
+                .map_err(|x| anyhow::anyhow!("object_store.namespaces {:?}: {x}", n.namespace))?;
+        }
+        if self.object_store.queue_capacity == 0 || self.object_store.upload_concurrency == 0 {
+            anyhow::bail!("object_store.queue_capacity and object_store.upload_concurrency must be > 0");
+        }
         if e.memory_capacity.bytes() < e.max_block_size.bytes().min(1 << 20) {
             anyhow::bail!("engine.memory_capacity ({}) is too small", e.memory_capacity);
         }
@@ -338,6 +440,15 @@ mod tests {
         assert_eq!(c.engine.max_lease, Duration::from_secs(5));
         assert!(Config::parse("[engine]\nblock_size = 0\n").is_err());
         assert!(Config::parse("[server]\nlisten = [\"nope\"]\n").is_err());
+    }
+
+    #[test]
+    fn example_config_is_valid_and_matches_defaults() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../configs/kvtier.toml");
+        let c = Config::load(Path::new(path)).unwrap();
+        assert_eq!(c.server, Config::default().server);
+        assert_eq!(c.engine, Config::default().engine);
+        assert_eq!(c.disk, Config::default().disk);
     }
 
     #[test]
