@@ -110,6 +110,34 @@ fn blocks(c: &mut Criterion, name: &str, size: usize, cap: ByteSize) {
     g.finish();
 }
 
+/// Baselines measured in the same run: what a copying store pays per 1.2 MB
+/// block (memcpy), what checksum verification costs (crc32c), and the floor for
+/// a small-value read (a plain mutex-guarded HashMap lookup).
+fn bench_baselines(c: &mut Criterion) {
+    let mut g = c.benchmark_group("baseline");
+    g.sample_size(20).warm_up_time(Duration::from_millis(500)).measurement_time(Duration::from_secs(2));
+    g.throughput(Throughput::Elements(1));
+    let src = vec![0x5au8; 1_200_000];
+    let mut dst = vec![0u8; 1_200_000];
+    g.bench_function("memcpy_1.2MB", |b| {
+        b.iter(|| {
+            dst.copy_from_slice(std::hint::black_box(&src));
+            std::hint::black_box(&dst);
+        })
+    });
+    g.bench_function("crc32c_1.2MB", |b| b.iter(|| crc32c::crc32c(std::hint::black_box(&src))));
+    let map: parking_lot::Mutex<std::collections::HashMap<u64, Bytes>> =
+        parking_lot::Mutex::new((0..256u64).map(|i| (i, Bytes::from(vec![1u8; 100]))).collect());
+    let mut i = 0u64;
+    g.bench_function("mutex_hashmap_get_100B", |b| {
+        b.iter(|| {
+            i = (i + 1) % 256;
+            std::hint::black_box(map.lock().get(&i).cloned())
+        })
+    });
+    g.finish();
+}
+
 fn bench_blocks(c: &mut Criterion) {
     blocks(c, "block_1.2MB", 1_200_000, ByteSize::gib(2));
 }
@@ -152,6 +180,6 @@ fn bench_lookup(c: &mut Criterion) {
 criterion_group! {
     name = benches;
     config = Criterion::default();
-    targets = bench_lookup, bench_blocks, bench_values
+    targets = bench_baselines, bench_lookup, bench_blocks, bench_values
 }
 criterion_main!(benches);
