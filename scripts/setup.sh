@@ -8,6 +8,7 @@ command -v cargo >/dev/null || { echo "cargo (Rust) is required: install rustup 
 command -v python3 >/dev/null || need_apt+=(python3 python3-venv)
 command -v curl >/dev/null || need_apt+=(curl)
 command -v redis-server >/dev/null || need_apt+=(redis-server)
+command -v chromium >/dev/null || need_apt+=(chromium)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "apt-get install ${need_apt[*]}"
   if [ "$(id -u)" = 0 ]; then SUDO=""; else SUDO="sudo"; fi
@@ -19,3 +20,18 @@ if [ ! -x .venv/bin/python ] || ! .venv/bin/python -c 'import grpc_tools, xxhash
   .venv/bin/pip install -q --disable-pip-version-check -r python/requirements-dev.txt
 fi
 rustup component list --installed 2>/dev/null | grep -q clippy || rustup component add clippy rustfmt
+# Object-store emulators for the object-store tier's tests (crates/kvtier-server/tests/object_store.rs,
+# crates/kvtier-object/tests): Azurite (npm) and MinIO (Go), under .tools/.
+if [ ! -f .tools/azurite/node_modules/azurite/dist/src/blob/main.js ]; then
+  if ! command -v npm >/dev/null; then
+    if [ "$(id -u)" = 0 ]; then SUDO=""; else SUDO="sudo"; fi
+    $SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq nodejs npm >/dev/null
+  fi
+  echo "npm install azurite -> .tools/azurite"
+  npm install --silent --no-audit --no-fund --prefix .tools/azurite azurite@3 >/dev/null
+fi
+if [ ! -x .tools/bin/minio ] && ! command -v minio >/dev/null && [ ! -x "${HOME:-/root}/go/bin/minio" ]; then
+  command -v go >/dev/null || { echo "Go is required to build MinIO for the object-store tests (apt-get install golang-go or https://go.dev)"; exit 1; }
+  echo "go install github.com/minio/minio@latest -> .tools/bin (about 2 minutes)"
+  GOBIN="$PWD/.tools/bin" go install github.com/minio/minio@latest
+fi

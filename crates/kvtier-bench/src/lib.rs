@@ -11,11 +11,16 @@ pub mod builder;
 pub mod co;
 pub mod compare;
 pub mod knee;
+pub mod load;
+pub mod peer_redis;
+pub mod probe;
 pub mod record;
 pub mod report;
+pub mod run;
 pub mod sla;
 pub mod summary;
 pub mod usl;
+pub mod workloads;
 
 #[cfg(test)]
 mod testutil;

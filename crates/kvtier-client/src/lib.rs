@@ -19,6 +19,7 @@
 //! ```
 pub mod compat;
 pub mod conversation;
+pub mod wire;
 
 use bytes::Bytes;
 use futures::StreamExt;
@@ -27,6 +28,7 @@ use kvtier_proto::v1 as pb;
 use kvtier_proto::v1::kv_tier_client::KvTierClient;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
+use tonic::codegen::http::uri as http_uri;
 use tonic::transport::{Channel, Endpoint};
 
 pub use kvtier_proto::v1::{ServerTiming, Tier};
@@ -78,6 +80,9 @@ pub struct ClientConfig {
     pub block_size: usize,
     /// Hash function for keys computed from tokens.
     pub hash: HashFn,
+    /// Send Read/Write payloads over the server's bulk data plane when it
+    /// advertises one (docs/wire.md); gRPC otherwise.
+    pub data_plane: bool,
 }
 
 impl ClientConfig {
@@ -95,6 +100,7 @@ impl ClientConfig {
             retries: 2,
             block_size: kvtier_core::keys::DEFAULT_BLOCK_SIZE,
             hash: HashFn::default(),
+            data_plane: true,
         }
     }
 }
@@ -174,6 +180,7 @@ pub struct Client {
     cfg: ClientConfig,
     pool: std::sync::Arc<Vec<KvTierClient<Channel>>>,
     next: std::sync::Arc<AtomicUsize>,
+    wire: Option<wire::WireClient>,
 }
 
 /// Builds a tuned endpoint (large HTTP/2 windows, TCP_NODELAY, keepalive).
@@ -215,7 +222,38 @@ impl Client {
             .into_iter()
             .map(|c| KvTierClient::new(c).max_decoding_message_size(max).max_encoding_message_size(max))
             .collect();
-        Ok(Self { cfg, pool: std::sync::Arc::new(pool), next: Default::default() })
+        let mut client = Self { cfg, pool: std::sync::Arc::new(pool), next: Default::default(), wire: None };
+        if client.cfg.data_plane {
+            let advertised = client.stats().await?.data_listen;
+            if !advertised.is_empty() {
+                let addr = data_plane_addr(&client.cfg.endpoint, &advertised).await?;
+                client.wire = Some(wire::WireClient::connect(addr, client.cfg.connections, client.cfg.timeout).await?);
+            }
+        }
+        Ok(client)
+    }
+
+    /// The data-plane client, when Read/Write go over it.
+    pub fn data_plane(&self) -> Option<&wire::WireClient> {
+        self.wire.as_ref()
+    }
+
+    /// Retries a data-plane call on UNAVAILABLE, like gRPC calls.
+    async fn retry_wire<T, F, Fut>(&self, mut f: F) -> Result<T>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = Result<T>>,
+    {
+        let mut attempt = 0;
+        loop {
+            match f().await {
+                Err(e) if e.code() == Some(tonic::Code::Unavailable) && attempt < self.cfg.retries => {
+                    tokio::time::sleep(backoff(attempt)).await;
+                    attempt += 1;
+                }
+                other => return other,
+            }
+        }
     }
 
     /// The configuration.
@@ -291,6 +329,9 @@ impl Client {
 
     /// Reads `keys` in order; stops at the first missing block.
     pub async fn read(&self, ns: &str, keys: &[Key], lease_id: u64) -> Result<ReadResult> {
+        if let Some(w) = &self.wire {
+            return self.retry_wire(|| w.read(ns, keys, lease_id)).await;
+        }
         let req = pb::ReadRequest { namespace: ns.to_string(), keys: keys.iter().map(Key::bytes).collect(), lease_id };
         self.retry(|mut c, d| {
             let rq = self.request(req.clone(), d);
@@ -316,6 +357,9 @@ impl Client {
 
     /// Writes blocks (checksums computed here).
     pub async fn write(&self, ns: &str, blocks: &[WriteBlock]) -> Result<WriteResult> {
+        if let Some(w) = &self.wire {
+            return self.retry_wire(|| w.write(ns, blocks)).await;
+        }
         let req = pb::WriteRequest {
             namespace: ns.to_string(),
             blocks: blocks
@@ -383,7 +427,24 @@ fn to_lookup(r: pb::LookupResponse, keys: Vec<Key>) -> Lookup {
     }
 }
 
-fn to_read_block(b: pb::ReadBlock) -> Result<ReadBlock, tonic::Status> {
+/// The data-plane address to dial: the advertised one, with an unspecified IP
+/// (`0.0.0.0`) replaced by the gRPC endpoint's host.
+async fn data_plane_addr(endpoint: &str, advertised: &str) -> Result<std::net::SocketAddr> {
+    let adv: std::net::SocketAddr = advertised
+        .parse()
+        .map_err(|e| ClientError::Invalid(format!("server advertised data plane {advertised:?}: {e}")))?;
+    if !adv.ip().is_unspecified() {
+        return Ok(adv);
+    }
+    let uri: http_uri::Uri = endpoint.parse().map_err(|e| ClientError::Invalid(format!("endpoint {endpoint:?}: {e}")))?;
+    let host = uri.host().unwrap_or("127.0.0.1").trim_start_matches('[').trim_end_matches(']');
+    let mut addrs = tokio::net::lookup_host((host, adv.port()))
+        .await
+        .map_err(|e| ClientError::Invalid(format!("resolving {host}: {e}")))?;
+    addrs.next().ok_or_else(|| ClientError::Invalid(format!("{host} resolves to no address")))
+}
+
+pub(crate) fn to_read_block(b: pb::ReadBlock) -> Result<ReadBlock, tonic::Status> {
     let blk = b.block.ok_or_else(|| tonic::Status::internal("server sent a ReadBlock without a block"))?;
     let actual = crc32c::crc32c(&blk.payload);
     if actual != blk.crc32c {

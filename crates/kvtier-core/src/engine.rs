@@ -25,6 +25,7 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::keys::{DEFAULT_BLOCK_SIZE, HashFn, Key, Namespace};
 use crate::lease::{LeaseGrant, LeaseTable};
 use crate::memory::{MemoryTier, Overwrite};
+use crate::object_link::{ObjectLink, ObjectOptions, ObjectStats, ObjectWritePolicy};
 use crate::size::ByteSize;
 use crate::tier::{PutOutcome, Tier, TierKind, TierStats};
 use std::sync::Arc;
@@ -114,6 +115,8 @@ pub struct EngineStats {
     pub demotions: u64,
     /// Demotions that failed (the block was dropped).
     pub demotion_failures: u64,
+    /// Object-store tier counters, when one is configured.
+    pub object: Option<ObjectStats>,
 }
 
 /// How writes reach the disk tier. See the module docs.
@@ -143,6 +146,13 @@ pub struct Engine {
     lower: Vec<Arc<dyn Tier>>,
     leases: LeaseTable,
     counters: Counters,
+    /// Blocks whose write-through to the disk tier is in progress (with a count
+    /// of concurrent writers): memory may evict them before that write lands,
+    /// and demoting them then would write the same record twice (and report
+    /// the caller's fresh write as `Existing`).
+    writing: parking_lot::Mutex<std::collections::HashMap<BlockId, usize>>,
+    /// The object-store tier, if configured; also the last entry of `lower`.
+    object: Option<ObjectLink>,
 }
 
 impl Engine {
@@ -163,7 +173,34 @@ impl Engine {
             lower,
             leases: LeaseTable::default(),
             counters: Counters::default(),
+            writing: Default::default(),
+            object: None,
         }
+    }
+
+    /// Adds an object-store tier (a [`Tier`] of kind [`TierKind::Object`])
+    /// below the others: reads fall through to it, lookups ask it for keys no
+    /// local tier has, writes reach it per [`ObjectOptions::policy`]. Must be
+    /// called inside a Tokio runtime (write-back starts its uploader). See
+    /// `docs/object-store.md`.
+    pub fn with_object(mut self, tier: Arc<dyn Tier>, opts: ObjectOptions) -> Self {
+        self.lower.push(tier.clone());
+        self.object = Some(ObjectLink::new(tier, opts));
+        self
+    }
+
+    /// Waits until write-back has uploaded every queued block; false when
+    /// `timeout` passed first. True at once without write-back.
+    pub async fn flush_object_uploads(&self, timeout: Duration) -> bool {
+        match self.object.as_ref().and_then(|o| o.writeback.as_ref()) {
+            Some(wb) => wb.flush(timeout).await,
+            None => true,
+        }
+    }
+
+    /// True when an object-store tier is configured.
+    pub fn has_object_tier(&self) -> bool {
+        self.object.is_some()
     }
 
     /// An engine with memory in front of an optional disk tier (opened with
@@ -231,7 +268,11 @@ impl Engine {
                 Some(TierKind::Memory)
             } else {
                 let mut found = None;
-                for t in &self.lower {
+                for t in self
+                    .lower
+                    .iter()
+                    .filter(|t| !crate::object_link::is_object(t))
+                {
                     let t0 = Instant::now();
                     let hit = t.contains(&id).await;
                     timing.add(t.kind(), t0.elapsed());
@@ -248,6 +289,21 @@ impl Engine {
                     ids.push(id);
                 }
                 None => break,
+            }
+        }
+        if let Some(obj) = &self.object
+            && ids.len() < keys.len()
+        {
+            let t0 = Instant::now();
+            let disk = self.disk.clone();
+            let mem = &self.memory;
+            let known =
+                |id: &BlockId| mem.contains_block(id) || disk.as_ref().is_some_and(|d| d.has(id));
+            let n = obj.lookup(ns, &keys[ids.len()..], known).await;
+            timing.add(TierKind::Object, t0.elapsed());
+            for key in &keys[ids.len()..ids.len() + n] {
+                tiers.push(TierKind::Object);
+                ids.push(BlockId::new(ns.clone(), key.clone()));
             }
         }
         let lease = match lease {
@@ -328,6 +384,9 @@ impl Engine {
                 if let Ok((_, evicted)) = evicted {
                     self.demote(evicted, timing).await;
                 }
+                if t.kind() == TierKind::Object {
+                    self.promote_to_disk(&b);
+                }
                 return Ok(Some((b, t.kind())));
             }
         }
@@ -354,7 +413,98 @@ impl Engine {
         mode: Overwrite,
         timing: &mut StorageTiming,
     ) -> Result<WriteOutcome> {
+        match &self.object {
+            None => self.store_local(block, mode, timing).await,
+            Some(obj) => self.store_with_object(obj, block, mode, timing).await,
+        }
+    }
+
+    /// The object-store step around [`Engine::store_local`]; see `docs/object-store.md`.
+    async fn store_with_object(
+        &self,
+        obj: &ObjectLink,
+        block: Block,
+        mode: Overwrite,
+        timing: &mut StorageTiming,
+    ) -> Result<WriteOutcome> {
         self.check_size(block.payload.len())?;
+        let id = block.meta.id.clone();
+        let locally_known =
+            self.memory.contains_block(&id) || self.disk.as_ref().is_some_and(|d| d.has(&id));
+        if mode == Overwrite::Never && locally_known {
+            // Already stored (and uploaded or queued) or a conflict: local decides.
+            return self.store_local(block, mode, timing).await;
+        }
+        let fail = |e: Error| {
+            obj.counters.write_failures.fetch_add(1, Ordering::Relaxed);
+            e
+        };
+        match obj.opts.policy {
+            ObjectWritePolicy::WriteThrough => {
+                // Durable in the store first: a failure leaves nothing behind.
+                let t0 = Instant::now();
+                let r = obj.tier.put(block.clone()).await;
+                timing.add(TierKind::Object, t0.elapsed());
+                r.map_err(fail)?;
+                self.store_local(block, mode, timing).await
+            }
+            ObjectWritePolicy::WriteBack => {
+                let wb = obj.writeback.as_ref().expect("write-back has a queue");
+                let out = self.store_local(block.clone(), mode, timing).await?;
+                let t0 = Instant::now();
+                let r = wb
+                    .enqueue(block, crate::deadline::budget(obj.opts.enqueue_timeout))
+                    .await;
+                timing.add(TierKind::Object, t0.elapsed());
+                if let Err(e) = r {
+                    // Not acknowledged, so not kept locally either.
+                    if out == WriteOutcome::Stored {
+                        self.memory.remove(&id);
+                        if let Some(d) = &self.disk {
+                            let _ = d.delete(&id).await;
+                        }
+                    }
+                    return Err(fail(e));
+                }
+                Ok(out)
+            }
+        }
+    }
+
+    /// Copies a block read from the object store to the disk tier in the
+    /// background (best effort; the read does not wait).
+    fn promote_to_disk(&self, b: &Block) {
+        let (Some(disk), Some(obj)) = (&self.disk, &self.object) else {
+            return;
+        };
+        if disk.has(&b.meta.id) {
+            return;
+        }
+        let (disk, b, c) = (disk.clone(), b.clone(), obj.counters.clone());
+        tokio::spawn(async move {
+            match disk.put_with(b, Overwrite::Never).await {
+                Ok(_) => {
+                    c.promotions_to_disk.fetch_add(1, Ordering::Relaxed);
+                }
+                Err(e) => {
+                    tracing::debug!(error = %e, "promotion from the object store to disk failed")
+                }
+            }
+        });
+    }
+
+    /// Stores in memory and (per the disk policy) on disk.
+    async fn store_local(
+        &self,
+        block: Block,
+        mode: Overwrite,
+        timing: &mut StorageTiming,
+    ) -> Result<WriteOutcome> {
+        self.check_size(block.payload.len())?;
+        // Registered before the memory step, so a concurrent eviction of this
+        // block does not demote it while this write is putting it on disk.
+        let _writing = (self.disk.is_some() && self.policy == WritePolicy::WriteThrough)
+            .then(|| WritingGuard::new(&self.writing, &block.meta.id));
         let t0 = Instant::now();
         let r = self.memory.put_block_evicting(block.clone(), mode);
         timing.add(TierKind::Memory, t0.elapsed());
@@ -408,7 +558,9 @@ impl Engine {
         let Some(disk) = &self.disk else { return };
         let now = crate::memory::unix_ms();
         for b in evicted {
-            if b.expired_at(now) || disk.has(&b.meta.id) {
+            // `writing` before `has`: a write-through that is no longer in
+            // flight has committed (or failed), so `has` is then current.
+            if b.expired_at(now) || self.writing.lock().contains_key(&b.meta.id) || disk.has(&b.meta.id) {
                 continue;
             }
             let t0 = Instant::now();
@@ -470,6 +622,32 @@ impl Engine {
             degraded_writes: self.counters.degraded_writes.load(Ordering::Relaxed),
             demotions: self.counters.demotions.load(Ordering::Relaxed),
             demotion_failures: self.counters.demotion_failures.load(Ordering::Relaxed),
+            object: self.object.as_ref().map(ObjectLink::stats),
+        }
+    }
+}
+
+/// Marks a block as being written through to disk for its lifetime.
+struct WritingGuard<'a> {
+    set: &'a parking_lot::Mutex<std::collections::HashMap<BlockId, usize>>,
+    id: BlockId,
+}
+
+impl<'a> WritingGuard<'a> {
+    fn new(set: &'a parking_lot::Mutex<std::collections::HashMap<BlockId, usize>>, id: &BlockId) -> Self {
+        *set.lock().entry(id.clone()).or_default() += 1;
+        Self { set, id: id.clone() }
+    }
+}
+
+impl Drop for WritingGuard<'_> {
+    fn drop(&mut self) {
+        let mut set = self.set.lock();
+        if let Some(n) = set.get_mut(&self.id) {
+            *n -= 1;
+            if *n == 0 {
+                set.remove(&self.id);
+            }
         }
     }
 }

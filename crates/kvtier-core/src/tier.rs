@@ -80,4 +80,10 @@ pub trait Tier: Send + Sync + 'static {
     async fn delete(&self, id: &BlockId) -> Result<u64>;
     /// Counters.
     fn stats(&self) -> TierStats;
+    /// Tier-specific counters beyond [`TierStats`], as `(name, help, value)`;
+    /// exported as `kvtier_<name>_total` (the object-store tier's requests,
+    /// cache hits, corrupt objects). None by default.
+    fn extra_counters(&self) -> Vec<(&'static str, &'static str, u64)> {
+        Vec::new()
+    }
 }

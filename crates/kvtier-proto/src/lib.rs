@@ -3,14 +3,17 @@
 //! * [`v1`]: kvtier's own API (`kvtier.v1.KvTier`).
 //! * [`kvstore`]: the seed service's wire API (`kvstore.KVStoreService`), served
 //!   unchanged so existing clients can point at kvtier.
-#![allow(missing_docs, clippy::all)]
 
 /// `kvtier.v1`: the native API.
+#[allow(missing_docs, clippy::all)]
 pub mod v1 {
     tonic::include_proto!("kvtier.v1");
 }
 
 /// `kvstore`: wire-compatible API of the seed service.
+#[allow(missing_docs, clippy::all)]
 pub mod kvstore {
     tonic::include_proto!("kvstore");
 }
+
+pub mod wire;

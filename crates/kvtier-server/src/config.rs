@@ -8,7 +8,7 @@ use std::path::Path;
 use std::time::Duration;
 
 /// The whole configuration.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
 #[serde(deny_unknown_fields, default)]
 pub struct Config {
     /// Listening sockets and protocol limits.
@@ -155,17 +155,6 @@ impl DiskSection {
     }
 }
 
-impl Default for Config {
-    fn default() -> Self {
-        Self {
-            server: ServerSection::default(),
-            engine: EngineSection::default(),
-            disk: DiskSection::default(),
-            compat: CompatSection::default(),
-            object_store: ObjectStoreSection::default(),
-        }
-    }
-}
 
 /// `[compat]`: the seed service's API.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -213,6 +202,10 @@ pub struct ServerSection {
     /// Replace `listen` by one listener per NUMA node (port + node index),
     /// each pinned to that node's CPUs; uses the first `listen` address as base.
     pub numa: bool,
+    /// Bulk data plane for Read/Write payloads (docs/wire.md): an address,
+    /// "auto" (the first gRPC listener's host, port + 1; an ephemeral port when
+    /// that listener's port is 0) or "" to disable it.
+    pub data_listen: String,
     /// Requests served at once per process; the rest wait (counted as queue time).
     pub max_inflight: usize,
     /// Largest gRPC message accepted (a Write batch is one message).
@@ -235,6 +228,7 @@ impl Default for ServerSection {
             listen: vec!["127.0.0.1:50051".into()],
             numa: false,
             http_listen: "127.0.0.1:8080".into(),
+            data_listen: "auto".into(),
             max_inflight: 1024,
             max_message_size: ByteSize::mib(256),
             stream_window: ByteSize::mib(32),
@@ -365,6 +359,7 @@ impl Config {
                 .parse::<SocketAddr>()
                 .map_err(|e| anyhow::anyhow!("server.http_listen {:?}: {e}", self.server.http_listen))?;
         }
+        self.data_listen()?;
         if self.server.max_inflight == 0 {
             anyhow::bail!("server.max_inflight must be > 0");
         }
@@ -403,6 +398,25 @@ impl Config {
             anyhow::bail!("engine.memory_capacity ({}) is too small", e.memory_capacity);
         }
         Ok(())
+    }
+
+    /// The data-plane address, resolving "auto"; `None` when disabled.
+    pub fn data_listen(&self) -> anyhow::Result<Option<SocketAddr>> {
+        match self.server.data_listen.as_str() {
+            "" => Ok(None),
+            "auto" => {
+                let first = self.listeners()?.into_iter().next().map(|l| l.addr);
+                let mut a = first.ok_or_else(|| anyhow::anyhow!("server.data_listen = \"auto\" needs a gRPC listener"))?;
+                if a.port() != 0 {
+                    a.set_port(a.port().checked_add(1).ok_or_else(|| anyhow::anyhow!("no port after {a}"))?);
+                }
+                Ok(Some(a))
+            }
+            s => s
+                .parse::<SocketAddr>()
+                .map(Some)
+                .map_err(|e| anyhow::anyhow!("server.data_listen {s:?}: {e} (an address, \"auto\" or \"\")")),
+        }
     }
 
     /// Parsed gRPC listeners (expanded per NUMA node when `server.numa` is set).
@@ -449,6 +463,23 @@ mod tests {
         assert_eq!(c.server, Config::default().server);
         assert_eq!(c.engine, Config::default().engine);
         assert_eq!(c.disk, Config::default().disk);
+        assert_eq!(c.object_store, Config::default().object_store);
+    }
+
+    #[test]
+    fn object_store_section_and_tenant_stores() {
+        let c = Config::parse(
+            "[object_store]\nurl = \"s3://b/p\"\nwrite_policy = \"write-through\"\n\
+             [[object_store.namespaces]]\nnamespace = \"n1\"\nurl = \"az://c/x\"\n\
+             [[compat.tenants]]\nresource_name = \"r\"\ncontainer_name = \"c\"\nnamespace = \"t\"\nobject_store = \"az://t/kv\"\n",
+        )
+        .unwrap();
+        assert_eq!(c.object_store.policy().unwrap(), kvtier_core::ObjectWritePolicy::WriteThrough);
+        let tc = crate::object::tier_config(&c).unwrap();
+        assert_eq!(tc.namespaces, vec![("n1".into(), "az://c/x".into()), ("t".into(), "az://t/kv".into())]);
+        assert!(Config::parse("[object_store]\nwrite_policy = \"sometimes\"\n").is_err());
+        assert!(Config::parse("[object_store]\nurll = \"x\"\n").is_err());
+        assert!(crate::object::tier_config(&Config::default()).is_none());
     }
 
     #[test]

@@ -14,16 +14,16 @@ pub const FUZZ_MAX_BLOCK: u64 = 1 << 16;
 
 /// Decodes `data` as each request type and validates what decodes.
 pub fn decode_and_validate(data: &[u8]) {
-    if let Ok(req) = v1::WriteRequest::decode(data) {
-        if let Ok(ns) = Namespace::new(&req.namespace) {
-            for (i, b) in req.blocks.into_iter().enumerate() {
-                let (crc, len) = (b.crc32c, b.payload.len());
-                if let Ok(block) = block_from_pb(&ns, i, b, FUZZ_MAX_BLOCK) {
-                    assert_eq!(crc32c::crc32c(&block.payload), crc, "accepted block with a bad checksum");
-                    assert!(len as u64 <= FUZZ_MAX_BLOCK);
-                    assert!(!block.meta.id.key.as_bytes().is_empty());
-                    assert!(block.meta.id.key.as_bytes().len() <= kvtier_core::keys::MAX_KEY_LEN);
-                }
+    if let Ok(req) = v1::WriteRequest::decode(data)
+        && let Ok(ns) = Namespace::new(&req.namespace)
+    {
+        for (i, b) in req.blocks.into_iter().enumerate() {
+            let (crc, len) = (b.crc32c, b.payload.len());
+            if let Ok(block) = block_from_pb(&ns, i, b, FUZZ_MAX_BLOCK) {
+                assert_eq!(crc32c::crc32c(&block.payload), crc, "accepted block with a bad checksum");
+                assert!(len as u64 <= FUZZ_MAX_BLOCK);
+                assert!(!block.meta.id.key.as_bytes().is_empty());
+                assert!(block.meta.id.key.as_bytes().len() <= kvtier_core::keys::MAX_KEY_LEN);
             }
         }
     }

@@ -19,9 +19,11 @@ pub mod grpc;
 pub mod http;
 pub mod metrics;
 pub mod numa;
+pub mod object;
 pub mod state;
 pub mod status;
 pub mod timing;
+pub mod wire;
 
 use anyhow::Context as _;
 use config::Config;
@@ -41,6 +43,8 @@ pub struct Server {
     pub grpc_addrs: Vec<SocketAddr>,
     /// Bound HTTP address, if enabled.
     pub http_addr: Option<SocketAddr>,
+    /// Bound data-plane address, if enabled.
+    pub data_addr: Option<SocketAddr>,
     /// The engine (for in-process use and tests).
     pub engine: Arc<Engine>,
     stop: watch::Sender<bool>,
@@ -126,6 +130,17 @@ impl Server {
             });
             tracing::info!(%addr, "HTTP listening (/v1/kv, /healthz, /metrics)");
         }
+        let mut data_addr = None;
+        if let Some(a) = cfg.data_listen()? {
+            let listener = tokio::net::TcpListener::bind(a)
+                .await
+                .with_context(|| format!("cannot listen for the data plane on {a}"))?;
+            let addr = listener.local_addr()?;
+            data_addr = Some(addr);
+            let _ = shared.data_addr.set(addr);
+            tasks.spawn(wire::serve(listener, shared.clone(), cfg.server.max_message_size.bytes(), stop_rx.clone()));
+            tracing::info!(%addr, "data plane listening (Read/Write payloads, docs/wire.md)");
+        }
         // Expired blocks are also dropped lazily on access; this bounds the memory
         // they hold when nobody asks for them.
         let eng = engine.clone();
@@ -139,13 +154,17 @@ impl Server {
                 }
             }
         });
-        Ok(Self { grpc_addrs, http_addr, engine, stop, tasks, grace: cfg.server.shutdown_grace })
+        Ok(Self { grpc_addrs, http_addr, data_addr, engine, stop, tasks, grace: cfg.server.shutdown_grace })
     }
 
     /// Stops accepting, lets in-flight requests finish (up to the grace period).
     pub async fn shutdown(mut self) -> anyhow::Result<()> {
         let _ = self.stop.send(true);
         let grace = self.grace;
+        if !self.engine.flush_object_uploads(grace).await {
+            let pending = self.engine.stats().object.map_or(0, |o| o.queue_depth);
+            tracing::warn!(pending, "write-back uploads still pending at shutdown; they are lost unless on disk");
+        }
         let drain = async {
             while let Some(r) = self.tasks.join_next().await {
                 r??;
@@ -188,8 +207,14 @@ async fn serve_grpc(
         .with_context(|| format!("gRPC server on {addr}"))
 }
 
-/// Builds the engine the config describes: memory, plus disk when `disk.dir` is set.
+/// Builds the engine the config describes: memory, plus disk when `disk.dir`
+/// is set, plus the object store when `object_store` names one.
 pub async fn build_engine(cfg: &Config) -> anyhow::Result<Engine> {
+    let engine = build_local_engine(cfg).await?;
+    object::attach(engine, cfg)
+}
+
+async fn build_local_engine(cfg: &Config) -> anyhow::Result<Engine> {
     if cfg.disk.dir.is_empty() {
         return Ok(Engine::new(cfg.engine.engine_config()));
     }

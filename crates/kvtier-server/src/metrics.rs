@@ -11,6 +11,12 @@
 //!   `kvtier_disk_recovery_dropped_files{reason}` (the recovery report of the start),
 //!   `kvtier_disk_{corrupt_on_read,write_exhausted,write_errors}_total`,
 //!   `kvtier_disk_reserved_bytes`, `kvtier_disk_pending_unlinks`.
+//! * With an object store: `kvtier_object_writeback_queue_{depth,capacity}`,
+//!   `kvtier_object_upload_lag_seconds` (age of the oldest block not yet
+//!   uploaded), `kvtier_object_{uploads,upload_retries,uploads_superseded,
+//!   write_failures,lookup_degraded,lookup_checks,promotions_to_disk}_total`,
+//!   and the tier's request counters `kvtier_object_{gets,heads,head_cache_hits,
+//!   puts,deletes,corrupt,errors}_total`.
 use kvtier_core::Engine;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
@@ -184,6 +190,43 @@ fn encode_disk(disk: &kvtier_core::DiskTier, encoder: &mut DescriptorEncoder) ->
     Ok(())
 }
 
+/// Object-store series: the write-back queue and the engine's and tier's counters.
+fn encode_object(o: &kvtier_core::ObjectStats, encoder: &mut DescriptorEncoder) -> Result<(), std::fmt::Error> {
+    use prometheus_client::metrics::MetricType;
+    ConstGauge::new(o.queue_depth as i64).encode(encoder.encode_descriptor(
+        "object_writeback_queue_depth",
+        "Blocks acknowledged but not yet uploaded to the object store (write-back)",
+        None,
+        MetricType::Gauge,
+    )?)?;
+    ConstGauge::new(o.queue_capacity as i64).encode(encoder.encode_descriptor(
+        "object_writeback_queue_capacity",
+        "Write-back queue capacity; writes wait (then fail UNAVAILABLE) when it is full",
+        None,
+        MetricType::Gauge,
+    )?)?;
+    ConstGauge::new(o.upload_lag.as_secs_f64()).encode(encoder.encode_descriptor(
+        "object_upload_lag_seconds",
+        "Age of the oldest block waiting for upload to the object store (0 when none)",
+        None,
+        MetricType::Gauge,
+    )?)?;
+    let mut counters: Vec<(&str, &str, u64)> = vec![
+        ("object_uploads", "Blocks uploaded by the write-back queue", o.uploads),
+        ("object_upload_retries", "Write-back upload attempts that failed and were retried", o.upload_retries),
+        ("object_uploads_superseded", "Queued uploads skipped for a newer value of the same key", o.uploads_superseded),
+        ("object_write_failures", "Writes refused because the object store failed or the queue stayed full", o.write_failures),
+        ("object_lookup_degraded", "Lookups answered from local tiers only (store error or deadline)", o.lookup_degraded),
+        ("object_lookup_checks", "Existence checks a lookup sent to the object tier", o.lookup_checks),
+        ("object_promotions_to_disk", "Blocks read from the object store and copied to disk", o.promotions_to_disk),
+    ];
+    counters.extend(o.tier_counters.iter().copied());
+    for (name, help, v) in counters {
+        ConstCounter::new(v).encode(encoder.encode_descriptor(name, help, None, MetricType::Counter)?)?;
+    }
+    Ok(())
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct TierLabel {
     tier: &'static str,
@@ -234,6 +277,9 @@ impl Collector for EngineCollector {
         }
         if let Some(disk) = self.0.disk() {
             encode_disk(disk, &mut encoder)?;
+        }
+        if let Some(o) = &stats.object {
+            encode_object(o, &mut encoder)?;
         }
         let g = ConstGauge::new(stats.active_leases as i64);
         g.encode(encoder.encode_descriptor(

@@ -15,6 +15,8 @@ pub struct Shared {
     pub metrics: Arc<Metrics>,
     /// Bounds requests served at once; waiting for it is queue time.
     pub admission: Arc<Semaphore>,
+    /// Bound address of the bulk data plane, once listening (reported by Stats).
+    pub data_addr: Arc<std::sync::OnceLock<std::net::SocketAddr>>,
 }
 
 /// A request admitted for service: its clock and its admission permit.
@@ -35,7 +37,7 @@ impl Shared {
     /// Builds the shared state.
     pub fn new(engine: Arc<Engine>, max_inflight: usize) -> Self {
         let metrics = Arc::new(Metrics::new(engine.clone()));
-        Self { engine, metrics, admission: Arc::new(Semaphore::new(max_inflight)) }
+        Self { engine, metrics, admission: Arc::new(Semaphore::new(max_inflight)), data_addr: Default::default() }
     }
 
     /// Waits for admission; the wait counts as queue time.

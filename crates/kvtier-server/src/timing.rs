@@ -38,13 +38,20 @@ where
 {
     type Response = S::Response;
     type Error = S::Error;
-    type Future = S::Future;
+    type Future = tokio::task::futures::TaskLocalFuture<Option<Instant>, S::Future>;
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.inner.poll_ready(cx)
     }
     fn call(&mut self, mut req: http::Request<B>) -> Self::Future {
-        req.extensions_mut().insert(Arrival(Instant::now()));
-        self.inner.call(req)
+        let now = Instant::now();
+        req.extensions_mut().insert(Arrival(now));
+        // The handler (and the tiers below it) see the client's deadline.
+        let deadline = req.headers().get("grpc-timeout").and_then(|v| {
+            let mut h = http::HeaderMap::new();
+            h.insert("grpc-timeout", v.clone());
+            crate::state::deadline(&tonic::metadata::MetadataMap::from_headers(h), now)
+        });
+        kvtier_core::deadline::scope(deadline, self.inner.call(req))
     }
 }
 

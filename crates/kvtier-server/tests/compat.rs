@@ -103,6 +103,7 @@ async fn tenants_are_isolated_and_strict_mode_refuses_unknown() {
         resource_name: "known".into(),
         container_name: "c".into(),
         namespace: "tenant-known".into(),
+        object_store: None,
     });
     let (server, _) = common::start(cfg.clone()).await;
     let a = compat(&server, "acct-a", "kv").await;

@@ -76,3 +76,26 @@ async fn read_returns_what_it_has_before_the_deadline() {
     assert!(t.total_us >= t.storage_object_us);
     server.shutdown().await.unwrap();
 }
+
+#[tokio::test]
+async fn data_plane_read_returns_partial_before_the_client_deadline() {
+    let cfg = common::test_config();
+    let engine = Arc::new(Engine::with_tiers(cfg.engine.engine_config(), vec![Arc::new(SlowTier)]));
+    let server = kvtier_server::Server::start_with_engine(cfg, engine).await.unwrap();
+    let mut cc = kvtier_client::ClientConfig::new(common::raw_endpoint(&server));
+    cc.timeout = Duration::from_millis(500);
+    let c = kvtier_client::Client::connect(cc).await.unwrap();
+    assert!(c.data_plane().is_some());
+    c.write("n", &[kvtier_client::WriteBlock { key: Key::new(&b"a"[..]).unwrap(), parent: None, token_count: 0, payload: Bytes::from_static(b"A"), ttl_ms: 0 }])
+        .await
+        .unwrap();
+    let keys: Vec<Key> = [&b"a"[..], b"x", b"y", b"z"].iter().map(|k| Key::new(Bytes::copy_from_slice(k)).unwrap()).collect();
+    let t0 = Instant::now();
+    let r = c.read("n", &keys, 0).await.unwrap();
+    // Server deadline 450 ms: "a" from memory, "x" from the slow tier (300 ms), then stop.
+    assert_eq!(r.blocks.len(), 2);
+    assert!(r.partial);
+    assert_eq!(r.reason, "deadline");
+    assert!(t0.elapsed() < Duration::from_millis(500), "{:?}", t0.elapsed());
+    server.shutdown().await.unwrap();
+}

@@ -1,5 +1,6 @@
 //! `kvtier`: the server (`kvtier serve`), CLI verbs against a running server
 //! (`put`, `get`, `lookup`, `delete`, `stats`) and the benchmark harness (`bench`).
+mod bench;
 mod cli;
 mod demo;
 mod serve;
@@ -30,6 +31,8 @@ enum Cmd {
     Stats(cli::CommonArgs),
     /// Drive a small multi-turn prompt workload against a server and report.
     Demo(demo::DemoArgs),
+    /// Latency-vs-concurrency sweep (or `bench compare A B`).
+    Bench(bench::BenchArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -50,6 +53,7 @@ fn main() -> anyhow::Result<()> {
             Cmd::Delete(a) => cli::delete(a).await,
             Cmd::Stats(a) => cli::stats(a).await,
             Cmd::Demo(a) => demo::run(a).await,
+            Cmd::Bench(a) => bench::run(a).await,
         }
     })
 }

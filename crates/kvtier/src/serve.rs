@@ -17,6 +17,9 @@ pub struct ServeArgs {
     /// gRPC listen address, repeatable; `ADDR@CPUSET` pins [server.listen].
     #[arg(long = "listen")]
     listen: Vec<String>,
+    /// Bulk data-plane address, "auto" (gRPC port + 1) or "" to disable [server.data_listen].
+    #[arg(long)]
+    data_listen: Option<String>,
     /// One gRPC listener per NUMA node (port + node), pinned to its CPUs [server.numa].
     #[arg(long)]
     numa: bool,
@@ -50,6 +53,13 @@ pub struct ServeArgs {
     /// write-through | write-back [disk.write_policy].
     #[arg(long)]
     write_policy: Option<String>,
+    /// Shared object store: az://container/prefix, s3://bucket/prefix,
+    /// file:///dir; credentials and endpoints from AZURE_* / AWS_* [object_store.url].
+    #[arg(long)]
+    object_store: Option<String>,
+    /// write-back | write-through towards the object store [object_store.write_policy].
+    #[arg(long)]
+    object_write_policy: Option<String>,
     /// Print the bound addresses as one JSON line on stdout once listening.
     #[arg(long)]
     ready_json: bool,
@@ -66,6 +76,9 @@ impl ServeArgs {
         }
         if self.numa {
             cfg.server.numa = true;
+        }
+        if let Some(v) = &self.data_listen {
+            cfg.server.data_listen = v.clone();
         }
         if let Some(v) = &self.http_listen {
             cfg.server.http_listen = v.clone();
@@ -97,6 +110,12 @@ impl ServeArgs {
         if let Some(v) = &self.write_policy {
             cfg.disk.write_policy = v.clone();
         }
+        if let Some(v) = &self.object_store {
+            cfg.object_store.url = v.clone();
+        }
+        if let Some(v) = &self.object_write_policy {
+            cfg.object_store.write_policy = v.clone();
+        }
         cfg.validate()?;
         Ok(cfg)
     }
@@ -114,7 +133,12 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         let grpc: Vec<String> = server.grpc_addrs.iter().map(|a| a.to_string()).collect();
         println!(
             "{}",
-            serde_json::json!({ "grpc": grpc, "http": server.http_addr.map(|a| a.to_string()), "pid": std::process::id() })
+            serde_json::json!({
+                "grpc": grpc,
+                "http": server.http_addr.map(|a| a.to_string()),
+                "data": server.data_addr.map(|a| a.to_string()),
+                "pid": std::process::id(),
+            })
         );
     }
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;

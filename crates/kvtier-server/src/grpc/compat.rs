@@ -233,7 +233,7 @@ fn hex(b: &[u8]) -> String {
 }
 
 fn unhex(s: &str) -> Option<Vec<u8>> {
-    if s.len() % 2 != 0 || !s.is_ascii() {
+    if !s.len().is_multiple_of(2) || !s.is_ascii() {
         return None;
     }
     (0..s.len()).step_by(2).map(|i| u8::from_str_radix(&s[i..i + 2], 16).ok()).collect()
@@ -247,6 +247,7 @@ macro_rules! respond {
                 let code = if resp.success { "ok" } else { "not_found" };
                 (resp, code)
             }
+            #[allow(clippy::needless_update)]
             Err(error) => (
                 pb::$ty { error, success: false, server_metrics: Some(metrics(&$clock)), ..Default::default() },
                 "error",

@@ -39,6 +39,11 @@ impl V1Service {
     }
 }
 
+/// Wire value of a tier (shared with the data plane).
+pub fn tier_of(k: TierKind) -> i32 {
+    tier(k)
+}
+
 fn tier(k: TierKind) -> i32 {
     match k {
         TierKind::Memory => pb::Tier::Memory as i32,
@@ -165,7 +170,7 @@ impl KvTier for V1Service {
         };
         let (tx, rx) = tokio::sync::mpsc::channel::<Result<pb::ReadResponse, Status>>(2);
         let shared = self.shared.clone();
-        tokio::spawn(async move {
+        tokio::spawn(kvtier_core::deadline::scope(deadline, async move {
             let _adm = adm;
             let requested = keys.len() as u32;
             let mut returned = 0u32;
@@ -231,7 +236,7 @@ impl KvTier for V1Service {
             };
             shared.observe(API, "read", "ok", &clock);
             let _ = tx.send(Ok(pb::ReadResponse { item: Some(pb::read_response::Item::Done(done)) })).await;
-        });
+        }));
         Ok(Response::new(Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))))
     }
 
@@ -321,6 +326,7 @@ impl KvTier for V1Service {
             active_leases: s.active_leases,
             expired_blocks: s.tiers.iter().map(|(_, t)| t.expirations).sum(),
             version: env!("CARGO_PKG_VERSION").to_string(),
+            data_listen: self.shared.data_addr.get().map(|a| a.to_string()).unwrap_or_default(),
             timing: Some(clock.finish()),
         };
         self.done("stats", &clock, Ok(Response::new(resp)))

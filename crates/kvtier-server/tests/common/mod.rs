@@ -1,8 +1,8 @@
 //! Shared helpers: start an in-process server on ephemeral loopback ports.
 #![allow(dead_code)]
 use kvtier_client::{Client, ClientConfig};
-use kvtier_server::config::Config;
 use kvtier_server::Server;
+use kvtier_server::config::Config;
 
 pub fn test_config() -> Config {
     let mut cfg = Config::default();

@@ -1,0 +1,489 @@
+//! `kvtier bench`: runs a sweep and assembles the [`Record`].
+//!
+//! * The system under test is a target address or, with none, an in-process
+//!   server started for the run (`--spawn`) on its own runtime (threads
+//!   `kvtier-srv`), so the generator's CPU (threads `kvtier-gen`) is measured
+//!   apart from the server's even though they share the machine.
+//! * `--processes P > 1` runs each repeat of each step in P separate OS
+//!   processes (`kvtier bench --worker SPEC`), started together (each connects,
+//!   says `ready`, and starts on `go`); their histograms are merged.
+//! * With a peer, each step runs against kvtier (all repeats), then against
+//!   the peer at the same load.
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use serde::{Deserialize, Serialize};
+
+use crate::builder::{RepeatInput, StepBuilder};
+use crate::load::{Load, Progress, WireRepeat, cores, run_repeat, thread_cpu};
+use crate::peer_redis::{self, RedisWorker, SpawnedRedis};
+use crate::record::{LinkProbe, Mode, PeerRun, Record, Step};
+use crate::workloads::{Api, Conn, Ctx, KvWorker, WorkerId, Workload};
+
+/// Thread-name prefix of the generator runtime.
+pub const GEN_THREADS: &str = "kvtier-gen";
+
+/// Everything `kvtier bench` was asked to do.
+#[derive(Debug, Clone)]
+pub struct BenchConfig {
+    /// `grpc://HOST:PORT` / `http://HOST:PORT`; `None` spawns an in-process server.
+    pub target: Option<String>,
+    /// Workload.
+    pub workload: Workload,
+    /// API.
+    pub api: Api,
+    /// Payload bytes per block (`None`: the workload's default).
+    pub value_size: Option<u64>,
+    /// Closed-loop workers per process, one step each (also the open-loop pool: the largest).
+    pub concurrency: Vec<u32>,
+    /// Generator processes.
+    pub processes: u32,
+    /// Open-loop rates (total units/s); when non-empty the sweep is open loop.
+    pub rates: Vec<f64>,
+    /// Measured time per repeat.
+    pub duration: Duration,
+    /// Warm-up per repeat (excluded).
+    pub warmup: Duration,
+    /// Repeats per step.
+    pub repeat: u32,
+    /// `redis://HOST:PORT` or `redis://spawn`.
+    pub peer: Option<String>,
+    /// SLA strings.
+    pub slas: Vec<String>,
+    /// Capacity-planning target.
+    pub target_tokens_per_s: Option<f64>,
+    /// Run the loopback TCP probe.
+    pub probe: bool,
+    /// HTTP/2 connections per process to kvtier.
+    pub connections: usize,
+    /// No progress output.
+    pub quiet: bool,
+    /// The binary to run as `bench --worker` (default: this executable).
+    pub worker_exe: Option<PathBuf>,
+}
+
+impl BenchConfig {
+    /// Defaults for `workload`: spawn, v1, c = 1,2,5,10,20,50,100,200, 10 s + 2 s warm-up.
+    pub fn new(workload: Workload) -> Self {
+        BenchConfig {
+            target: None,
+            workload,
+            api: Api::V1,
+            value_size: None,
+            concurrency: vec![1, 2, 5, 10, 20, 50, 100, 200],
+            processes: 1,
+            rates: Vec::new(),
+            duration: Duration::from_secs(10),
+            warmup: Duration::from_secs(2),
+            repeat: 1,
+            peer: None,
+            slas: Vec::new(),
+            target_tokens_per_s: None,
+            probe: false,
+            connections: 4,
+            quiet: false,
+            worker_exe: None,
+        }
+    }
+}
+
+/// What a process drives.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub enum System {
+    /// kvtier at `target` through `api`.
+    Kvtier {
+        /// Address.
+        target: String,
+        /// API.
+        api: Api,
+    },
+    /// Redis at `url`.
+    Redis {
+        /// `redis://HOST:PORT`.
+        url: String,
+    },
+}
+
+/// One process's share of one repeat (what `bench --worker` receives).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct WorkerSpec {
+    /// What to drive.
+    pub system: System,
+    /// Workload.
+    pub workload: Workload,
+    /// Payload bytes.
+    pub value_size: usize,
+    /// Run nonce (names the preloaded data).
+    pub nonce: u64,
+    /// Load of this process.
+    pub load: Load,
+    /// Warm-up, ms.
+    pub warmup_ms: u64,
+    /// Measured time, ms.
+    pub duration_ms: u64,
+    /// Id of this process's first worker (unique over the run).
+    pub first_worker: u64,
+    /// HTTP/2 connections to kvtier.
+    pub connections: usize,
+}
+
+fn workers_of(load: Load) -> u32 {
+    match load {
+        Load::Closed(n) => n,
+        Load::Open { pool, .. } => pool,
+    }
+}
+
+/// Runs one process's share of a repeat in the current runtime.
+async fn local_repeat(
+    spec: &WorkerSpec,
+    progress: &Progress,
+    label: &str,
+    cpu: &(dyn Fn() -> Duration + Sync),
+) -> anyhow::Result<RepeatInput> {
+    let n = workers_of(spec.load);
+    let mut ctx = Ctx::new(spec.workload, spec.value_size, spec.nonce);
+    let wid = |i: u32| WorkerId {
+        nonce: spec.nonce,
+        id: spec.first_worker + u64::from(i),
+    };
+    let warm = Duration::from_millis(spec.warmup_ms);
+    let dur = Duration::from_millis(spec.duration_ms);
+    match &spec.system {
+        System::Kvtier { target, api } => {
+            let conn = Conn::connect(*api, target, spec.connections).await?;
+            ctx.discover(&conn).await?;
+            let ctx = Arc::new(ctx);
+            let workers = (0..n)
+                .map(|i| KvWorker::new(ctx.clone(), &conn, wid(i)))
+                .collect();
+            Ok(
+                run_repeat(workers, spec.load, warm, dur, progress, label, cpu)
+                    .await?
+                    .0,
+            )
+        }
+        System::Redis { url } => {
+            let ctx = Arc::new(ctx);
+            let mut workers = Vec::with_capacity(n as usize);
+            for i in 0..n {
+                workers.push(RedisWorker::new(ctx.clone(), url, wid(i)).await?);
+            }
+            Ok(
+                run_repeat(workers, spec.load, warm, dur, progress, label, cpu)
+                    .await?
+                    .0,
+            )
+        }
+    }
+}
+
+/// Child-process mode (`kvtier bench --worker SPEC`): connect, print `ready`,
+/// wait for a line on stdin, run, print the [`WireRepeat`] JSON on one line.
+pub async fn worker_main(spec_json: &str) -> anyhow::Result<()> {
+    let spec: WorkerSpec = serde_json::from_str(spec_json).context("parsing worker spec")?;
+    // Connecting happens inside local_repeat; readiness means "parsed and about to start".
+    let progress = Progress::new(true);
+    println!("ready");
+    std::io::stdout().flush()?;
+    tokio::task::spawn_blocking(|| {
+        let mut line = String::new();
+        std::io::stdin().read_line(&mut line)
+    })
+    .await??;
+    let cpu = || thread_cpu(None);
+    let r = local_repeat(&spec, &progress, "", &cpu).await?;
+    println!("{}", serde_json::to_string(&WireRepeat::from_input(&r))?);
+    Ok(())
+}
+
+struct Runner<'a> {
+    cfg: &'a BenchConfig,
+    rt: tokio::runtime::Runtime,
+    progress: Progress,
+    nonce: u64,
+    value_size: usize,
+    next_worker: u64,
+}
+
+impl Runner<'_> {
+    /// One repeat of one step: in this process or in `processes` children.
+    fn repeat(&mut self, system: &System, load: Load, label: &str) -> anyhow::Result<RepeatInput> {
+        let p = self.cfg.processes.max(1);
+        let per_proc = match load {
+            Load::Closed(n) => Load::Closed(n),
+            Load::Open { rate, pool } => Load::Open {
+                rate: rate / f64::from(p),
+                pool,
+            },
+        };
+        let mut spec = WorkerSpec {
+            system: system.clone(),
+            workload: self.cfg.workload,
+            value_size: self.value_size,
+            nonce: self.nonce,
+            load: per_proc,
+            warmup_ms: self.cfg.warmup.as_millis() as u64,
+            duration_ms: self.cfg.duration.as_millis() as u64,
+            first_worker: self.next_worker,
+            connections: self.cfg.connections,
+        };
+        self.next_worker += u64::from(p) * u64::from(workers_of(per_proc));
+        let r = if p == 1 {
+            let cpu = || thread_cpu(Some(GEN_THREADS));
+            self.rt
+                .block_on(local_repeat(&spec, &self.progress, label, &cpu))?
+        } else {
+            let exe = match &self.cfg.worker_exe {
+                Some(e) => e.clone(),
+                None => std::env::current_exe()?,
+            };
+            let mut children = Vec::new();
+            for i in 0..p {
+                spec.first_worker =
+                    self.next_worker - u64::from(p - i) * u64::from(workers_of(per_proc));
+                let mut child = Command::new(&exe)
+                    .args(["bench", "--worker", &serde_json::to_string(&spec)?])
+                    .stdin(Stdio::piped())
+                    .stdout(Stdio::piped())
+                    .stderr(Stdio::inherit())
+                    .spawn()
+                    .with_context(|| format!("starting {} bench --worker", exe.display()))?;
+                let mut out = BufReader::new(child.stdout.take().expect("piped"));
+                let mut line = String::new();
+                out.read_line(&mut line)?;
+                anyhow::ensure!(line.trim() == "ready", "worker process said {line:?}");
+                children.push((child, out));
+            }
+            for (c, _) in &mut children {
+                writeln!(c.stdin.as_mut().expect("piped"), "go")?;
+            }
+            let mut merged: Option<RepeatInput> = None;
+            for (mut c, mut out) in children {
+                let mut line = String::new();
+                out.read_line(&mut line)?;
+                let st = c.wait()?;
+                anyhow::ensure!(
+                    st.success() && !line.is_empty(),
+                    "worker process failed: {st}"
+                );
+                let r: WireRepeat = serde_json::from_str(&line).context("worker output")?;
+                let r = r.into_input()?;
+                match &mut merged {
+                    Some(m) => m.merge_process(&r)?,
+                    None => merged = Some(r),
+                }
+            }
+            merged.expect("p >= 2")
+        };
+        self.progress.done(label, &r);
+        Ok(r)
+    }
+
+    fn step(
+        &mut self,
+        system: &System,
+        load: Load,
+        mode: Mode,
+        name: &str,
+    ) -> anyhow::Result<Step> {
+        let mut b = StepBuilder::new(mode, self.cfg.processes);
+        let k = self.cfg.repeat.max(1);
+        for rep in 0..k {
+            let label = format!("{name} rep {}/{k}", rep + 1);
+            b.add_repeat(self.repeat(system, load, &label)?);
+        }
+        b.build()
+    }
+}
+
+fn nonce() -> u64 {
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_nanos() as u64;
+    crate::workloads::mix(t ^ (u64::from(std::process::id()) << 40))
+}
+
+/// The default server config with every listener on an ephemeral loopback port
+/// (done generically over `server.*listen*` so new listeners are covered too).
+fn spawn_config() -> anyhow::Result<kvtier_server::config::Config> {
+    let mut v = serde_json::to_value(kvtier_server::config::Config::default())?;
+    if let Some(server) = v.get_mut("server").and_then(|s| s.as_object_mut()) {
+        for (k, val) in server.iter_mut() {
+            if !k.contains("listen") {
+                continue;
+            }
+            match val {
+                serde_json::Value::String(s) if !s.is_empty() => *s = "127.0.0.1:0".into(),
+                serde_json::Value::Array(a) => {
+                    *a = vec![serde_json::Value::String("127.0.0.1:0".into())];
+                }
+                _ => {}
+            }
+        }
+    }
+    Ok(serde_json::from_value(v)?)
+}
+
+/// Runs the sweep. Call from a thread that is not inside a Tokio runtime.
+pub fn run(cfg: &BenchConfig) -> anyhow::Result<Record> {
+    anyhow::ensure!(
+        !(cfg.workload == Workload::Kv && cfg.api == Api::Compat),
+        "the kv workload needs --api v1 (the kvstore API has no text keys)"
+    );
+    anyhow::ensure!(
+        !cfg.concurrency.is_empty() || !cfg.rates.is_empty(),
+        "nothing to run: give --concurrency or --rate"
+    );
+    let value_size = cfg
+        .value_size
+        .unwrap_or_else(|| cfg.workload.default_value_size()) as usize;
+    let gen_rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(cores() as usize)
+        .thread_name(GEN_THREADS)
+        .enable_all()
+        .build()?;
+    // The system under test.
+    let mut spawned = None;
+    let (target, target_desc) = match &cfg.target {
+        Some(t) => (t.clone(), t.clone()),
+        None => {
+            let srv_rt = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(cores() as usize)
+                .thread_name("kvtier-srv")
+                .enable_all()
+                .build()?;
+            let sc = spawn_config()?;
+            let server = srv_rt.block_on(kvtier_server::Server::start(sc))?;
+            let addr = server.grpc_addrs[0];
+            spawned = Some((srv_rt, server));
+            (
+                format!("http://{addr}"),
+                format!(
+                    "grpc://{addr} (in-process server spawned by kvtier bench, default config; \
+                     shares the generator's {} cores)",
+                    cores()
+                ),
+            )
+        }
+    };
+    let mut redis_spawned = None;
+    let peer_url = match cfg.peer.as_deref() {
+        None => None,
+        Some("redis://spawn") => {
+            let r = SpawnedRedis::start()?;
+            let url = r.url.clone();
+            redis_spawned = Some(r);
+            Some(url)
+        }
+        Some(u) if u.starts_with("redis://") => Some(u.to_string()),
+        Some(u) => {
+            anyhow::bail!("unsupported peer {u:?}: expected redis://HOST:PORT or redis://spawn")
+        }
+    };
+    let nonce = nonce();
+    let progress = Progress::new(cfg.quiet);
+    let link_probe: Option<LinkProbe> = if cfg.probe {
+        let p = gen_rt.block_on(crate::probe::loopback_probe(4, Duration::from_millis(1500)))?;
+        if !cfg.quiet {
+            println!(
+                "link probe: {:.1} Gbit/s ({} streams)",
+                p.gbit_per_s, p.streams
+            );
+        }
+        Some(p)
+    } else {
+        None
+    };
+    // Preload.
+    let ctx_pre = Ctx::new(cfg.workload, value_size, nonce);
+    let peer_name = gen_rt.block_on(async {
+        let conn = Conn::connect(cfg.api, &target, 1).await?;
+        let mut ctx = Ctx::new(cfg.workload, value_size, nonce);
+        ctx.preload(&conn).await?;
+        match &peer_url {
+            Some(url) => {
+                let mut c = peer_redis::connect(url).await?;
+                peer_redis::preload(&ctx_pre, &mut c).await?;
+                anyhow::Ok(Some(peer_redis::version(&mut c).await))
+            }
+            None => Ok(None),
+        }
+    })?;
+    let mut runner = Runner {
+        cfg,
+        rt: gen_rt,
+        progress,
+        nonce,
+        value_size,
+        next_worker: 0,
+    };
+    let kv_system = System::Kvtier {
+        target: target.clone(),
+        api: cfg.api,
+    };
+    let pool = cfg.concurrency.iter().copied().max().unwrap_or(64).max(1);
+    let loads: Vec<(Load, Mode, String)> = if cfg.rates.is_empty() {
+        cfg.concurrency
+            .iter()
+            .map(|&c| {
+                let total = c * cfg.processes.max(1);
+                let name = if cfg.processes > 1 {
+                    format!("c={total} ({}×{c})", cfg.processes)
+                } else {
+                    format!("c={c}")
+                };
+                (Load::Closed(c), Mode::Closed { concurrency: c }, name)
+            })
+            .collect()
+    } else {
+        cfg.rates
+            .iter()
+            .map(|&r| {
+                (
+                    Load::Open { rate: r, pool },
+                    Mode::Open { rate_per_s: r },
+                    format!("rate={r}/s"),
+                )
+            })
+            .collect()
+    };
+    let mut steps = Vec::new();
+    let mut peer_steps = Vec::new();
+    for (load, mode, name) in &loads {
+        steps.push(runner.step(&kv_system, *load, *mode, name)?);
+        if let Some(url) = &peer_url {
+            let sys = System::Redis { url: url.clone() };
+            peer_steps.push(runner.step(&sys, *load, *mode, &format!("redis {name}"))?);
+        }
+    }
+    let Runner { rt: gen_rt, .. } = runner;
+    drop(gen_rt);
+    if let Some((srv_rt, server)) = spawned {
+        srv_rt.block_on(server.shutdown())?;
+    }
+    drop(redis_spawned);
+    let mut rec = Record::new(
+        cfg.workload.name(),
+        cfg.api.record_name(),
+        value_size as u64,
+        &target_desc,
+    );
+    rec.git_commit = crate::record::git_commit();
+    rec.analysis_config.slas = cfg.slas.clone();
+    rec.analysis_config.target_tokens_per_s = cfg.target_tokens_per_s;
+    rec.steps = steps;
+    rec.link_probe = link_probe;
+    rec.peer = peer_name.map(|name| PeerRun {
+        name,
+        op_map: Default::default(),
+        steps: peer_steps,
+    });
+    Ok(rec)
+}

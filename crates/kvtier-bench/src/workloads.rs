@@ -1,0 +1,696 @@
+//! Workloads (what one unit of work is) against kvtier's two gRPC APIs.
+//!
+//! | workload | unit | ops |
+//! |---|---|---|
+//! | `lookup` | one lookup of a 64-block chain (preloaded) | `lookup` |
+//! | `read` | one read of one block of that chain | `read` |
+//! | `write` | one write of a new block | `write` |
+//! | `mixed` | lookup, read, write in turn (seed 000) | all three |
+//! | `conversation` | 7 lookups + 6 reads + 3 writes of 128-token blocks (seed 001) | all three |
+//! | `kv` | 100-byte get / set in turn with text keys, `kvtier.v1` only (seed 004) | `get`, `set` |
+//!
+//! Everything a unit touches is derived from the run's `nonce`, so child
+//! processes find the preloaded data without being told more than the nonce.
+//! Blocks are 128 tokens: reads and writes count 128 tokens each, lookups none
+//! (seed 001: tokens/s = (reads + writes) × 128).
+
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use bytes::Bytes;
+use kvtier_client::{Client, ClientConfig, WriteBlock};
+use kvtier_core::Key;
+use kvtier_proto::kvstore as pb;
+use kvtier_proto::kvstore::kv_store_service_client::KvStoreServiceClient;
+use serde::{Deserialize, Serialize};
+use tonic::transport::Channel;
+
+use crate::load::{Sample, ServerTimes, Unit};
+
+/// Tokens per block.
+pub const BLOCK_TOKENS: usize = 128;
+/// Blocks in the preloaded chain (lookups check all of it; reads pick one).
+pub const CHAIN_BLOCKS: usize = 64;
+/// Conversations preloaded for the `conversation` workload.
+pub const CONVERSATIONS: usize = 16;
+/// Cached blocks per conversation (the 6 reads of an iteration).
+pub const CONV_BLOCKS: usize = 6;
+/// Keys preloaded for `kv` gets.
+pub const KV_KEYS: usize = 1000;
+/// Distinct keys the Redis peer overwrites (bounds its memory).
+pub const PEER_WRITE_SLOTS: u64 = 128;
+/// Deadline per request.
+pub const TIMEOUT: Duration = Duration::from_secs(10);
+
+/// What one unit of work is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Workload {
+    /// 64-block chain lookups.
+    Lookup,
+    /// Single-block reads.
+    Read,
+    /// Single-block writes.
+    Write,
+    /// Lookup, read, write in turn.
+    Mixed,
+    /// Seed 001's iteration.
+    Conversation,
+    /// 100-byte get/set (v1 only).
+    Kv,
+}
+
+impl Workload {
+    /// Parses a workload name.
+    pub fn parse(s: &str) -> anyhow::Result<Self> {
+        Ok(match s {
+            "lookup" => Workload::Lookup,
+            "read" => Workload::Read,
+            "write" => Workload::Write,
+            "mixed" => Workload::Mixed,
+            "conversation" => Workload::Conversation,
+            "kv" => Workload::Kv,
+            _ => anyhow::bail!(
+                "unknown workload {s:?}: expected lookup, read, write, mixed, conversation or kv"
+            ),
+        })
+    }
+
+    /// The name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Workload::Lookup => "lookup",
+            Workload::Read => "read",
+            Workload::Write => "write",
+            Workload::Mixed => "mixed",
+            Workload::Conversation => "conversation",
+            Workload::Kv => "kv",
+        }
+    }
+
+    /// Default payload per block: 1.2 MB (seed 000), 512 B for `conversation`
+    /// (seed 001), 100 B for `kv` (seed 004).
+    pub fn default_value_size(self) -> u64 {
+        match self {
+            Workload::Conversation => 512,
+            Workload::Kv => 100,
+            _ => 1_200_000,
+        }
+    }
+}
+
+/// Which kvtier API is exercised.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Api {
+    /// `kvtier.v1` through the Rust client.
+    V1,
+    /// `kvstore.KVStoreService` (the seed's API) through a tonic client.
+    Compat,
+}
+
+impl Api {
+    /// Parses `v1` / `compat`.
+    pub fn parse(s: &str) -> anyhow::Result<Self> {
+        match s {
+            "v1" | "grpc" => Ok(Api::V1),
+            "compat" | "kvstore" => Ok(Api::Compat),
+            _ => anyhow::bail!("unknown api {s:?}: expected v1 or compat"),
+        }
+    }
+
+    /// The record's `api` string.
+    pub fn record_name(self) -> &'static str {
+        match self {
+            Api::V1 => "grpc",
+            Api::Compat => "kvstore-compat",
+        }
+    }
+}
+
+/// splitmix64: cheap deterministic pseudo-random numbers.
+pub fn mix(mut x: u64) -> u64 {
+    x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    x ^ (x >> 31)
+}
+
+/// `n` tokens of stream `stream` (non-negative, below 2^31).
+pub fn tokens(nonce: u64, stream: u64, n: usize) -> Vec<u32> {
+    let seed = mix(nonce ^ mix(stream));
+    (0..n as u64)
+        .map(|i| (mix(seed.wrapping_add(i)) >> 33) as u32)
+        .collect()
+}
+
+/// The identity of one worker: unique across processes, repeats and steps.
+#[derive(Debug, Clone, Copy)]
+pub struct WorkerId {
+    /// Run nonce.
+    pub nonce: u64,
+    /// Unique worker number in the run.
+    pub id: u64,
+}
+
+impl WorkerId {
+    fn unique(&self, seq: u64) -> u64 {
+        (self.id << 32) ^ seq
+    }
+}
+
+/// Shared, read-only state of a workload in one process.
+pub struct Ctx {
+    /// The workload.
+    pub workload: Workload,
+    /// Payload bytes per block.
+    pub value_size: usize,
+    /// Run nonce.
+    pub nonce: u64,
+    payload: Bytes,
+    ns: String,
+    resource: String,
+    container: String,
+    chain_keys: Vec<Key>,
+    conv_keys: Vec<Vec<Key>>,
+    chain_locs: Vec<String>,
+}
+
+fn stream_chain() -> u64 {
+    1
+}
+fn stream_conv(c: usize) -> u64 {
+    1000 + c as u64
+}
+fn stream_write(u: u64) -> u64 {
+    1 << 62 | u
+}
+
+fn block_hash(nonce: u64, stream: u64, i: usize) -> u64 {
+    mix(nonce ^ mix(stream) ^ mix(i as u64 + 7)) | 1
+}
+
+fn kv_key(nonce: u64, i: u64) -> Key {
+    Key::new(format!("kv:{nonce:016x}:{i}").into_bytes()).expect("short key")
+}
+
+fn kv_set_key(nonce: u64, u: u64) -> Key {
+    Key::new(format!("kv:{nonce:016x}:s:{u:x}").into_bytes()).expect("short key")
+}
+
+impl Ctx {
+    /// Deterministic state for `nonce`; [`Ctx::preload`] writes it, [`Ctx::discover`] finds it.
+    pub fn new(workload: Workload, value_size: usize, nonce: u64) -> Self {
+        let mut p = vec![0u8; value_size];
+        for (i, chunk) in p.chunks_mut(8).enumerate() {
+            let v = mix(nonce ^ i as u64).to_le_bytes();
+            chunk.copy_from_slice(&v[..chunk.len()]);
+        }
+        Ctx {
+            workload,
+            value_size,
+            nonce,
+            payload: Bytes::from(p),
+            ns: format!("bench/{nonce:016x}"),
+            resource: "bench".into(),
+            container: format!("c{nonce:016x}"),
+            chain_keys: Vec::new(),
+            conv_keys: Vec::new(),
+            chain_locs: Vec::new(),
+        }
+    }
+
+    /// The payload every write sends.
+    pub fn payload(&self) -> Bytes {
+        self.payload.clone()
+    }
+
+    fn needs_chain(&self) -> bool {
+        matches!(
+            self.workload,
+            Workload::Lookup | Workload::Read | Workload::Mixed
+        )
+    }
+
+    /// Writes what the workload reads (once per run, by the parent).
+    pub async fn preload(&mut self, conn: &Conn) -> anyhow::Result<()> {
+        let n = self.nonce;
+        match conn {
+            Conn::V1(c) => {
+                if self.needs_chain() {
+                    let t = tokens(n, stream_chain(), CHAIN_BLOCKS * BLOCK_TOKENS);
+                    let keys = c.keys_for(&t);
+                    for (i, k) in keys.iter().enumerate() {
+                        let b = WriteBlock {
+                            key: k.clone(),
+                            parent: i.checked_sub(1).map(|p| keys[p].clone()),
+                            token_count: BLOCK_TOKENS as u32,
+                            payload: self.payload.clone(),
+                            ttl_ms: 0,
+                        };
+                        c.write(&self.ns, &[b]).await.context("preload chain")?;
+                    }
+                }
+                if self.workload == Workload::Conversation {
+                    for conv in 0..CONVERSATIONS {
+                        let t = tokens(n, stream_conv(conv), CONV_BLOCKS * BLOCK_TOKENS);
+                        let payloads = vec![self.payload.clone(); CONV_BLOCKS];
+                        c.write_tokens(&self.ns, &t, &payloads)
+                            .await
+                            .context("preload conversations")?;
+                    }
+                }
+                if self.workload == Workload::Kv {
+                    for chunk in (0..KV_KEYS as u64).collect::<Vec<_>>().chunks(100) {
+                        let blocks: Vec<WriteBlock> = chunk
+                            .iter()
+                            .map(|i| WriteBlock {
+                                key: kv_key(n, *i),
+                                parent: None,
+                                token_count: 0,
+                                payload: self.payload.clone(),
+                                ttl_ms: 0,
+                            })
+                            .collect();
+                        c.write(&self.ns, &blocks).await.context("preload kv")?;
+                    }
+                }
+            }
+            Conn::Compat(chans) => {
+                anyhow::ensure!(
+                    self.workload != Workload::Kv,
+                    "the kv workload needs --api v1 (the kvstore API has no text keys)"
+                );
+                let mut c = compat_client(chans[0].clone());
+                let mut write_chain = async |stream: u64, blocks: usize| -> anyhow::Result<()> {
+                    let t = tokens(n, stream, blocks * BLOCK_TOKENS);
+                    let mut parent = 0;
+                    for (i, toks) in t.chunks(BLOCK_TOKENS).enumerate() {
+                        let hash = block_hash(n, stream, i);
+                        let r = c
+                            .write(pb::WriteRequest {
+                                resource_name: self.resource.clone(),
+                                container_name: self.container.clone(),
+                                chunk: Some(pb::PromptChunk {
+                                    hash,
+                                    parent_hash: parent,
+                                    buffer: self.payload.clone(),
+                                    tokens: toks.iter().map(|x| i64::from(*x)).collect(),
+                                    ..Default::default()
+                                }),
+                            })
+                            .await?
+                            .into_inner();
+                        anyhow::ensure!(r.success, "preload write failed: {}", r.error);
+                        parent = hash;
+                    }
+                    Ok(())
+                };
+                if self.needs_chain() {
+                    write_chain(stream_chain(), CHAIN_BLOCKS).await?;
+                }
+                if self.workload == Workload::Conversation {
+                    for conv in 0..CONVERSATIONS {
+                        write_chain(stream_conv(conv), CONV_BLOCKS).await?;
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Finds the preloaded data (keys, compat locations) without writing.
+    pub async fn discover(&mut self, conn: &Conn) -> anyhow::Result<()> {
+        let n = self.nonce;
+        match conn {
+            Conn::V1(c) => {
+                self.chain_keys =
+                    c.keys_for(&tokens(n, stream_chain(), CHAIN_BLOCKS * BLOCK_TOKENS));
+                self.conv_keys = (0..CONVERSATIONS)
+                    .map(|conv| {
+                        c.keys_for(&tokens(n, stream_conv(conv), CONV_BLOCKS * BLOCK_TOKENS))
+                    })
+                    .collect();
+            }
+            Conn::Compat(chans) => {
+                if self.needs_chain() {
+                    let mut c = compat_client(chans[0].clone());
+                    let r = c
+                        .lookup(self.compat_lookup(stream_chain(), CHAIN_BLOCKS))
+                        .await?
+                        .into_inner();
+                    anyhow::ensure!(
+                        r.success && r.locations.len() == CHAIN_BLOCKS,
+                        "preloaded chain not found ({} of {CHAIN_BLOCKS} blocks; {})",
+                        r.locations.len(),
+                        r.error
+                    );
+                    self.chain_locs = r.locations.into_iter().map(|l| l.location).collect();
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn compat_lookup(&self, stream: u64, blocks: usize) -> pb::LookupRequest {
+        pb::LookupRequest {
+            resource_name: self.resource.clone(),
+            container_name: self.container.clone(),
+            tokens: tokens(self.nonce, stream, blocks * BLOCK_TOKENS)
+                .into_iter()
+                .map(i64::from)
+                .collect(),
+            ..Default::default()
+        }
+    }
+}
+
+/// A connection (pool) to the system under test, shared by a process's workers.
+#[derive(Clone)]
+pub enum Conn {
+    /// The Rust client (its own pool of HTTP/2 connections).
+    V1(Client),
+    /// Tuned tonic channels; worker i uses channel i mod n.
+    Compat(Vec<Channel>),
+}
+
+impl Conn {
+    /// Connects `connections` HTTP/2 connections to `target` (`grpc://` or `http://`).
+    pub async fn connect(api: Api, target: &str, connections: usize) -> anyhow::Result<Self> {
+        let ep = target.replacen("grpc://", "http://", 1);
+        let mut cfg = ClientConfig::new(ep);
+        cfg.connections = connections.max(1);
+        cfg.timeout = TIMEOUT;
+        Ok(match api {
+            Api::V1 => Conn::V1(Client::connect(cfg).await.context("connecting")?),
+            Api::Compat => Conn::Compat(
+                kvtier_client::connect_pool(&cfg)
+                    .await
+                    .context("connecting")?,
+            ),
+        })
+    }
+}
+
+fn compat_client(ch: Channel) -> KvStoreServiceClient<Channel> {
+    KvStoreServiceClient::new(ch)
+        .max_decoding_message_size(512 << 20)
+        .max_encoding_message_size(512 << 20)
+}
+
+fn req<T>(msg: T) -> tonic::Request<T> {
+    let mut r = tonic::Request::new(msg);
+    r.set_timeout(TIMEOUT);
+    r
+}
+
+enum Client2 {
+    V1(Client),
+    Compat(KvStoreServiceClient<Channel>),
+}
+
+/// One kvtier worker (one closed-loop task / one open-loop pool slot).
+pub struct KvWorker {
+    ctx: std::sync::Arc<Ctx>,
+    client: Client2,
+    id: WorkerId,
+    seq: u64,
+}
+
+impl KvWorker {
+    /// Worker `id` on `conn`.
+    pub fn new(ctx: std::sync::Arc<Ctx>, conn: &Conn, id: WorkerId) -> Self {
+        let client = match conn {
+            Conn::V1(c) => Client2::V1(c.clone()),
+            Conn::Compat(ch) => {
+                Client2::Compat(compat_client(ch[id.id as usize % ch.len()].clone()))
+            }
+        };
+        KvWorker {
+            ctx,
+            client,
+            id,
+            seq: 0,
+        }
+    }
+}
+
+fn v1_times(t: &kvtier_client::ServerTiming) -> ServerTimes {
+    ServerTimes {
+        queue_us: Some(t.queue_us),
+        service_us: t.service_us,
+        storage_us: t.storage_memory_us + t.storage_disk_us + t.storage_object_us,
+        total_us: t.total_us,
+    }
+}
+
+fn compat_times(m: Option<&pb::ServerMetrics>) -> Option<ServerTimes> {
+    m.map(|m| ServerTimes {
+        queue_us: None,
+        service_us: m.total_latency_us.max(0) as u64,
+        storage_us: m.storage_latency_us.max(0) as u64,
+        total_us: m.total_latency_us.max(0) as u64,
+    })
+}
+
+fn sample(op: &'static str, sent: Instant) -> Sample {
+    Sample {
+        op,
+        sent,
+        done: Instant::now(),
+        server: None,
+        bytes: 0,
+        tokens: 0,
+        error: true,
+    }
+}
+
+impl KvWorker {
+    async fn lookup(&mut self, keys: &[Key]) -> Sample {
+        let Client2::V1(c) = &self.client else {
+            unreachable!()
+        };
+        let sent = Instant::now();
+        let r = c.lookup(&self.ctx.ns, keys, None).await;
+        let mut s = sample("lookup", sent);
+        if let Ok(l) = r {
+            s.server = Some(v1_times(&l.timing));
+            s.error = false;
+        }
+        s
+    }
+
+    async fn read(&mut self, op: &'static str, key: &Key) -> Sample {
+        let Client2::V1(c) = &self.client else {
+            unreachable!()
+        };
+        let sent = Instant::now();
+        let r = c.read(&self.ctx.ns, std::slice::from_ref(key), 0).await;
+        let mut s = sample(op, sent);
+        if let Ok(r) = r {
+            s.server = Some(v1_times(&r.timing));
+            s.error = r.partial || r.blocks.is_empty();
+            s.bytes = r.blocks.iter().map(|b| b.payload.len() as u64).sum();
+            s.tokens = if op == "read" { BLOCK_TOKENS as u64 } else { 0 };
+        }
+        s
+    }
+
+    async fn write(&mut self, op: &'static str, key: Key, parent: Option<Key>) -> Sample {
+        let Client2::V1(c) = &self.client else {
+            unreachable!()
+        };
+        let b = WriteBlock {
+            key,
+            parent,
+            token_count: if op == "write" {
+                BLOCK_TOKENS as u32
+            } else {
+                0
+            },
+            payload: self.ctx.payload.clone(),
+            ttl_ms: 0,
+        };
+        let sent = Instant::now();
+        let r = c.write(&self.ctx.ns, &[b]).await;
+        let mut s = sample(op, sent);
+        if let Ok(w) = r {
+            s.server = Some(v1_times(&w.timing));
+            s.error = false;
+            s.bytes = self.ctx.value_size as u64;
+            s.tokens = if op == "write" {
+                BLOCK_TOKENS as u64
+            } else {
+                0
+            };
+        }
+        s
+    }
+
+    fn new_key(&self, u: u64) -> Key {
+        let mut k = self.ctx.nonce.to_be_bytes().to_vec();
+        k.extend_from_slice(&u.to_be_bytes());
+        Key::new(k).expect("16 bytes")
+    }
+
+    async fn c_lookup(&mut self, stream: u64, blocks: usize) -> (Sample, Vec<String>) {
+        let rq = self.ctx.compat_lookup(stream, blocks);
+        let Client2::Compat(c) = &mut self.client else {
+            unreachable!()
+        };
+        let sent = Instant::now();
+        let r = c.lookup(req(rq)).await;
+        let mut s = sample("lookup", sent);
+        let mut locs = Vec::new();
+        if let Ok(r) = r {
+            let r = r.into_inner();
+            s.server = compat_times(r.server_metrics.as_ref());
+            s.error = !r.success;
+            locs = r.locations.into_iter().map(|l| l.location).collect();
+        }
+        (s, locs)
+    }
+
+    async fn c_read(&mut self, location: &str) -> Sample {
+        let rq = pb::ReadRequest {
+            resource_name: self.ctx.resource.clone(),
+            container_name: self.ctx.container.clone(),
+            location: location.to_string(),
+            ..Default::default()
+        };
+        let Client2::Compat(c) = &mut self.client else {
+            unreachable!()
+        };
+        let sent = Instant::now();
+        let r = c.read(req(rq)).await;
+        let mut s = sample("read", sent);
+        if let Ok(r) = r {
+            let r = r.into_inner();
+            s.server = compat_times(r.server_metrics.as_ref());
+            s.error = !(r.success && r.found);
+            s.bytes = r.chunk.map_or(0, |c| c.buffer.len() as u64);
+            s.tokens = BLOCK_TOKENS as u64;
+        }
+        s
+    }
+
+    async fn c_write(&mut self, u: u64, parent_hash: u64) -> Sample {
+        let stream = stream_write(u);
+        let rq = pb::WriteRequest {
+            resource_name: self.ctx.resource.clone(),
+            container_name: self.ctx.container.clone(),
+            chunk: Some(pb::PromptChunk {
+                hash: block_hash(self.ctx.nonce, stream, 0),
+                parent_hash,
+                buffer: self.ctx.payload.clone(),
+                tokens: tokens(self.ctx.nonce, stream, BLOCK_TOKENS)
+                    .into_iter()
+                    .map(i64::from)
+                    .collect(),
+                ..Default::default()
+            }),
+        };
+        let Client2::Compat(c) = &mut self.client else {
+            unreachable!()
+        };
+        let sent = Instant::now();
+        let r = c.write(req(rq)).await;
+        let mut s = sample("write", sent);
+        if let Ok(r) = r {
+            let r = r.into_inner();
+            s.server = compat_times(r.server_metrics.as_ref());
+            s.error = !r.success;
+            s.bytes = self.ctx.value_size as u64;
+            s.tokens = BLOCK_TOKENS as u64;
+        }
+        s
+    }
+
+    async fn v1_unit(&mut self, out: &mut Vec<Sample>) {
+        let ctx = self.ctx.clone();
+        let seq = self.seq;
+        let u = self.id.unique(seq);
+        let pick = (mix(u) % CHAIN_BLOCKS as u64) as usize;
+        let op = match ctx.workload {
+            Workload::Mixed => {
+                [Workload::Lookup, Workload::Read, Workload::Write][(seq % 3) as usize]
+            }
+            w => w,
+        };
+        match op {
+            Workload::Lookup => out.push(self.lookup(&ctx.chain_keys).await),
+            Workload::Read => out.push(self.read("read", &ctx.chain_keys[pick]).await),
+            Workload::Write => out.push(self.write("write", self.new_key(u), None).await),
+            Workload::Conversation => {
+                let conv = &ctx.conv_keys[(u % CONVERSATIONS as u64) as usize];
+                for _ in 0..7 {
+                    out.push(self.lookup(conv).await);
+                }
+                for k in conv {
+                    out.push(self.read("read", k).await);
+                }
+                for j in 0..3 {
+                    let key = self.new_key(u.wrapping_mul(4) + j);
+                    out.push(self.write("write", key, conv.last().cloned()).await);
+                }
+            }
+            Workload::Kv => {
+                if seq.is_multiple_of(2) {
+                    let k = kv_key(ctx.nonce, mix(u) % KV_KEYS as u64);
+                    out.push(self.read("get", &k).await);
+                } else {
+                    out.push(self.write("set", kv_set_key(ctx.nonce, u), None).await);
+                }
+            }
+            Workload::Mixed => unreachable!(),
+        }
+    }
+
+    async fn compat_unit(&mut self, out: &mut Vec<Sample>) {
+        let ctx = self.ctx.clone();
+        let seq = self.seq;
+        let u = self.id.unique(seq);
+        let pick = (mix(u) % CHAIN_BLOCKS as u64) as usize;
+        let op = match ctx.workload {
+            Workload::Mixed => {
+                [Workload::Lookup, Workload::Read, Workload::Write][(seq % 3) as usize]
+            }
+            w => w,
+        };
+        match op {
+            Workload::Lookup => out.push(self.c_lookup(stream_chain(), CHAIN_BLOCKS).await.0),
+            Workload::Read => out.push(self.c_read(&ctx.chain_locs[pick]).await),
+            Workload::Write => out.push(self.c_write(u, 0).await),
+            Workload::Conversation => {
+                let conv = (u % CONVERSATIONS as u64) as usize;
+                let mut locs = Vec::new();
+                for _ in 0..7 {
+                    let (s, l) = self.c_lookup(stream_conv(conv), CONV_BLOCKS).await;
+                    out.push(s);
+                    locs = l;
+                }
+                for i in 0..CONV_BLOCKS {
+                    match locs.get(i) {
+                        Some(l) => out.push(self.c_read(l).await),
+                        None => out.push(sample("read", Instant::now())),
+                    }
+                }
+                let last = block_hash(ctx.nonce, stream_conv(conv), CONV_BLOCKS - 1);
+                for j in 0..3 {
+                    out.push(self.c_write(u.wrapping_mul(4) + j, last).await);
+                }
+            }
+            Workload::Kv | Workload::Mixed => out.push(sample("set", Instant::now())),
+        }
+    }
+}
+
+impl Unit for KvWorker {
+    async fn run(&mut self, out: &mut Vec<Sample>) {
+        match self.client {
+            Client2::V1(_) => self.v1_unit(out).await,
+            Client2::Compat(_) => self.compat_unit(out).await,
+        }
+        self.seq += 1;
+    }
+}

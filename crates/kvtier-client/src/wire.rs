@@ -1,0 +1,170 @@
+//! Client of the bulk data plane (docs/wire.md): Read and Write payloads over
+//! a pool of plain TCP connections, one request in flight per connection.
+//! `Client` uses it automatically when the server advertises a data-plane
+//! address (`Stats.data_listen`) and `ClientConfig::data_plane` is on.
+use crate::{ClientError, ReadResult, Result, WriteBlock, WriteResult, to_read_block};
+use bytes::{Bytes, BytesMut};
+use kvtier_core::Key;
+use kvtier_proto::v1 as pb;
+use kvtier_proto::wire::{HEADER_LEN, Header, Kind, split_payloads, write_all_vectored};
+use parking_lot::Mutex;
+use prost::Message;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+use tokio::io::AsyncReadExt;
+use tokio::net::TcpStream;
+use tokio::sync::Semaphore;
+
+/// A pool of data-plane connections. Cheap to clone.
+#[derive(Clone)]
+pub struct WireClient {
+    addr: SocketAddr,
+    idle: Arc<Mutex<Vec<TcpStream>>>,
+    slots: Arc<Semaphore>,
+    next_id: Arc<AtomicU64>,
+    timeout: Duration,
+}
+
+fn transport(e: impl std::fmt::Display, addr: SocketAddr) -> ClientError {
+    ClientError::Status(tonic::Status::unavailable(format!("data plane {addr}: {e}")))
+}
+
+impl WireClient {
+    /// Opens `connections` connections to `addr`.
+    pub async fn connect(addr: SocketAddr, connections: usize, timeout: Duration) -> Result<Self> {
+        let n = connections.max(1);
+        let mut idle = Vec::with_capacity(n);
+        for _ in 0..n {
+            idle.push(dial(addr).await?);
+        }
+        Ok(Self {
+            addr,
+            idle: Arc::new(Mutex::new(idle)),
+            slots: Arc::new(Semaphore::new(n)),
+            next_id: Arc::new(AtomicU64::new(1)),
+            timeout,
+        })
+    }
+
+    /// The server's data-plane address.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// One request/response exchange on a pooled connection.
+    async fn call(&self, kind: Kind, meta: Vec<u8>, data: &[Bytes]) -> Result<(Header, Bytes, Bytes)> {
+        let _slot = self.slots.acquire().await.expect("never closed");
+        let conn = self.idle.lock().pop();
+        let mut sock = match conn {
+            Some(s) => s,
+            None => dial(self.addr).await?,
+        };
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let deadline = Instant::now() + self.timeout;
+        let r = tokio::time::timeout_at(deadline.into(), exchange(&mut sock, kind, id, meta, data)).await;
+        match r {
+            Ok(Ok(x)) => {
+                self.idle.lock().push(sock);
+                Ok(x)
+            }
+            // The connection's state is unknown after an error: drop it.
+            Ok(Err(e)) => Err(transport(e, self.addr)),
+            Err(_) => Err(ClientError::Status(tonic::Status::deadline_exceeded(format!(
+                "data plane {}: no answer within {:?}",
+                self.addr, self.timeout
+            )))),
+        }
+    }
+
+    /// Reads `keys` in order, stopping at the first missing block.
+    pub async fn read(&self, ns: &str, keys: &[Key], lease_id: u64) -> Result<ReadResult> {
+        let req = pb::WireReadRequest {
+            request: Some(pb::ReadRequest { namespace: ns.to_string(), keys: keys.iter().map(Key::bytes).collect(), lease_id }),
+            // The server stops at 90% of our deadline so its partial answer
+            // arrives before we give up waiting.
+            timeout_ms: (self.timeout.as_millis() * 9 / 10).clamp(1, u32::MAX as u128) as u32,
+        };
+        let (h, meta, data) = self.call(Kind::Read, req.encode_to_vec(), &[]).await?;
+        expect(h.kind, Kind::ReadReply, &meta)?;
+        let reply = pb::WireReadReply::decode(meta).map_err(|e| transport(e, self.addr))?;
+        let payloads = split_payloads(data, &reply.payload_lengths).map_err(|e| transport(e, self.addr))?;
+        let mut out = ReadResult { blocks: Vec::with_capacity(reply.blocks.len()), partial: false, reason: String::new(), timing: Default::default() };
+        for (mut b, p) in reply.blocks.into_iter().zip(payloads) {
+            if let Some(blk) = b.block.as_mut() {
+                blk.payload = p;
+            }
+            out.blocks.push(to_read_block(b)?);
+        }
+        if let Some(d) = reply.done {
+            out.partial = d.partial;
+            out.reason = d.reason;
+            out.timing = d.timing.unwrap_or_default();
+        }
+        Ok(out)
+    }
+
+    /// Writes blocks (checksums computed here, verified by the server).
+    pub async fn write(&self, ns: &str, blocks: &[WriteBlock]) -> Result<WriteResult> {
+        let req = pb::WireWriteRequest {
+            request: Some(pb::WriteRequest {
+                namespace: ns.to_string(),
+                blocks: blocks
+                    .iter()
+                    .map(|b| pb::Block {
+                        key: b.key.bytes(),
+                        parent_key: b.parent.as_ref().map_or_else(Bytes::new, Key::bytes),
+                        token_count: b.token_count,
+                        crc32c: crc32c::crc32c(&b.payload),
+                        payload: Bytes::new(),
+                        ttl_ms: b.ttl_ms,
+                    })
+                    .collect(),
+            }),
+            payload_lengths: blocks.iter().map(|b| b.payload.len() as u64).collect(),
+        };
+        let data: Vec<Bytes> = blocks.iter().map(|b| b.payload.clone()).collect();
+        let (h, meta, _) = self.call(Kind::Write, req.encode_to_vec(), &data).await?;
+        expect(h.kind, Kind::WriteReply, &meta)?;
+        let r = pb::WriteResponse::decode(meta).map_err(|e| transport(e, self.addr))?;
+        Ok(WriteResult { stored: r.stored, existing: r.existing, timing: r.timing.unwrap_or_default() })
+    }
+}
+
+/// Turns an `Error` frame into the status it carries.
+fn expect(got: Kind, want: Kind, meta: &Bytes) -> Result<()> {
+    if got == want {
+        return Ok(());
+    }
+    if got == Kind::Error {
+        let e = pb::WireError::decode(meta.clone()).unwrap_or_default();
+        return Err(ClientError::Status(tonic::Status::new(tonic::Code::from(e.code), e.message)));
+    }
+    Err(ClientError::Status(tonic::Status::internal(format!("data plane answered {got:?}, expected {want:?}"))))
+}
+
+async fn dial(addr: SocketAddr) -> Result<TcpStream> {
+    let s = TcpStream::connect(addr).await.map_err(|e| transport(e, addr))?;
+    s.set_nodelay(true).map_err(|e| transport(e, addr))?;
+    Ok(s)
+}
+
+async fn exchange(sock: &mut TcpStream, kind: Kind, id: u64, meta: Vec<u8>, data: &[Bytes]) -> std::io::Result<(Header, Bytes, Bytes)> {
+    let data_len: usize = data.iter().map(Bytes::len).sum();
+    let header = Header { kind, request_id: id, meta_len: meta.len() as u32, data_len: data_len as u32 }.encode();
+    let mut parts: Vec<&[u8]> = vec![&header, &meta];
+    parts.extend(data.iter().map(|b| &b[..]));
+    write_all_vectored(sock, &parts).await?;
+    let mut raw = [0u8; HEADER_LEN];
+    sock.read_exact(&mut raw).await?;
+    let h = Header::decode(&raw).map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))?;
+    if h.request_id != id && h.kind != Kind::Error {
+        return Err(std::io::Error::new(std::io::ErrorKind::InvalidData, format!("reply to request {} while waiting for {id}", h.request_id)));
+    }
+    let mut m = BytesMut::zeroed(h.meta_len as usize);
+    sock.read_exact(&mut m).await?;
+    let mut d = BytesMut::zeroed(h.data_len as usize);
+    sock.read_exact(&mut d).await?;
+    Ok((h, m.freeze(), d.freeze()))
+}

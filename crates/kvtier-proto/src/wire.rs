@@ -1,0 +1,162 @@
+//! Framing of the bulk data plane (docs/wire.md).
+//!
+//! ```text
+//!   header (24 bytes, little-endian)
+//!     magic "KVW1" | kind u8 | flags u8 | reserved u16 | request id u64 | meta_len u32 | data_len u32
+//!   meta:  meta_len bytes, a protobuf message chosen by `kind`
+//!   data:  data_len raw payload bytes, blocks concatenated in order
+//! ```
+//! The payload bytes are written straight from the store's buffers with
+//! vectored writes and read into one buffer that is sliced per block, so the
+//! server never copies a payload in user space.
+use bytes::{Buf, BufMut, Bytes, BytesMut};
+
+/// Frame magic.
+pub const MAGIC: [u8; 4] = *b"KVW1";
+/// Header length.
+pub const HEADER_LEN: usize = 24;
+
+/// What a frame carries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Kind {
+    /// Client → server: `WireReadRequest`.
+    Read = 1,
+    /// Client → server: `WireWriteRequest` + payloads.
+    Write = 2,
+    /// Server → client: `WireReadReply` + payloads.
+    ReadReply = 0x81,
+    /// Server → client: `WriteResponse`.
+    WriteReply = 0x82,
+    /// Server → client: `WireError`.
+    Error = 0xff,
+}
+
+impl Kind {
+    /// Parses the kind byte.
+    pub fn from_u8(b: u8) -> Option<Self> {
+        Some(match b {
+            1 => Kind::Read,
+            2 => Kind::Write,
+            0x81 => Kind::ReadReply,
+            0x82 => Kind::WriteReply,
+            0xff => Kind::Error,
+            _ => return None,
+        })
+    }
+}
+
+/// A decoded frame header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Header {
+    /// Frame kind.
+    pub kind: Kind,
+    /// Echoed in the reply.
+    pub request_id: u64,
+    /// Metadata length.
+    pub meta_len: u32,
+    /// Raw payload length.
+    pub data_len: u32,
+}
+
+impl Header {
+    /// Encodes into 24 bytes.
+    pub fn encode(&self) -> [u8; HEADER_LEN] {
+        let mut b = BytesMut::with_capacity(HEADER_LEN);
+        b.put_slice(&MAGIC);
+        b.put_u8(self.kind as u8);
+        b.put_u8(0);
+        b.put_u16_le(0);
+        b.put_u64_le(self.request_id);
+        b.put_u32_le(self.meta_len);
+        b.put_u32_le(self.data_len);
+        b[..].try_into().expect("24 bytes")
+    }
+
+    /// Decodes 24 bytes; explains what is wrong otherwise.
+    pub fn decode(raw: &[u8; HEADER_LEN]) -> Result<Self, String> {
+        if raw[..4] != MAGIC {
+            return Err(format!("bad frame magic {:02x?}: not a kvtier data-plane peer", &raw[..4]));
+        }
+        let kind = Kind::from_u8(raw[4]).ok_or_else(|| format!("unknown frame kind {:#04x}", raw[4]))?;
+        let mut b = &raw[8..];
+        let request_id = b.get_u64_le();
+        let meta_len = b.get_u32_le();
+        let data_len = b.get_u32_le();
+        Ok(Self { kind, request_id, meta_len, data_len })
+    }
+}
+
+/// Splits `data` into consecutive payloads of `lengths` (zero-copy), checking the total.
+pub fn split_payloads(mut data: Bytes, lengths: &[u64]) -> Result<Vec<Bytes>, String> {
+    let total: u64 = lengths.iter().sum();
+    if total != data.len() as u64 {
+        return Err(format!("payload lengths add up to {total} bytes but the frame carries {}", data.len()));
+    }
+    Ok(lengths.iter().map(|&l| data.split_to(l as usize)).collect())
+}
+
+/// Writes every part with vectored writes, handling partial writes; the parts
+/// (header, metadata, payloads) are never concatenated in user space.
+pub async fn write_all_vectored<W: tokio::io::AsyncWrite + Unpin>(w: &mut W, parts: &[&[u8]]) -> std::io::Result<()> {
+    use tokio::io::AsyncWriteExt;
+    let (mut idx, mut off) = (0usize, 0usize);
+    // Skip leading empty parts.
+    while idx < parts.len() && parts[idx].is_empty() {
+        idx += 1;
+    }
+    while idx < parts.len() {
+        let slices: Vec<std::io::IoSlice<'_>> = std::iter::once(&parts[idx][off..])
+            .chain(parts[idx + 1..].iter().copied())
+            .take(64)
+            .map(std::io::IoSlice::new)
+            .collect();
+        let mut n = w.write_vectored(&slices).await?;
+        if n == 0 {
+            return Err(std::io::ErrorKind::WriteZero.into());
+        }
+        while idx < parts.len() && n >= parts[idx].len() - off {
+            n -= parts[idx].len() - off;
+            idx += 1;
+            off = 0;
+        }
+        off += n;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    #[test]
+    fn header_roundtrip_and_rejects_garbage() {
+        let h = Header { kind: Kind::ReadReply, request_id: 7, meta_len: 12, data_len: 1_200_000 };
+        assert_eq!(Header::decode(&h.encode()).unwrap(), h);
+        let mut bad = h.encode();
+        bad[0] = b'X';
+        assert!(Header::decode(&bad).unwrap_err().contains("magic"));
+        let mut bad = h.encode();
+        bad[4] = 9;
+        assert!(Header::decode(&bad).unwrap_err().contains("kind"));
+        let parts = split_payloads(Bytes::from_static(b"abcdef"), &[2, 0, 4]).unwrap();
+        assert_eq!(parts, vec![Bytes::from_static(b"ab"), Bytes::new(), Bytes::from_static(b"cdef")]);
+        assert!(split_payloads(Bytes::from_static(b"abc"), &[2]).is_err());
+    }
+
+    #[tokio::test]
+    async fn vectored_writes_survive_partial_writes() {
+        // A duplex pipe with a tiny buffer forces many partial writes.
+        let (mut a, mut b) = tokio::io::duplex(7);
+        let parts: Vec<Vec<u8>> = vec![vec![], b"header".to_vec(), vec![], (0..200u8).collect(), b"x".to_vec(), vec![]];
+        let want: Vec<u8> = parts.concat();
+        let reader = tokio::spawn(async move {
+            let mut got = Vec::new();
+            tokio::io::AsyncReadExt::read_to_end(&mut b, &mut got).await.unwrap();
+            got
+        });
+        let refs: Vec<&[u8]> = parts.iter().map(|p| &p[..]).collect();
+        write_all_vectored(&mut a, &refs).await.unwrap();
+        drop(a);
+        assert_eq!(reader.await.unwrap(), want);
+    }
+}

@@ -1,0 +1,57 @@
+//! Wiring of the object-store tier (`[object_store]`, per-namespace stores,
+//! per-tenant stores from `[[compat.tenants]]`) into the engine.
+use crate::config::Config;
+use kvtier_core::{Engine, ObjectOptions};
+use kvtier_object::{ObjectTier, ObjectTierConfig};
+use std::sync::Arc;
+
+/// The object-tier settings the config describes, or `None` when no store is named.
+pub fn tier_config(cfg: &Config) -> Option<ObjectTierConfig> {
+    let o = &cfg.object_store;
+    let mut namespaces: Vec<(String, String)> = o
+        .namespaces
+        .iter()
+        .map(|n| (n.namespace.clone(), n.url.clone()))
+        .collect();
+    for t in &cfg.compat.tenants {
+        if let Some(url) = &t.object_store {
+            namespaces.push((t.namespace.clone(), url.clone()));
+        }
+    }
+    if o.url.is_empty() && namespaces.is_empty() {
+        return None;
+    }
+    Some(ObjectTierConfig {
+        url: o.url.clone(),
+        namespaces,
+        options: o.options.clone(),
+        timeout: o.timeout,
+        request_timeout: o.request_timeout,
+        connect_timeout: o.connect_timeout,
+        max_retries: o.max_retries,
+        negative_ttl: o.negative_cache_ttl,
+        positive_ttl: o.positive_cache_ttl,
+        cache_capacity: o.cache_capacity,
+    })
+}
+
+/// Adds the configured object-store tier to `engine` (unchanged when none).
+/// Must run inside a Tokio runtime.
+pub fn attach(engine: Engine, cfg: &Config) -> anyhow::Result<Engine> {
+    let Some(tc) = tier_config(cfg) else {
+        return Ok(engine);
+    };
+    let o = &cfg.object_store;
+    let tier = ObjectTier::open(tc).map_err(|e| anyhow::anyhow!("{}", e.message))?;
+    let opts = ObjectOptions {
+        policy: o.policy()?,
+        queue_capacity: o.queue_capacity,
+        upload_concurrency: o.upload_concurrency,
+        lookup_concurrency: o.lookup_concurrency,
+        lookup_timeout: o.lookup_timeout,
+        enqueue_timeout: o.timeout,
+        store_name: format!("object store {}", tier.describe()),
+    };
+    tracing::info!(stores = %tier.describe(), policy = %opts.policy, "object-store tier enabled");
+    Ok(engine.with_object(Arc::new(tier), opts))
+}

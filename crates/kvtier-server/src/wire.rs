@@ -1,0 +1,242 @@
+//! The bulk data plane: Read and Write over a length-prefixed binary protocol
+//! on its own TCP listener (framing in `kvtier_proto::wire`, spec in
+//! `docs/wire.md`). Lookups and control stay on gRPC.
+//!
+//! Why it exists: HTTP/2 (tonic/hyper) moves a 1.2 MB payload through flow
+//! control windows, 16 KiB–16 MiB DATA frames and extra buffer copies; the
+//! measurements in `notes/006-data-plane.md` put it well below Redis for
+//! MB-sized values. Here a reply is written with one vectored write straight
+//! from the store's `Bytes` (no user-space copy) and a request's payloads are
+//! read into one buffer sliced per block.
+//!
+//! One request at a time per connection, answered in order (clients keep a
+//! pool of connections, like Redis clients). Errors come back as `Error`
+//! frames carrying a gRPC status code and message; a malformed frame closes
+//! the connection after the error frame.
+use crate::grpc::v1::{block_from_pb, tier_of};
+use crate::state::{self, Shared};
+use crate::timing::Clock;
+use bytes::{Bytes, BytesMut};
+use kvtier_core::{BlockId, Key, WriteOutcome};
+use kvtier_proto::v1 as pb;
+use kvtier_proto::wire::{HEADER_LEN, Header, Kind, split_payloads, write_all_vectored};
+use prost::Message;
+use std::time::{Duration, Instant};
+use tokio::io::AsyncReadExt;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+
+const API: &str = "wire";
+
+/// Accepts connections until `stop` flips.
+pub async fn serve(listener: TcpListener, shared: Shared, max_frame: u64, stop: watch::Receiver<bool>) -> anyhow::Result<()> {
+    let mut stopping = stop.clone();
+    loop {
+        tokio::select! {
+            r = listener.accept() => {
+                let (sock, peer) = match r {
+                    Ok(x) => x,
+                    Err(e) => { tracing::warn!(error = %e, "data plane accept failed"); continue; }
+                };
+                let _ = sock.set_nodelay(true);
+                let shared = shared.clone();
+                let stop = stop.clone();
+                tokio::spawn(async move {
+                    if let Err(e) = connection(sock, shared, max_frame, stop).await {
+                        tracing::debug!(%peer, error = %e, "data plane connection closed");
+                    }
+                });
+            }
+            _ = stopping.wait_for(|s| *s) => return Ok(()),
+        }
+    }
+}
+
+struct Reply {
+    kind: Kind,
+    meta: Vec<u8>,
+    data: Vec<Bytes>,
+}
+
+fn error_reply(code: tonic::Code, message: impl Into<String>) -> Reply {
+    let meta = pb::WireError { code: code as i32, message: message.into() }.encode_to_vec();
+    Reply { kind: Kind::Error, meta, data: Vec::new() }
+}
+
+async fn connection(mut sock: TcpStream, shared: Shared, max_frame: u64, mut stop: watch::Receiver<bool>) -> anyhow::Result<()> {
+    loop {
+        let mut raw = [0u8; HEADER_LEN];
+        tokio::select! {
+            r = sock.read_exact(&mut raw) => { r?; }
+            _ = stop.wait_for(|s| *s) => return Ok(()),
+        }
+        let arrived = Instant::now();
+        let header = match Header::decode(&raw) {
+            Ok(h) => h,
+            Err(e) => {
+                write_reply(&mut sock, 0, error_reply(tonic::Code::InvalidArgument, e)).await?;
+                return Ok(());
+            }
+        };
+        if header.meta_len as u64 + header.data_len as u64 > max_frame {
+            let msg = format!(
+                "frame of {} bytes exceeds the maximum message size of {max_frame} bytes",
+                header.meta_len as u64 + header.data_len as u64
+            );
+            write_reply(&mut sock, header.request_id, error_reply(tonic::Code::InvalidArgument, msg)).await?;
+            return Ok(());
+        }
+        let mut meta = BytesMut::zeroed(header.meta_len as usize);
+        sock.read_exact(&mut meta).await?;
+        let mut data = BytesMut::zeroed(header.data_len as usize);
+        sock.read_exact(&mut data).await?;
+        let reply = match header.kind {
+            Kind::Read => read(&shared, meta.freeze(), arrived).await,
+            Kind::Write => write(&shared, meta.freeze(), data.freeze(), arrived).await,
+            other => error_reply(tonic::Code::InvalidArgument, format!("frame kind {other:?} is not a request")),
+        };
+        write_reply(&mut sock, header.request_id, reply).await?;
+    }
+}
+
+/// Header + meta + payloads with vectored writes: the payloads go from the
+/// store's buffers to the socket without a user-space copy.
+async fn write_reply(sock: &mut TcpStream, request_id: u64, r: Reply) -> std::io::Result<()> {
+    let data_len: usize = r.data.iter().map(Bytes::len).sum();
+    let header = Header { kind: r.kind, request_id, meta_len: r.meta.len() as u32, data_len: data_len as u32 }.encode();
+    let mut parts: Vec<&[u8]> = Vec::with_capacity(2 + r.data.len());
+    parts.push(&header);
+    parts.push(&r.meta);
+    parts.extend(r.data.iter().map(|b| &b[..]));
+    write_all_vectored(sock, &parts).await
+}
+
+fn status_reply(s: tonic::Status) -> Reply {
+    error_reply(s.code(), s.message())
+}
+
+async fn read(shared: &Shared, meta: Bytes, arrived: Instant) -> Reply {
+    let adm = shared.admit(Some(arrived)).await;
+    let mut clock = adm.clock;
+    let r = read_inner(shared, meta, arrived, &mut clock).await;
+    let code = match &r {
+        Ok(_) => "ok",
+        Err(s) => state::code_name(s.code()),
+    };
+    shared.observe(API, "read", code, &clock);
+    r.unwrap_or_else(status_reply)
+}
+
+async fn read_inner(shared: &Shared, meta: Bytes, arrived: Instant, clock: &mut Clock) -> Result<Reply, tonic::Status> {
+    let req = pb::WireReadRequest::decode(meta).map_err(|e| tonic::Status::invalid_argument(format!("bad read request: {e}")))?;
+    let timeout = req.timeout_ms;
+    let req = req.request.unwrap_or_default();
+    let ns = state::namespace(&req.namespace)?;
+    let keys = state::keys(&req.keys)?;
+    if req.lease_id != 0 {
+        shared.engine.check_lease(req.lease_id).map_err(crate::status::to_status)?;
+    }
+    let deadline = (timeout > 0).then(|| arrived + Duration::from_millis(timeout as u64));
+    let mut reply = pb::WireReadReply::default();
+    let mut data = Vec::with_capacity(keys.len());
+    let mut reason = "";
+    let requested = keys.len() as u32;
+    for (i, key) in keys.into_iter().enumerate() {
+        if deadline.is_some_and(|d| Instant::now() >= d) {
+            reason = "deadline";
+            break;
+        }
+        let id = BlockId::new(ns.clone(), key);
+        let fut = kvtier_core::deadline::scope(deadline, shared.engine.read(&id, &mut clock.storage));
+        let got = match deadline {
+            Some(d) => match tokio::time::timeout_at(d.into(), fut).await {
+                Ok(r) => r,
+                Err(_) => {
+                    reason = "deadline";
+                    break;
+                }
+            },
+            None => fut.await,
+        };
+        match got.map_err(crate::status::to_status)? {
+            Some((b, t)) => {
+                shared.metrics.bytes_out.inc_by(b.payload.len() as u64);
+                reply.payload_lengths.push(b.payload.len() as u64);
+                reply.blocks.push(pb::ReadBlock {
+                    index: i as u32,
+                    block: Some(pb::Block {
+                        key: b.meta.id.key.bytes(),
+                        parent_key: b.meta.parent.as_ref().map_or_else(Bytes::new, Key::bytes),
+                        token_count: b.meta.token_count,
+                        crc32c: b.meta.crc32c,
+                        payload: Bytes::new(),
+                        ttl_ms: 0,
+                    }),
+                    tier: tier_of(t),
+                });
+                data.push(b.payload);
+            }
+            None => {
+                reason = "missing";
+                break;
+            }
+        }
+    }
+    let returned = reply.blocks.len() as u32;
+    reply.done = Some(pb::ReadDone {
+        returned,
+        requested,
+        partial: returned < requested,
+        reason: reason.to_string(),
+        timing: Some(clock.finish()),
+    });
+    Ok(Reply { kind: Kind::ReadReply, meta: reply.encode_to_vec(), data })
+}
+
+async fn write(shared: &Shared, meta: Bytes, data: Bytes, arrived: Instant) -> Reply {
+    let adm = shared.admit(Some(arrived)).await;
+    let mut clock = adm.clock;
+    let r = write_inner(shared, meta, data, &mut clock).await;
+    let code = match &r {
+        Ok(_) => "ok",
+        Err(s) => state::code_name(s.code()),
+    };
+    shared.observe(API, "write", code, &clock);
+    r.unwrap_or_else(status_reply)
+}
+
+async fn write_inner(shared: &Shared, meta: Bytes, data: Bytes, clock: &mut Clock) -> Result<Reply, tonic::Status> {
+    let req = pb::WireWriteRequest::decode(meta).map_err(|e| tonic::Status::invalid_argument(format!("bad write request: {e}")))?;
+    let mut w = req.request.unwrap_or_default();
+    if w.blocks.len() != req.payload_lengths.len() {
+        return Err(tonic::Status::invalid_argument(format!(
+            "{} blocks but {} payload lengths",
+            w.blocks.len(),
+            req.payload_lengths.len()
+        )));
+    }
+    let payloads = split_payloads(data, &req.payload_lengths).map_err(tonic::Status::invalid_argument)?;
+    let ns = state::namespace(&w.namespace)?;
+    let max = shared.engine.config().max_block_size.bytes();
+    for (b, p) in w.blocks.iter_mut().zip(payloads) {
+        b.payload = p;
+    }
+    // Verify every block before storing any of them.
+    let blocks = w
+        .blocks
+        .into_iter()
+        .enumerate()
+        .map(|(i, b)| block_from_pb(&ns, i, b, max))
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut resp = pb::WriteResponse::default();
+    for b in blocks {
+        let len = b.payload.len() as u64;
+        match shared.engine.write(b, &mut clock.storage).await.map_err(crate::status::to_status)? {
+            WriteOutcome::Stored => resp.stored += 1,
+            WriteOutcome::Existing => resp.existing += 1,
+        }
+        shared.metrics.bytes_in.inc_by(len);
+    }
+    resp.timing = Some(clock.finish());
+    Ok(Reply { kind: Kind::WriteReply, meta: resp.encode_to_vec(), data: Vec::new() })
+}

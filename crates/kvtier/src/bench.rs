@@ -1,0 +1,168 @@
+//! `kvtier bench`: latency-vs-concurrency sweeps against kvtier (and a Redis
+//! peer), written as `record.json`, `summary.md` and `report.html`; and
+//! `kvtier bench compare A/record.json B/record.json`.
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, Subcommand};
+use kvtier_bench::run::{BenchConfig, run as run_sweep, worker_main};
+use kvtier_bench::workloads::{Api, Workload};
+use kvtier_core::ByteSize;
+
+/// Flags of `kvtier bench`.
+#[derive(Args, Debug)]
+#[command(args_conflicts_with_subcommands = true)]
+pub struct BenchArgs {
+    #[command(subcommand)]
+    cmd: Option<BenchCmd>,
+    #[command(flatten)]
+    run: RunArgs,
+}
+
+#[derive(Subcommand, Debug)]
+enum BenchCmd {
+    /// Regression table of two records (B against A).
+    Compare {
+        /// Baseline record.json.
+        a: PathBuf,
+        /// New record.json.
+        b: PathBuf,
+    },
+}
+
+#[derive(Args, Debug)]
+struct RunArgs {
+    /// Start an in-process kvtier server for the run (the default without --target).
+    #[arg(long, conflicts_with = "target")]
+    spawn: bool,
+    /// Server to drive: grpc://HOST:PORT.
+    #[arg(long)]
+    target: Option<String>,
+    /// lookup | read | write | mixed | conversation | kv.
+    #[arg(long)]
+    workload: Option<String>,
+    /// v1 (kvtier.v1 via the Rust client) | compat (kvstore.KVStoreService).
+    #[arg(long, default_value = "v1")]
+    api: String,
+    /// Payload per block, e.g. 1.2MB, 64KB (default: 1.2MB; conversation 512B; kv 100B).
+    #[arg(long)]
+    value_size: Option<ByteSize>,
+    /// Closed-loop workers per process, one step each.
+    #[arg(long, value_delimiter = ',', default_value = "1,2,5,10,20,50,100,200")]
+    concurrency: Vec<u32>,
+    /// Generator processes (> 1: separate OS processes, histograms merged).
+    #[arg(long, default_value_t = 1)]
+    processes: u32,
+    /// Open loop: total request rates per second, one step each (pool: the largest --concurrency).
+    #[arg(long, value_delimiter = ',')]
+    rate: Vec<f64>,
+    /// Measured time per repeat (e.g. 10s, 300ms).
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    duration: Duration,
+    /// Warm-up per repeat, excluded.
+    #[arg(long, default_value = "2s", value_parser = parse_duration)]
+    warmup: Duration,
+    /// Repeats per step (merged; spread kept for significance).
+    #[arg(long, default_value_t = 1)]
+    repeat: u32,
+    /// Peer to compare with: redis://HOST:PORT or redis://spawn.
+    #[arg(long)]
+    peer: Option<String>,
+    /// SLAs, e.g. read.p99=100ms,lookup.p50<5ms.
+    #[arg(long)]
+    sla: Option<String>,
+    /// Capacity planning target, tokens/s.
+    #[arg(long)]
+    target_tokens_per_s: Option<f64>,
+    /// Measure raw loopback TCP throughput first (link probe).
+    #[arg(long)]
+    probe: bool,
+    /// HTTP/2 connections per process to kvtier.
+    #[arg(long, default_value_t = 4)]
+    connections: usize,
+    /// No progress output.
+    #[arg(long, short)]
+    quiet: bool,
+    /// Output directory.
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// Internal: run as a generator child process with this spec.
+    #[arg(long, hide = true)]
+    worker: Option<String>,
+}
+
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let split = s
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(s.len());
+    let (num, unit) = s.split_at(split);
+    let n: f64 = num
+        .parse()
+        .map_err(|_| format!("invalid duration {s:?}: expected e.g. 10s, 300ms"))?;
+    let secs = match unit {
+        "ms" => n / 1000.0,
+        "s" | "" => n,
+        "m" | "min" => n * 60.0,
+        "us" | "µs" => n / 1e6,
+        _ => return Err(format!("invalid duration unit {unit:?} in {s:?}")),
+    };
+    Duration::try_from_secs_f64(secs).map_err(|e| e.to_string())
+}
+
+/// Runs `kvtier bench`.
+pub async fn run(a: BenchArgs) -> anyhow::Result<()> {
+    if let Some(BenchCmd::Compare { a, b }) = a.cmd {
+        print!("{}", kvtier_bench::compare_files(a, b)?);
+        return Ok(());
+    }
+    let r = a.run;
+    if let Some(spec) = r.worker {
+        return worker_main(&spec).await;
+    }
+    let workload = Workload::parse(
+        r.workload
+            .as_deref()
+            .ok_or_else(|| anyhow::anyhow!("--workload is required"))?,
+    )?;
+    let out = r
+        .out
+        .ok_or_else(|| anyhow::anyhow!("--out DIR is required"))?;
+    let mut cfg = BenchConfig::new(workload);
+    cfg.target = if r.spawn { None } else { r.target };
+    cfg.api = Api::parse(&r.api)?;
+    cfg.value_size = r.value_size.map(ByteSize::bytes);
+    cfg.concurrency = r.concurrency;
+    cfg.processes = r.processes.max(1);
+    cfg.rates = r.rate;
+    cfg.duration = r.duration;
+    cfg.warmup = r.warmup;
+    cfg.repeat = r.repeat.max(1);
+    cfg.peer = r.peer;
+    cfg.slas = r
+        .sla
+        .map(|s| {
+            s.split(',')
+                .map(|x| x.trim().to_string())
+                .filter(|x| !x.is_empty())
+                .collect()
+        })
+        .unwrap_or_default();
+    cfg.target_tokens_per_s = r.target_tokens_per_s;
+    cfg.probe = r.probe;
+    cfg.connections = r.connections.max(1);
+    cfg.quiet = r.quiet;
+    // The sweep builds its own runtimes: run it on a plain thread.
+    let record = tokio::task::spawn_blocking(move || {
+        std::thread::spawn(move || run_sweep(&cfg))
+            .join()
+            .map_err(|_| anyhow::anyhow!("bench thread panicked"))?
+    })
+    .await??;
+    kvtier_bench::write_outputs(&out, &record)?;
+    println!(
+        "wrote {0}/record.json, {0}/summary.md, {0}/report.html",
+        out.display()
+    );
+    Ok(())
+}

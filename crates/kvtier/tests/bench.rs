@@ -1,0 +1,314 @@
+//! `kvtier bench` end to end: tiny sweeps against an in-process server, the
+//! three output files, the Redis peer, open loop, child processes, `compare`,
+//! and the HTML report rendered in headless Chromium.
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use kvtier_bench::record::{Phase, Record};
+
+const BIN: &str = env!("CARGO_BIN_EXE_kvtier");
+
+fn bench(out: &Path, args: &[&str]) -> Record {
+    let o = Command::new(BIN)
+        .arg("bench")
+        .args(args)
+        .args(["--quiet", "--out"])
+        .arg(out)
+        .env("RUST_LOG", "warn")
+        .output()
+        .expect("run kvtier bench");
+    assert!(
+        o.status.success(),
+        "kvtier bench {args:?} failed: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    for f in ["record.json", "summary.md", "report.html"] {
+        assert!(out.join(f).is_file(), "{f} missing");
+    }
+    Record::from_json(&std::fs::read_to_string(out.join("record.json")).unwrap()).unwrap()
+}
+
+fn tmp(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("kvtier-bench-it-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    d
+}
+
+/// Every step has traffic, positive latencies, network time, and Little's law roughly holds.
+fn plausible(r: &Record, ops: &[&str]) {
+    assert!(!r.steps.is_empty());
+    for s in &r.steps {
+        for op in ops {
+            let o = s
+                .ops
+                .get(*op)
+                .unwrap_or_else(|| panic!("{} has no {op}", s.label()));
+            assert!(
+                o.ops > 0 && o.errors == 0,
+                "{} {op}: {} ops, {} errors",
+                s.label(),
+                o.ops,
+                o.errors
+            );
+            let e2e = o.phase(Phase::E2e).unwrap();
+            assert!(e2e.p50 > 0.0 && e2e.p99 >= e2e.p50, "{e2e:?}");
+            assert!(
+                o.phase(Phase::Network).is_some(),
+                "{} {op}: no network phase",
+                s.label()
+            );
+            assert!(o.phase(Phase::ServerService).is_some());
+        }
+    }
+    let a = r.analysis.as_ref().expect("analysis");
+    for l in &a.littles_law {
+        let ratio = l.ratio.expect("ratio");
+        assert!((0.5..1.5).contains(&ratio), "Little's law far off: {l:?}");
+    }
+}
+
+#[test]
+fn read_sweep_writes_three_plausible_files() {
+    let out = tmp("read");
+    let r = bench(
+        &out,
+        &[
+            "--workload",
+            "read",
+            "--value-size",
+            "64KB",
+            "--concurrency",
+            "1,2",
+            "--duration",
+            "300ms",
+            "--warmup",
+            "100ms",
+            "--repeat",
+            "2",
+        ],
+    );
+    assert_eq!(r.steps.len(), 2);
+    assert_eq!(r.steps[0].repeats, 2);
+    assert!(r.steps[0].ops["read"].across_repeats.is_some());
+    assert_eq!(r.value_size, 64_000);
+    assert!(
+        r.steps
+            .iter()
+            .all(|s| s.generator_cpu_utilisation > 0.0 && s.generator_cpu_utilisation <= 1.0)
+    );
+    plausible(&r, &["read"]);
+    let md = std::fs::read_to_string(out.join("summary.md")).unwrap();
+    assert!(md.contains("| c=1 |") && md.contains("Little"), "{md}");
+    let html = std::fs::read_to_string(out.join("report.html")).unwrap();
+    assert!(html.contains("data-charts-expected"));
+    // compare: the record against itself.
+    let o = Command::new(BIN)
+        .args(["bench", "compare"])
+        .arg(out.join("record.json"))
+        .arg(out.join("record.json"))
+        .output()
+        .unwrap();
+    assert!(o.status.success());
+    assert!(String::from_utf8_lossy(&o.stdout).contains("| c=1 | read | p50 |"));
+    let _ = std::fs::remove_dir_all(&out);
+}
+
+#[test]
+fn compat_conversation_counts_tokens_of_reads_and_writes() {
+    let out = tmp("conv");
+    let r = bench(
+        &out,
+        &[
+            "--api",
+            "compat",
+            "--workload",
+            "conversation",
+            "--concurrency",
+            "1,2",
+            "--duration",
+            "300ms",
+            "--warmup",
+            "100ms",
+        ],
+    );
+    assert_eq!(r.api, "kvstore-compat");
+    plausible(&r, &["lookup", "read", "write"]);
+    for s in &r.steps {
+        let (l, rd, w) = (&s.ops["lookup"], &s.ops["read"], &s.ops["write"]);
+        // 7 lookups : 6 reads : 3 writes per iteration (± the iterations cut at the window edges).
+        let ratio = rd.ops as f64 / w.ops as f64;
+        assert!((1.6..2.4).contains(&ratio), "reads/writes {ratio}");
+        assert!(l.ops > rd.ops);
+        assert_eq!(l.tokens, 0);
+        assert_eq!(rd.tokens, rd.ops * 128);
+        assert!(s.total_tokens_per_s() > 0.0);
+    }
+    let _ = std::fs::remove_dir_all(&out);
+}
+
+#[test]
+fn redis_peer_runs_interleaved() {
+    if Command::new("redis-server")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        eprintln!(
+            "SKIPPED redis_peer_runs_interleaved: redis-server is not installed (scripts/setup.sh installs it)"
+        );
+        return;
+    }
+    let out = tmp("peer");
+    let r = bench(
+        &out,
+        &[
+            "--workload",
+            "mixed",
+            "--value-size",
+            "16KB",
+            "--concurrency",
+            "1,2",
+            "--duration",
+            "300ms",
+            "--warmup",
+            "100ms",
+            "--peer",
+            "redis://spawn",
+            "--probe",
+        ],
+    );
+    plausible(&r, &["lookup", "read", "write"]);
+    let peer = r.peer.as_ref().expect("peer run");
+    assert!(peer.name.starts_with("redis "), "{}", peer.name);
+    assert_eq!(peer.steps.len(), r.steps.len());
+    for s in &peer.steps {
+        for op in ["exists", "get", "set"] {
+            let o = &s.ops[op];
+            assert!(
+                o.ops > 0 && o.errors == 0,
+                "redis {op}: {} ops {} errors",
+                o.ops,
+                o.errors
+            );
+        }
+    }
+    assert!(r.link_probe.as_ref().is_some_and(|p| p.gbit_per_s > 0.0));
+    let md = std::fs::read_to_string(out.join("summary.md")).unwrap();
+    assert!(md.contains("redis"), "{md}");
+    let _ = std::fs::remove_dir_all(&out);
+}
+
+#[test]
+fn open_loop_records_corrected_and_uncorrected() {
+    let out = tmp("open");
+    let r = bench(
+        &out,
+        &[
+            "--workload",
+            "read",
+            "--value-size",
+            "16KB",
+            "--rate",
+            "200",
+            "--concurrency",
+            "4",
+            "--duration",
+            "500ms",
+            "--warmup",
+            "100ms",
+        ],
+    );
+    let s = &r.steps[0];
+    assert!(matches!(s.mode, kvtier_bench::record::Mode::Open { .. }));
+    let o = &s.ops["read"];
+    assert!(
+        (80..=120).contains(&o.ops),
+        "{} ops at 200/s for 0.5 s",
+        o.ops
+    );
+    let corrected = o.phase(Phase::E2e).unwrap();
+    let uncorrected = o.e2e_uncorrected_us.as_ref().expect("uncorrected e2e");
+    assert!(corrected.count == uncorrected.count && corrected.p50 >= uncorrected.p50 * 0.999);
+    assert!(
+        o.phase(Phase::ClientQueue).is_some()
+            && s.schedule_lag.is_some()
+            && s.mean_in_flight.is_some()
+    );
+    let _ = std::fs::remove_dir_all(&out);
+}
+
+#[test]
+fn processes_merge_child_histograms() {
+    let out = tmp("procs");
+    let r = bench(
+        &out,
+        &[
+            "--workload",
+            "write",
+            "--value-size",
+            "4KB",
+            "--concurrency",
+            "2",
+            "--processes",
+            "2",
+            "--duration",
+            "300ms",
+            "--warmup",
+            "100ms",
+        ],
+    );
+    let s = &r.steps[0];
+    assert_eq!(s.processes, 2);
+    assert_eq!(s.total_concurrency(), Some(4));
+    assert_eq!(s.label(), "c=4 (2×2)");
+    plausible(&r, &["write"]);
+    let _ = std::fs::remove_dir_all(&out);
+}
+
+#[test]
+fn report_renders_in_headless_chromium() {
+    let has = |b: &str| {
+        Command::new("sh")
+            .args(["-c", &format!("command -v {b}")])
+            .output()
+            .is_ok_and(|o| o.status.success())
+    };
+    if !["chromium", "chromium-browser", "google-chrome"]
+        .iter()
+        .any(|b| has(b))
+    {
+        eprintln!(
+            "SKIPPED report_renders_in_headless_chromium: chromium is not installed (scripts/setup.sh installs it)"
+        );
+        return;
+    }
+    let out = tmp("html");
+    bench(
+        &out,
+        &[
+            "--workload",
+            "mixed",
+            "--value-size",
+            "8KB",
+            "--concurrency",
+            "1,2,4",
+            "--duration",
+            "200ms",
+            "--warmup",
+            "50ms",
+        ],
+    );
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/check-report.sh");
+    let o = Command::new("bash")
+        .arg(script)
+        .arg(out.join("report.html"))
+        .output()
+        .unwrap();
+    assert!(
+        o.status.success(),
+        "check-report failed:\n{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let _ = std::fs::remove_dir_all(&out);
+}
