@@ -123,6 +123,7 @@ impl WireClient {
                     .collect(),
             }),
             payload_lengths: blocks.iter().map(|b| b.payload.len() as u64).collect(),
+            timeout_ms: (self.timeout.as_millis() * 9 / 10).clamp(1, u32::MAX as u128) as u32,
         };
         let data: Vec<Bytes> = blocks.iter().map(|b| b.payload.clone()).collect();
         let (h, meta, _) = self.call(Kind::Write, req.encode_to_vec(), &data).await?;

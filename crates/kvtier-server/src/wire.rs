@@ -196,7 +196,7 @@ async fn read_inner(shared: &Shared, meta: Bytes, arrived: Instant, clock: &mut 
 async fn write(shared: &Shared, meta: Bytes, data: Bytes, arrived: Instant) -> Reply {
     let adm = shared.admit(Some(arrived)).await;
     let mut clock = adm.clock;
-    let r = write_inner(shared, meta, data, &mut clock).await;
+    let r = write_inner(shared, meta, data, arrived, &mut clock).await;
     let code = match &r {
         Ok(_) => "ok",
         Err(s) => state::code_name(s.code()),
@@ -205,8 +205,9 @@ async fn write(shared: &Shared, meta: Bytes, data: Bytes, arrived: Instant) -> R
     r.unwrap_or_else(status_reply)
 }
 
-async fn write_inner(shared: &Shared, meta: Bytes, data: Bytes, clock: &mut Clock) -> Result<Reply, tonic::Status> {
+async fn write_inner(shared: &Shared, meta: Bytes, data: Bytes, arrived: Instant, clock: &mut Clock) -> Result<Reply, tonic::Status> {
     let req = pb::WireWriteRequest::decode(meta).map_err(|e| tonic::Status::invalid_argument(format!("bad write request: {e}")))?;
+    let deadline = (req.timeout_ms > 0).then(|| arrived + Duration::from_millis(req.timeout_ms as u64));
     let mut w = req.request.unwrap_or_default();
     if w.blocks.len() != req.payload_lengths.len() {
         return Err(tonic::Status::invalid_argument(format!(
@@ -231,7 +232,8 @@ async fn write_inner(shared: &Shared, meta: Bytes, data: Bytes, clock: &mut Cloc
     let mut resp = pb::WriteResponse::default();
     for b in blocks {
         let len = b.payload.len() as u64;
-        match shared.engine.write(b, &mut clock.storage).await.map_err(crate::status::to_status)? {
+        let stored = kvtier_core::deadline::scope(deadline, shared.engine.write(b, &mut clock.storage)).await;
+        match stored.map_err(crate::status::to_status)? {
             WriteOutcome::Stored => resp.stored += 1,
             WriteOutcome::Existing => resp.existing += 1,
         }
