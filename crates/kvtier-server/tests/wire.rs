@@ -90,6 +90,7 @@ async fn malformed_frames_get_error_frames() {
     let w = pb::WireWriteRequest {
         request: Some(pb::WriteRequest { namespace: "n".into(), blocks: vec![pb::Block { key: Bytes::from_static(b"k"), ..Default::default() }] }),
         payload_lengths: vec![10],
+        timeout_ms: 0,
     }
     .encode_to_vec();
     let mut frame = Header { kind: Kind::Write, request_id: 6, meta_len: w.len() as u32, data_len: 4 }.encode().to_vec();
@@ -105,6 +106,7 @@ async fn malformed_frames_get_error_frames() {
             blocks: vec![pb::Block { key: Bytes::from_static(b"k"), crc32c: 1, ..Default::default() }],
         }),
         payload_lengths: vec![4],
+        timeout_ms: 0,
     }
     .encode_to_vec();
     let mut frame = Header { kind: Kind::Write, request_id: 7, meta_len: w.len() as u32, data_len: 4 }.encode().to_vec();
