@@ -1,11 +1,14 @@
 # kvtier: the two set-up commands are `make demo` and `make test`; both install
 # what they need (scripts/setup.sh) on a fresh machine.
-.PHONY: demo test setup build release fmt clippy rust-test py-test bench clean
+.PHONY: demo test setup setup-test build release fmt clippy rust-test py-test bench clean
 
 CARGO ?= cargo
 
 setup:
 	@scripts/setup.sh
+
+setup-test:
+	@scripts/setup.sh --test
 
 release: setup
 	$(CARGO) build --release -p kvtier
@@ -25,7 +28,7 @@ rust-test:
 py-test:
 	.venv/bin/python -m pytest -q python/tests
 
-test: setup fmt clippy rust-test py-test
+test: setup-test fmt clippy rust-test py-test
 
 bench:
 	scripts/bench-engine.sh

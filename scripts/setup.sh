@@ -1,14 +1,21 @@
 #!/usr/bin/env bash
-# Installs what the build and tests need on a fresh Debian machine. Idempotent:
-# each step is skipped when already satisfied.
+# Installs what the build (and, with --test, the test suite) needs on a fresh
+# Debian machine. Idempotent: each step is skipped when already satisfied.
+#   scripts/setup.sh          what `make demo` needs (Rust, Python venv, curl)
+#   scripts/setup.sh --test   plus redis-server, chromium, Azurite and MinIO for `make test`
 set -euo pipefail
 cd "$(dirname "$0")/.."
+for_tests=false
+[ "${1:-}" = "--test" ] && for_tests=true
 need_apt=()
 command -v cargo >/dev/null || { echo "cargo (Rust) is required: install rustup first"; exit 1; }
 command -v python3 >/dev/null || need_apt+=(python3 python3-venv)
 command -v curl >/dev/null || need_apt+=(curl)
-command -v redis-server >/dev/null || need_apt+=(redis-server)
-command -v chromium >/dev/null || need_apt+=(chromium)
+if $for_tests; then
+  command -v redis-server >/dev/null || need_apt+=(redis-server)
+  command -v redis-benchmark >/dev/null || need_apt+=(redis-tools)
+  command -v chromium >/dev/null || need_apt+=(chromium)
+fi
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "apt-get install ${need_apt[*]}"
   if [ "$(id -u)" = 0 ]; then SUDO=""; else SUDO="sudo"; fi
@@ -20,6 +27,7 @@ if [ ! -x .venv/bin/python ] || ! .venv/bin/python -c 'import grpc_tools, xxhash
   .venv/bin/pip install -q --disable-pip-version-check -r python/requirements-dev.txt
 fi
 rustup component list --installed 2>/dev/null | grep -q clippy || rustup component add clippy rustfmt
+$for_tests || exit 0
 # Object-store emulators for the object-store tier's tests (crates/kvtier-server/tests/object_store.rs,
 # crates/kvtier-object/tests): Azurite (npm) and MinIO (Go), under .tools/.
 if [ ! -f .tools/azurite/node_modules/azurite/dist/src/blob/main.js ]; then
