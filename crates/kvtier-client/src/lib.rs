@@ -83,6 +83,9 @@ pub struct ClientConfig {
     /// Send Read/Write payloads over the server's bulk data plane when it
     /// advertises one (docs/wire.md); gRPC otherwise.
     pub data_plane: bool,
+    /// Data-plane connections (one request in flight each); 0: `connections`.
+    /// Size it to the number of concurrent callers, like a Redis client pool.
+    pub data_connections: usize,
 }
 
 impl ClientConfig {
@@ -101,6 +104,7 @@ impl ClientConfig {
             block_size: kvtier_core::keys::DEFAULT_BLOCK_SIZE,
             hash: HashFn::default(),
             data_plane: true,
+            data_connections: 0,
         }
     }
 }
@@ -133,6 +137,21 @@ pub struct WriteBlock {
     pub payload: Bytes,
     /// TTL (0 = none).
     pub ttl_ms: u64,
+}
+
+impl WriteBlock {
+    /// The wire form with the checksum of `self.payload`, carrying `payload`
+    /// (the data plane sends payloads outside the message: it passes empty).
+    pub(crate) fn to_pb(&self, payload: Bytes) -> pb::Block {
+        pb::Block {
+            key: self.key.bytes(),
+            parent_key: self.parent.as_ref().map_or_else(Bytes::new, Key::bytes),
+            token_count: self.token_count,
+            crc32c: crc32c::crc32c(&self.payload),
+            payload,
+            ttl_ms: self.ttl_ms,
+        }
+    }
 }
 
 /// One block read.
@@ -227,7 +246,8 @@ impl Client {
             let advertised = client.stats().await?.data_listen;
             if !advertised.is_empty() {
                 let addr = data_plane_addr(&client.cfg.endpoint, &advertised).await?;
-                client.wire = Some(wire::WireClient::connect(addr, client.cfg.connections, client.cfg.timeout).await?);
+                let n = if client.cfg.data_connections > 0 { client.cfg.data_connections } else { client.cfg.connections };
+                client.wire = Some(wire::WireClient::connect(addr, n, client.cfg.timeout).await?);
             }
         }
         Ok(client)
@@ -362,17 +382,7 @@ impl Client {
         }
         let req = pb::WriteRequest {
             namespace: ns.to_string(),
-            blocks: blocks
-                .iter()
-                .map(|b| pb::Block {
-                    key: b.key.bytes(),
-                    parent_key: b.parent.as_ref().map_or_else(Bytes::new, Key::bytes),
-                    token_count: b.token_count,
-                    crc32c: crc32c::crc32c(&b.payload),
-                    payload: b.payload.clone(),
-                    ttl_ms: b.ttl_ms,
-                })
-                .collect(),
+            blocks: blocks.iter().map(|b| b.to_pb(b.payload.clone())).collect(),
         };
         let r = self.retry(|mut c, d| { let rq = self.request(req.clone(), d); async move { c.write(rq).await } }).await?.into_inner();
         Ok(WriteResult { stored: r.stored, existing: r.existing, timing: r.timing.unwrap_or_default() })

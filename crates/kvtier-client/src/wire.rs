@@ -110,17 +110,7 @@ impl WireClient {
         let req = pb::WireWriteRequest {
             request: Some(pb::WriteRequest {
                 namespace: ns.to_string(),
-                blocks: blocks
-                    .iter()
-                    .map(|b| pb::Block {
-                        key: b.key.bytes(),
-                        parent_key: b.parent.as_ref().map_or_else(Bytes::new, Key::bytes),
-                        token_count: b.token_count,
-                        crc32c: crc32c::crc32c(&b.payload),
-                        payload: Bytes::new(),
-                        ttl_ms: b.ttl_ms,
-                    })
-                    .collect(),
+                blocks: blocks.iter().map(|b| b.to_pb(Bytes::new())).collect(),
             }),
             payload_lengths: blocks.iter().map(|b| b.payload.len() as u64).collect(),
             timeout_ms: (self.timeout.as_millis() * 9 / 10).clamp(1, u32::MAX as u128) as u32,

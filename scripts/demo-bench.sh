@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Last step of `make demo`: a short latency-vs-concurrency sweep against the demo
+# server (kvtier bench), written as record.json, summary.md and report.html.
+# Usage: scripts/demo-bench.sh GRPC_ADDR OUT_DIR
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BIN=${KVTIER_BIN:-target/release/kvtier}
+addr=$1
+out=$2/bench
+"$BIN" bench --target "grpc://$addr" --workload mixed --value-size 1.2MB \
+  --concurrency 1,4,16 --duration 2s --warmup 500ms --probe \
+  --sla read.p99=50ms --out "$out"
+echo
+sed -n '1,40p' "$out/summary.md"
+echo
+echo "bench report: $out/report.html (summary: $out/summary.md, record: $out/record.json)"
