@@ -16,6 +16,7 @@ pub mod peer_redis;
 pub mod probe;
 pub mod record;
 pub mod report;
+pub mod resp;
 pub mod run;
 pub mod sla;
 pub mod summary;

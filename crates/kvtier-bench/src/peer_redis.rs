@@ -1,9 +1,11 @@
 //! The Redis peer: the same workload, payload sizes and concurrency against
 //! Redis (`GET` for reads, `SET` for writes, `EXISTS k1..kn` for chain lookups).
 //!
-//! Client: the `redis` crate with Tokio, **one connection per worker** (a
-//! multiplexed connection used by one task only, so no pipelining across
-//! workers — what `redis-benchmark -c N` does). Writes overwrite one of
+//! Client: **one connection per worker**, one request at a time (what
+//! `redis-benchmark -c N` does). By default a minimal hand-written RESP2
+//! client ([`crate::resp`]); `--peer-client redis-rs` uses the `redis` crate
+//! (a multiplexed connection used by one task only), which measured as the
+//! bottleneck for MB-sized values (`notes/006-data-plane.md`). Writes overwrite one of
 //! [`PEER_WRITE_SLOTS`] keys so Redis memory stays bounded (a Redis `SET` of
 //! an existing key is a full write). `redis://spawn` starts a private
 //! `redis-server` (no persistence) on a free loopback port.
@@ -14,8 +16,10 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use redis::AsyncConnectionConfig;
 use redis::aio::MultiplexedConnection;
+use serde::{Deserialize, Serialize};
 
 use crate::load::{Sample, Unit};
+use crate::resp::{Reply, Resp};
 use crate::workloads::{
     BLOCK_TOKENS, CHAIN_BLOCKS, CONV_BLOCKS, CONVERSATIONS, Ctx, KV_KEYS, PEER_WRITE_SLOTS,
     TIMEOUT, WorkerId, Workload, mix,
@@ -72,25 +76,125 @@ pub fn redis_server_available() -> bool {
         .is_ok_and(|s| s.success())
 }
 
-/// One connection to `url`.
-pub async fn connect(url: &str) -> anyhow::Result<MultiplexedConnection> {
-    let client = redis::Client::open(url).with_context(|| format!("redis url {url}"))?;
-    let cfg = AsyncConnectionConfig::new()
-        .set_response_timeout(Some(TIMEOUT))
-        .set_connection_timeout(Some(Duration::from_secs(5)));
-    client
-        .get_multiplexed_async_connection_with_config(&cfg)
-        .await
-        .with_context(|| format!("connecting to {url}"))
+/// Which client library drives the peer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum PeerClient {
+    /// The hand-written RESP2 client ([`crate::resp`]).
+    #[default]
+    Resp,
+    /// The `redis` crate (multiplexed connection, one task per connection).
+    RedisRs,
+}
+
+impl PeerClient {
+    /// Parses `resp` / `redis-rs`.
+    pub fn parse(s: &str) -> anyhow::Result<Self> {
+        match s {
+            "resp" => Ok(PeerClient::Resp),
+            "redis-rs" | "redis" => Ok(PeerClient::RedisRs),
+            _ => anyhow::bail!("unknown peer client {s:?}: expected resp or redis-rs"),
+        }
+    }
+
+    /// The name.
+    pub fn name(self) -> &'static str {
+        match self {
+            PeerClient::Resp => "resp",
+            PeerClient::RedisRs => "redis-rs",
+        }
+    }
+}
+
+/// One peer connection.
+pub enum PeerConn {
+    /// Hand-written RESP2.
+    Resp(Resp),
+    /// The `redis` crate.
+    RedisRs(MultiplexedConnection),
+}
+
+/// One connection to `url` with `client`.
+pub async fn connect(url: &str, client: PeerClient) -> anyhow::Result<PeerConn> {
+    match client {
+        PeerClient::Resp => Ok(PeerConn::Resp(
+            Resp::connect(url)
+                .await
+                .with_context(|| format!("connecting to {url}"))?,
+        )),
+        PeerClient::RedisRs => {
+            let c = redis::Client::open(url).with_context(|| format!("redis url {url}"))?;
+            let cfg = AsyncConnectionConfig::new()
+                .set_response_timeout(Some(TIMEOUT))
+                .set_connection_timeout(Some(Duration::from_secs(5)));
+            Ok(PeerConn::RedisRs(
+                c.get_multiplexed_async_connection_with_config(&cfg)
+                    .await
+                    .with_context(|| format!("connecting to {url}"))?,
+            ))
+        }
+    }
+}
+
+/// What one command answered: an integer, a bulk length, or nothing.
+enum Got {
+    Ok,
+    Int(i64),
+    Bulk(Option<usize>),
+}
+
+impl PeerConn {
+    /// One command; errors (including `-ERR` replies) as `Err`.
+    async fn cmd(&mut self, args: &[&[u8]]) -> anyhow::Result<Got> {
+        match self {
+            PeerConn::Resp(c) => {
+                let r = tokio::time::timeout(TIMEOUT, c.cmd(args))
+                    .await
+                    .context("redis: no answer in time")??;
+                Ok(match r {
+                    Reply::Error(e) => anyhow::bail!("redis: {e}"),
+                    Reply::Int(n) => Got::Int(n),
+                    Reply::Bulk(n) => Got::Bulk(n),
+                    Reply::Simple(_) | Reply::Array(_) => Got::Ok,
+                })
+            }
+            PeerConn::RedisRs(c) => {
+                let mut cmd = redis::cmd(std::str::from_utf8(args[0])?);
+                for a in &args[1..] {
+                    cmd.arg(*a);
+                }
+                let v: redis::Value = cmd.query_async(c).await?;
+                Ok(match v {
+                    redis::Value::Int(n) => Got::Int(n),
+                    redis::Value::BulkString(b) => Got::Bulk(Some(b.len())),
+                    redis::Value::Nil => Got::Bulk(None),
+                    _ => Got::Ok,
+                })
+            }
+        }
+    }
+
+    /// The last bulk reply as text (RESP client only; used for INFO).
+    async fn text(&mut self, args: &[&[u8]]) -> String {
+        match self {
+            PeerConn::Resp(c) => match c.cmd(args).await {
+                Ok(Reply::Bulk(Some(_))) => String::from_utf8_lossy(c.value()).into_owned(),
+                _ => String::new(),
+            },
+            PeerConn::RedisRs(c) => {
+                let mut cmd = redis::cmd(std::str::from_utf8(args[0]).unwrap_or("INFO"));
+                for a in &args[1..] {
+                    cmd.arg(*a);
+                }
+                cmd.query_async::<String>(c).await.unwrap_or_default()
+            }
+        }
+    }
 }
 
 /// `redis <version>` from `INFO server`.
-pub async fn version(conn: &mut MultiplexedConnection) -> String {
-    let info: String = redis::cmd("INFO")
-        .arg("server")
-        .query_async(conn)
-        .await
-        .unwrap_or_default();
+pub async fn version(conn: &mut PeerConn) -> String {
+    let info = conn.text(&[b"INFO", b"server"]).await;
     info.lines()
         .find_map(|l| l.strip_prefix("redis_version:"))
         .map_or_else(|| "redis".to_string(), |v| format!("redis {}", v.trim()))
@@ -114,12 +218,12 @@ fn write_key(nonce: u64, u: u64) -> String {
 }
 
 /// Writes what the workload reads.
-pub async fn preload(ctx: &Ctx, conn: &mut MultiplexedConnection) -> anyhow::Result<()> {
+pub async fn preload(ctx: &Ctx, conn: &mut PeerConn) -> anyhow::Result<()> {
     let n = ctx.nonce;
     let p = ctx.payload();
     let mut keys = Vec::new();
     match ctx.workload {
-        Workload::Lookup | Workload::Read | Workload::Mixed => {
+        Workload::Lookup | Workload::Read | Workload::Mixed | Workload::LookupPing => {
             keys.extend((0..CHAIN_BLOCKS).map(|i| chain_key(n, i)));
         }
         Workload::Conversation => {
@@ -128,13 +232,10 @@ pub async fn preload(ctx: &Ctx, conn: &mut MultiplexedConnection) -> anyhow::Res
             }
         }
         Workload::Kv => keys.extend((0..KV_KEYS as u64).map(|i| kv_key(n, i))),
-        Workload::Write => {}
+        Workload::Write | Workload::Ping => {}
     }
     for k in keys {
-        redis::cmd("SET")
-            .arg(&k)
-            .arg(&p[..])
-            .query_async::<()>(conn)
+        conn.cmd(&[b"SET", k.as_bytes(), &p[..]])
             .await
             .context("redis preload")?;
     }
@@ -144,30 +245,32 @@ pub async fn preload(ctx: &Ctx, conn: &mut MultiplexedConnection) -> anyhow::Res
 /// One Redis worker with its own connection.
 pub struct RedisWorker {
     ctx: std::sync::Arc<Ctx>,
-    conn: MultiplexedConnection,
+    conn: PeerConn,
     id: WorkerId,
     seq: u64,
 }
 
 impl RedisWorker {
     /// Worker `id` with its own connection to `url`.
-    pub async fn new(ctx: std::sync::Arc<Ctx>, url: &str, id: WorkerId) -> anyhow::Result<Self> {
+    pub async fn new(
+        ctx: std::sync::Arc<Ctx>,
+        url: &str,
+        client: PeerClient,
+        id: WorkerId,
+    ) -> anyhow::Result<Self> {
         Ok(RedisWorker {
             ctx,
-            conn: connect(url).await?,
+            conn: connect(url, client).await?,
             id,
             seq: 0,
         })
     }
 
-    async fn exists(&mut self, keys: &[String]) -> Sample {
+    async fn simple(&mut self, op: &'static str, args: &[&[u8]]) -> Sample {
         let sent = Instant::now();
-        let r: redis::RedisResult<i64> = redis::cmd("EXISTS")
-            .arg(keys)
-            .query_async(&mut self.conn)
-            .await;
+        let r = self.conn.cmd(args).await;
         Sample {
-            op: "exists",
+            op,
             sent,
             done: Instant::now(),
             server: None,
@@ -177,13 +280,29 @@ impl RedisWorker {
         }
     }
 
+    async fn exists(&mut self, keys: &[String]) -> Sample {
+        let mut args: Vec<&[u8]> = Vec::with_capacity(keys.len() + 1);
+        args.push(b"EXISTS");
+        args.extend(keys.iter().map(|k| k.as_bytes()));
+        let sent = Instant::now();
+        let r = self.conn.cmd(&args).await;
+        Sample {
+            op: "exists",
+            sent,
+            done: Instant::now(),
+            server: None,
+            bytes: 0,
+            tokens: 0,
+            error: !matches!(r, Ok(Got::Int(n)) if n == keys.len() as i64),
+        }
+    }
+
     async fn get(&mut self, key: &str, tokens: u64) -> Sample {
         let sent = Instant::now();
-        let r: redis::RedisResult<Option<Vec<u8>>> =
-            redis::cmd("GET").arg(key).query_async(&mut self.conn).await;
+        let r = self.conn.cmd(&[b"GET", key.as_bytes()]).await;
         let done = Instant::now();
         let (error, bytes) = match r {
-            Ok(Some(v)) => (false, v.len() as u64),
+            Ok(Got::Bulk(Some(n))) => (false, n as u64),
             _ => (true, 0),
         };
         Sample {
@@ -200,11 +319,7 @@ impl RedisWorker {
     async fn set(&mut self, key: &str, tokens: u64) -> Sample {
         let p = self.ctx.payload();
         let sent = Instant::now();
-        let r: redis::RedisResult<()> = redis::cmd("SET")
-            .arg(key)
-            .arg(&p[..])
-            .query_async(&mut self.conn)
-            .await;
+        let r = self.conn.cmd(&[b"SET", key.as_bytes(), &p[..]]).await;
         Sample {
             op: "set",
             sent,
@@ -229,6 +344,7 @@ impl Unit for RedisWorker {
             Workload::Mixed => {
                 [Workload::Lookup, Workload::Read, Workload::Write][(seq % 3) as usize]
             }
+            Workload::LookupPing => [Workload::Lookup, Workload::Ping][(seq % 2) as usize],
             w => w,
         };
         match op {
@@ -236,6 +352,7 @@ impl Unit for RedisWorker {
                 let keys: Vec<String> = (0..CHAIN_BLOCKS).map(|i| chain_key(n, i)).collect();
                 out.push(self.exists(&keys).await);
             }
+            Workload::Ping => out.push(self.simple("ping", &[b"PING"]).await),
             Workload::Read => {
                 let k = chain_key(n, (mix(u) % CHAIN_BLOCKS as u64) as usize);
                 out.push(self.get(&k, bt).await);
@@ -261,7 +378,7 @@ impl Unit for RedisWorker {
                     out.push(self.set(&write_key(n, u), 0).await);
                 }
             }
-            Workload::Mixed => unreachable!(),
+            Workload::Mixed | Workload::LookupPing => unreachable!(),
         }
     }
 }

@@ -55,6 +55,10 @@ pub struct Record {
     /// Raw TCP throughput between generator and target, measured in the same run.
     #[serde(default)]
     pub link_probe: Option<LinkProbe>,
+    /// The peer's own benchmark tool run against it in the same run (e.g.
+    /// `redis-benchmark`), a reference for the peer client's numbers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peer_reference: Option<PeerReference>,
     /// Derived results; filled by [`crate::analysis::analyze`].
     #[serde(default)]
     pub analysis: Option<Analysis>,
@@ -77,6 +81,7 @@ impl Record {
             steps: Vec::new(),
             peer: None,
             link_probe: None,
+            peer_reference: None,
             analysis: None,
         }
     }
@@ -447,6 +452,30 @@ pub struct PeerRun {
     pub op_map: BTreeMap<String, String>,
     /// Steps, same structure as [`Record::steps`].
     pub steps: Vec<Step>,
+}
+
+/// The peer's own benchmark tool, run in the same run.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
+pub struct PeerReference {
+    /// The command, with `{c}` for the concurrency.
+    pub tool: String,
+    /// One row per (concurrency, op).
+    pub rows: Vec<ReferenceRow>,
+}
+
+/// One result line of the peer's benchmark tool.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
+pub struct ReferenceRow {
+    /// Connections (closed loop).
+    pub concurrency: u32,
+    /// Peer op (`get`, `set`).
+    pub op: String,
+    /// Requests per second.
+    pub throughput_ops_s: f64,
+    /// Median latency, µs.
+    pub p50_us: f64,
+    /// 99th percentile latency, µs.
+    pub p99_us: f64,
 }
 
 /// Raw TCP throughput between generator and target.

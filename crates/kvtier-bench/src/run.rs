@@ -21,9 +21,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::builder::{RepeatInput, StepBuilder};
 use crate::load::{Load, Progress, WireRepeat, cores, run_repeat, thread_cpu};
-use crate::peer_redis::{self, RedisWorker, SpawnedRedis};
-use crate::record::{LinkProbe, Mode, PeerRun, Record, Step};
-use crate::workloads::{Api, Conn, Ctx, KvWorker, WorkerId, Workload};
+use crate::peer_redis::{self, PeerClient, RedisWorker, SpawnedRedis};
+use crate::record::{LinkProbe, Mode, PeerReference, PeerRun, Record, ReferenceRow, Step};
+use crate::workloads::{Api, Conn, ConnOpts, Ctx, KvWorker, Transport, WorkerId, Workload};
 
 /// Thread-name prefix of the generator runtime.
 pub const GEN_THREADS: &str = "kvtier-gen";
@@ -37,6 +37,13 @@ pub struct BenchConfig {
     pub workload: Workload,
     /// API.
     pub api: Api,
+    /// Read/Write transport of the v1 API.
+    pub transport: Transport,
+    /// Client library of the Redis peer.
+    pub peer_client: PeerClient,
+    /// Also run the peer's own benchmark tool (`redis-benchmark`) at each
+    /// closed-loop concurrency (read / write workloads).
+    pub peer_tool: bool,
     /// Payload bytes per block (`None`: the workload's default).
     pub value_size: Option<u64>,
     /// Closed-loop workers per process, one step each (also the open-loop pool: the largest).
@@ -74,6 +81,9 @@ impl BenchConfig {
             target: None,
             workload,
             api: Api::V1,
+            transport: Transport::Auto,
+            peer_client: PeerClient::Resp,
+            peer_tool: false,
             value_size: None,
             concurrency: vec![1, 2, 5, 10, 20, 50, 100, 200],
             processes: 1,
@@ -101,11 +111,17 @@ pub enum System {
         target: String,
         /// API.
         api: Api,
+        /// Read/Write transport.
+        #[serde(default)]
+        transport: Transport,
     },
     /// Redis at `url`.
     Redis {
         /// `redis://HOST:PORT`.
         url: String,
+        /// Client library.
+        #[serde(default)]
+        client: PeerClient,
     },
 }
 
@@ -155,8 +171,20 @@ async fn local_repeat(
     let warm = Duration::from_millis(spec.warmup_ms);
     let dur = Duration::from_millis(spec.duration_ms);
     match &spec.system {
-        System::Kvtier { target, api } => {
-            let conn = Conn::connect(*api, target, spec.connections).await?;
+        System::Kvtier {
+            target,
+            api,
+            transport,
+        } => {
+            let opts = ConnOpts {
+                api: *api,
+                connections: spec.connections,
+                transport: *transport,
+                // One data-plane connection per worker, like the Redis peer.
+                data_connections: n as usize,
+                ping: matches!(spec.workload, Workload::Ping | Workload::LookupPing),
+            };
+            let conn = Conn::connect(opts, target).await?;
             ctx.discover(&conn).await?;
             let ctx = Arc::new(ctx);
             let workers = (0..n)
@@ -168,11 +196,11 @@ async fn local_repeat(
                     .0,
             )
         }
-        System::Redis { url } => {
+        System::Redis { url, client } => {
             let ctx = Arc::new(ctx);
             let mut workers = Vec::with_capacity(n as usize);
             for i in 0..n {
-                workers.push(RedisWorker::new(ctx.clone(), url, wid(i)).await?);
+                workers.push(RedisWorker::new(ctx.clone(), url, *client, wid(i)).await?);
             }
             Ok(
                 run_repeat(workers, spec.load, warm, dur, progress, label, cpu)
@@ -331,11 +359,76 @@ fn spawn_config() -> anyhow::Result<kvtier_server::config::Config> {
     Ok(serde_json::from_value(v)?)
 }
 
+/// Runs `redis-benchmark -t set,get -d SIZE -c C -n N --csv` against `url`
+/// at each concurrency (N: about 3 s of work at ~2,000 req/s, at least 50 per
+/// connection).
+fn redis_benchmark(
+    url: &str,
+    value_size: usize,
+    concurrency: &[u32],
+    quiet: bool,
+) -> anyhow::Result<PeerReference> {
+    let addr = url.trim_start_matches("redis://");
+    let addr = addr.split('/').next().unwrap_or(addr);
+    let (host, port) = addr
+        .rsplit_once(':')
+        .ok_or_else(|| anyhow::anyhow!("redis url {url:?} has no port"))?;
+    let tool = format!(
+        "redis-benchmark -h {host} -p {port} -t set,get -d {value_size} -c {{c}} -n {{n}} --csv"
+    );
+    let mut rows = Vec::new();
+    for &c in concurrency {
+        let n = (u64::from(c) * 50).max(6000);
+        let out = Command::new("redis-benchmark")
+            .args(["-h", host, "-p", port, "-t", "set,get"])
+            .args(["-d", &value_size.to_string(), "-c", &c.to_string()])
+            .args(["-n", &n.to_string(), "--csv"])
+            .stderr(Stdio::null())
+            .output()
+            .context("running redis-benchmark")?;
+        anyhow::ensure!(
+            out.status.success(),
+            "redis-benchmark failed: {}",
+            out.status
+        );
+        for line in String::from_utf8_lossy(&out.stdout).lines().skip(1) {
+            let f: Vec<&str> = line.split(',').map(|x| x.trim_matches('"')).collect();
+            // "test","rps","avg_latency_ms","min_latency_ms","p50_latency_ms","p95_latency_ms","p99_latency_ms","max_latency_ms"
+            if f.len() < 7 {
+                continue;
+            }
+            let num = |i: usize| f[i].parse::<f64>().unwrap_or(f64::NAN);
+            let row = ReferenceRow {
+                concurrency: c,
+                op: f[0].to_ascii_lowercase(),
+                throughput_ops_s: num(1),
+                p50_us: num(4) * 1000.0,
+                p99_us: num(6) * 1000.0,
+            };
+            if !quiet {
+                println!(
+                    "redis-benchmark c={c}: {} {:.0} ops/s p50 {:.2} ms p99 {:.2} ms",
+                    row.op,
+                    row.throughput_ops_s,
+                    row.p50_us / 1000.0,
+                    row.p99_us / 1000.0
+                );
+            }
+            rows.push(row);
+        }
+    }
+    Ok(PeerReference { tool, rows })
+}
+
 /// Runs the sweep. Call from a thread that is not inside a Tokio runtime.
 pub fn run(cfg: &BenchConfig) -> anyhow::Result<Record> {
     anyhow::ensure!(
         !(cfg.workload == Workload::Kv && cfg.api == Api::Compat),
         "the kv workload needs --api v1 (the kvstore API has no text keys)"
+    );
+    anyhow::ensure!(
+        !(matches!(cfg.workload, Workload::Ping | Workload::LookupPing) && cfg.api == Api::Compat),
+        "the ping workloads need --api v1"
     );
     anyhow::ensure!(
         !cfg.concurrency.is_empty() || !cfg.rates.is_empty(),
@@ -403,17 +496,25 @@ pub fn run(cfg: &BenchConfig) -> anyhow::Result<Record> {
     };
     // Preload.
     let ctx_pre = Ctx::new(cfg.workload, value_size, nonce);
-    let peer_name = gen_rt.block_on(async {
-        let conn = Conn::connect(cfg.api, &target, 1).await?;
+    let (peer_name, wire) = gen_rt.block_on(async {
+        let opts = ConnOpts {
+            api: cfg.api,
+            connections: 1,
+            transport: cfg.transport,
+            data_connections: 1,
+            ping: false,
+        };
+        let conn = Conn::connect(opts, &target).await?;
         let mut ctx = Ctx::new(cfg.workload, value_size, nonce);
         ctx.preload(&conn).await?;
+        let wire = conn.uses_data_plane();
         match &peer_url {
             Some(url) => {
-                let mut c = peer_redis::connect(url).await?;
+                let mut c = peer_redis::connect(url, cfg.peer_client).await?;
                 peer_redis::preload(&ctx_pre, &mut c).await?;
-                anyhow::Ok(Some(peer_redis::version(&mut c).await))
+                anyhow::Ok((Some(peer_redis::version(&mut c).await), wire))
             }
-            None => Ok(None),
+            None => Ok((None, wire)),
         }
     })?;
     let mut runner = Runner {
@@ -427,6 +528,7 @@ pub fn run(cfg: &BenchConfig) -> anyhow::Result<Record> {
     let kv_system = System::Kvtier {
         target: target.clone(),
         api: cfg.api,
+        transport: cfg.transport,
     };
     let pool = cfg.concurrency.iter().copied().max().unwrap_or(64).max(1);
     let loads: Vec<(Load, Mode, String)> = if cfg.rates.is_empty() {
@@ -459,19 +561,37 @@ pub fn run(cfg: &BenchConfig) -> anyhow::Result<Record> {
     for (load, mode, name) in &loads {
         steps.push(runner.step(&kv_system, *load, *mode, name)?);
         if let Some(url) = &peer_url {
-            let sys = System::Redis { url: url.clone() };
+            let sys = System::Redis {
+                url: url.clone(),
+                client: cfg.peer_client,
+            };
             peer_steps.push(runner.step(&sys, *load, *mode, &format!("redis {name}"))?);
         }
     }
     let Runner { rt: gen_rt, .. } = runner;
     drop(gen_rt);
+    let peer_reference = match &peer_url {
+        Some(url)
+            if cfg.peer_tool
+                && cfg.rates.is_empty()
+                && matches!(cfg.workload, Workload::Read | Workload::Write) =>
+        {
+            Some(redis_benchmark(
+                url,
+                value_size,
+                &cfg.concurrency,
+                cfg.quiet,
+            )?)
+        }
+        _ => None,
+    };
     if let Some((srv_rt, server)) = spawned {
         srv_rt.block_on(server.shutdown())?;
     }
     drop(redis_spawned);
     let mut rec = Record::new(
         cfg.workload.name(),
-        cfg.api.record_name(),
+        cfg.api.record_name(wire),
         value_size as u64,
         &target_desc,
     );
@@ -480,6 +600,7 @@ pub fn run(cfg: &BenchConfig) -> anyhow::Result<Record> {
     rec.analysis_config.target_tokens_per_s = cfg.target_tokens_per_s;
     rec.steps = steps;
     rec.link_probe = link_probe;
+    rec.peer_reference = peer_reference;
     rec.peer = peer_name.map(|name| PeerRun {
         name,
         op_map: Default::default(),

@@ -268,6 +268,27 @@ fn peer_table(out: &mut String, r: &Record) {
         "\nRatios are kvtier / {}; throughput > 1x and p99 < 1x favour kvtier.\n",
         peer.name
     );
+    if let Some(rf) = &r.peer_reference {
+        let _ = writeln!(
+            out,
+            "### {} measured by its own tool (same run)\n",
+            peer.name
+        );
+        let _ = writeln!(out, "`{}`\n", rf.tool);
+        header(out, &["c", "op", "ops/s", "p50", "p99"].map(String::from));
+        for row in &rf.rows {
+            let _ = writeln!(
+                out,
+                "| {} | {} | {:.1} | {} | {} |",
+                row.concurrency,
+                row.op,
+                row.throughput_ops_s,
+                ms(row.p50_us),
+                ms(row.p99_us)
+            );
+        }
+        out.push('\n');
+    }
 }
 
 fn analysis_sections(out: &mut String, a: &Analysis) {

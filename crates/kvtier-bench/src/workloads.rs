@@ -8,6 +8,8 @@
 //! | `mixed` | lookup, read, write in turn (seed 000) | all three |
 //! | `conversation` | 7 lookups + 6 reads + 3 writes of 128-token blocks (seed 001) | all three |
 //! | `kv` | 100-byte get / set in turn with text keys, `kvtier.v1` only (seed 004) | `get`, `set` |
+//! | `ping` | one empty gRPC round trip (`grpc.health.v1.Health/Check`; Redis `PING`) | `ping` |
+//! | `lookup-ping` | `lookup` and `ping` in turn: lookup latency next to an empty round trip | `lookup`, `ping` |
 //!
 //! Everything a unit touches is derived from the run's `nonce`, so child
 //! processes find the preloaded data without being told more than the nonce.
@@ -58,6 +60,10 @@ pub enum Workload {
     Conversation,
     /// 100-byte get/set (v1 only).
     Kv,
+    /// Empty round trips (health check).
+    Ping,
+    /// Lookup and ping in turn.
+    LookupPing,
 }
 
 impl Workload {
@@ -70,8 +76,11 @@ impl Workload {
             "mixed" => Workload::Mixed,
             "conversation" => Workload::Conversation,
             "kv" => Workload::Kv,
+            "ping" => Workload::Ping,
+            "lookup-ping" => Workload::LookupPing,
             _ => anyhow::bail!(
-                "unknown workload {s:?}: expected lookup, read, write, mixed, conversation or kv"
+                "unknown workload {s:?}: expected lookup, read, write, mixed, conversation, kv, \
+                 ping or lookup-ping"
             ),
         })
     }
@@ -85,6 +94,8 @@ impl Workload {
             Workload::Mixed => "mixed",
             Workload::Conversation => "conversation",
             Workload::Kv => "kv",
+            Workload::Ping => "ping",
+            Workload::LookupPing => "lookup-ping",
         }
     }
 
@@ -119,11 +130,38 @@ impl Api {
         }
     }
 
-    /// The record's `api` string.
-    pub fn record_name(self) -> &'static str {
-        match self {
-            Api::V1 => "grpc",
-            Api::Compat => "kvstore-compat",
+    /// The record's `api` string: `v1+grpc` / `v1+wire` (Read and Write over
+    /// the data plane, the rest over gRPC) / `kvstore-compat`.
+    pub fn record_name(self, wire: bool) -> &'static str {
+        match (self, wire) {
+            (Api::V1, false) => "v1+grpc",
+            (Api::V1, true) => "v1+wire",
+            (Api::Compat, _) => "kvstore-compat",
+        }
+    }
+}
+
+/// How `kvtier.v1` Read/Write travel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Transport {
+    /// The data plane when the server advertises one, else gRPC.
+    #[default]
+    Auto,
+    /// gRPC only (`ClientConfig::data_plane = false`).
+    Grpc,
+    /// The data plane; an error when the server has none.
+    DataPlane,
+}
+
+impl Transport {
+    /// Parses `auto` / `grpc` / `data-plane` (`wire`).
+    pub fn parse(s: &str) -> anyhow::Result<Self> {
+        match s {
+            "auto" => Ok(Transport::Auto),
+            "grpc" => Ok(Transport::Grpc),
+            "data-plane" | "wire" => Ok(Transport::DataPlane),
+            _ => anyhow::bail!("unknown transport {s:?}: expected auto, grpc or data-plane"),
         }
     }
 }
@@ -228,7 +266,7 @@ impl Ctx {
     fn needs_chain(&self) -> bool {
         matches!(
             self.workload,
-            Workload::Lookup | Workload::Read | Workload::Mixed
+            Workload::Lookup | Workload::Read | Workload::Mixed | Workload::LookupPing
         )
     }
 
@@ -236,7 +274,7 @@ impl Ctx {
     pub async fn preload(&mut self, conn: &Conn) -> anyhow::Result<()> {
         let n = self.nonce;
         match conn {
-            Conn::V1(c) => {
+            Conn::V1(c, _) => {
                 if self.needs_chain() {
                     let t = tokens(n, stream_chain(), CHAIN_BLOCKS * BLOCK_TOKENS);
                     let keys = c.keys_for(&t);
@@ -323,7 +361,7 @@ impl Ctx {
     pub async fn discover(&mut self, conn: &Conn) -> anyhow::Result<()> {
         let n = self.nonce;
         match conn {
-            Conn::V1(c) => {
+            Conn::V1(c, _) => {
                 self.chain_keys =
                     c.keys_for(&tokens(n, stream_chain(), CHAIN_BLOCKS * BLOCK_TOKENS));
                 self.conv_keys = (0..CONVERSATIONS)
@@ -368,27 +406,64 @@ impl Ctx {
 /// A connection (pool) to the system under test, shared by a process's workers.
 #[derive(Clone)]
 pub enum Conn {
-    /// The Rust client (its own pool of HTTP/2 connections).
-    V1(Client),
+    /// The Rust client (its own pool of HTTP/2 connections, and of data-plane
+    /// connections when used) and, for pings, tuned tonic channels.
+    V1(Client, Vec<Channel>),
     /// Tuned tonic channels; worker i uses channel i mod n.
     Compat(Vec<Channel>),
 }
 
+/// How to connect to kvtier.
+#[derive(Debug, Clone, Copy)]
+pub struct ConnOpts {
+    /// API.
+    pub api: Api,
+    /// HTTP/2 connections.
+    pub connections: usize,
+    /// Read/Write transport (v1).
+    pub transport: Transport,
+    /// Data-plane connections (one request in flight each; 0: `connections`).
+    pub data_connections: usize,
+    /// Also open channels for `grpc.health.v1` pings.
+    pub ping: bool,
+}
+
 impl Conn {
     /// Connects `connections` HTTP/2 connections to `target` (`grpc://` or `http://`).
-    pub async fn connect(api: Api, target: &str, connections: usize) -> anyhow::Result<Self> {
+    pub async fn connect(opts: ConnOpts, target: &str) -> anyhow::Result<Self> {
         let ep = target.replacen("grpc://", "http://", 1);
         let mut cfg = ClientConfig::new(ep);
-        cfg.connections = connections.max(1);
+        cfg.connections = opts.connections.max(1);
         cfg.timeout = TIMEOUT;
-        Ok(match api {
-            Api::V1 => Conn::V1(Client::connect(cfg).await.context("connecting")?),
+        cfg.data_plane = opts.transport != Transport::Grpc;
+        cfg.data_connections = opts.data_connections;
+        Ok(match opts.api {
+            Api::V1 => {
+                let c = Client::connect(cfg.clone()).await.context("connecting")?;
+                anyhow::ensure!(
+                    opts.transport != Transport::DataPlane || c.data_plane().is_some(),
+                    "--transport data-plane: the server advertises no data plane"
+                );
+                let health = if opts.ping {
+                    kvtier_client::connect_pool(&cfg)
+                        .await
+                        .context("connecting")?
+                } else {
+                    Vec::new()
+                };
+                Conn::V1(c, health)
+            }
             Api::Compat => Conn::Compat(
                 kvtier_client::connect_pool(&cfg)
                     .await
                     .context("connecting")?,
             ),
         })
+    }
+
+    /// Whether Read/Write go over the data plane.
+    pub fn uses_data_plane(&self) -> bool {
+        matches!(self, Conn::V1(c, _) if c.data_plane().is_some())
     }
 }
 
@@ -404,8 +479,10 @@ fn req<T>(msg: T) -> tonic::Request<T> {
     r
 }
 
+type HealthClient = tonic_health::pb::health_client::HealthClient<Channel>;
+
 enum Client2 {
-    V1(Client),
+    V1(Client, Option<HealthClient>),
     Compat(KvStoreServiceClient<Channel>),
 }
 
@@ -421,7 +498,10 @@ impl KvWorker {
     /// Worker `id` on `conn`.
     pub fn new(ctx: std::sync::Arc<Ctx>, conn: &Conn, id: WorkerId) -> Self {
         let client = match conn {
-            Conn::V1(c) => Client2::V1(c.clone()),
+            Conn::V1(c, h) => Client2::V1(
+                c.clone(),
+                (!h.is_empty()).then(|| HealthClient::new(h[id.id as usize % h.len()].clone())),
+            ),
             Conn::Compat(ch) => {
                 Client2::Compat(compat_client(ch[id.id as usize % ch.len()].clone()))
             }
@@ -467,7 +547,7 @@ fn sample(op: &'static str, sent: Instant) -> Sample {
 
 impl KvWorker {
     async fn lookup(&mut self, keys: &[Key]) -> Sample {
-        let Client2::V1(c) = &self.client else {
+        let Client2::V1(c, _) = &self.client else {
             unreachable!()
         };
         let sent = Instant::now();
@@ -481,7 +561,7 @@ impl KvWorker {
     }
 
     async fn read(&mut self, op: &'static str, key: &Key) -> Sample {
-        let Client2::V1(c) = &self.client else {
+        let Client2::V1(c, _) = &self.client else {
             unreachable!()
         };
         let sent = Instant::now();
@@ -497,7 +577,7 @@ impl KvWorker {
     }
 
     async fn write(&mut self, op: &'static str, key: Key, parent: Option<Key>) -> Sample {
-        let Client2::V1(c) = &self.client else {
+        let Client2::V1(c, _) = &self.client else {
             unreachable!()
         };
         let b = WriteBlock {
@@ -524,6 +604,19 @@ impl KvWorker {
                 0
             };
         }
+        s
+    }
+
+    async fn ping(&mut self) -> Sample {
+        let Client2::V1(_, Some(h)) = &mut self.client else {
+            return sample("ping", Instant::now());
+        };
+        let sent = Instant::now();
+        let r = h
+            .check(req(tonic_health::pb::HealthCheckRequest::default()))
+            .await;
+        let mut s = sample("ping", sent);
+        s.error = r.is_err();
         s
     }
 
@@ -615,9 +708,11 @@ impl KvWorker {
             Workload::Mixed => {
                 [Workload::Lookup, Workload::Read, Workload::Write][(seq % 3) as usize]
             }
+            Workload::LookupPing => [Workload::Lookup, Workload::Ping][(seq % 2) as usize],
             w => w,
         };
         match op {
+            Workload::Ping => out.push(self.ping().await),
             Workload::Lookup => out.push(self.lookup(&ctx.chain_keys).await),
             Workload::Read => out.push(self.read("read", &ctx.chain_keys[pick]).await),
             Workload::Write => out.push(self.write("write", self.new_key(u), None).await),
@@ -642,7 +737,7 @@ impl KvWorker {
                     out.push(self.write("set", kv_set_key(ctx.nonce, u), None).await);
                 }
             }
-            Workload::Mixed => unreachable!(),
+            Workload::Mixed | Workload::LookupPing => unreachable!(),
         }
     }
 
@@ -680,7 +775,9 @@ impl KvWorker {
                     out.push(self.c_write(u.wrapping_mul(4) + j, last).await);
                 }
             }
-            Workload::Kv | Workload::Mixed => out.push(sample("set", Instant::now())),
+            Workload::Kv | Workload::Mixed | Workload::Ping | Workload::LookupPing => {
+                out.push(sample("set", Instant::now()))
+            }
         }
     }
 }
@@ -688,7 +785,7 @@ impl KvWorker {
 impl Unit for KvWorker {
     async fn run(&mut self, out: &mut Vec<Sample>) {
         match self.client {
-            Client2::V1(_) => self.v1_unit(out).await,
+            Client2::V1(..) => self.v1_unit(out).await,
             Client2::Compat(_) => self.compat_unit(out).await,
         }
         self.seq += 1;

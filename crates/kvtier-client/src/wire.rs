@@ -3,10 +3,10 @@
 //! `Client` uses it automatically when the server advertises a data-plane
 //! address (`Stats.data_listen`) and `ClientConfig::data_plane` is on.
 use crate::{ClientError, ReadResult, Result, WriteBlock, WriteResult, to_read_block};
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use kvtier_core::Key;
 use kvtier_proto::v1 as pb;
-use kvtier_proto::wire::{HEADER_LEN, Header, Kind, split_payloads, write_all_vectored};
+use kvtier_proto::wire::{HEADER_LEN, Header, Kind, read_exact_bytes, split_payloads, write_all_vectored};
 use parking_lot::Mutex;
 use prost::Message;
 use std::net::SocketAddr;
@@ -153,9 +153,8 @@ async fn exchange(sock: &mut TcpStream, kind: Kind, id: u64, meta: Vec<u8>, data
     if h.request_id != id && h.kind != Kind::Error {
         return Err(std::io::Error::new(std::io::ErrorKind::InvalidData, format!("reply to request {} while waiting for {id}", h.request_id)));
     }
-    let mut m = BytesMut::zeroed(h.meta_len as usize);
-    sock.read_exact(&mut m).await?;
-    let mut d = BytesMut::zeroed(h.data_len as usize);
-    sock.read_exact(&mut d).await?;
-    Ok((h, m.freeze(), d.freeze()))
+    // Into uninitialised buffers: no memset of the payload before the socket fills it.
+    let m = read_exact_bytes(sock, h.meta_len as usize).await?;
+    let d = read_exact_bytes(sock, h.data_len as usize).await?;
+    Ok((h, m, d))
 }

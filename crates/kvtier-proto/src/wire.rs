@@ -96,6 +96,22 @@ pub fn split_payloads(mut data: Bytes, lengths: &[u64]) -> Result<Vec<Bytes>, St
     Ok(lengths.iter().map(|&l| data.split_to(l as usize)).collect())
 }
 
+/// Reads exactly `n` bytes into a fresh buffer without zero-filling it first
+/// (`read_buf` into uninitialised capacity; a 1.2 MB `BytesMut::zeroed` costs a
+/// memset of the whole payload before the socket overwrites it). Never reads
+/// past `n`, so the next frame stays in the socket.
+pub async fn read_exact_bytes<R: tokio::io::AsyncRead + Unpin>(r: &mut R, n: usize) -> std::io::Result<Bytes> {
+    use tokio::io::AsyncReadExt;
+    let mut buf = BytesMut::with_capacity(n);
+    while buf.len() < n {
+        let want = n - buf.len();
+        if r.read_buf(&mut (&mut buf).limit(want)).await? == 0 {
+            return Err(std::io::ErrorKind::UnexpectedEof.into());
+        }
+    }
+    Ok(buf.freeze())
+}
+
 /// Writes every part with vectored writes, handling partial writes; the parts
 /// (header, metadata, payloads) are never concatenated in user space.
 pub async fn write_all_vectored<W: tokio::io::AsyncWrite + Unpin>(w: &mut W, parts: &[&[u8]]) -> std::io::Result<()> {
@@ -141,6 +157,19 @@ mod tests {
         let parts = split_payloads(Bytes::from_static(b"abcdef"), &[2, 0, 4]).unwrap();
         assert_eq!(parts, vec![Bytes::from_static(b"ab"), Bytes::new(), Bytes::from_static(b"cdef")]);
         assert!(split_payloads(Bytes::from_static(b"abc"), &[2]).is_err());
+    }
+
+    #[tokio::test]
+    async fn read_exact_bytes_stops_at_n() {
+        let (mut a, mut b) = tokio::io::duplex(5);
+        let w = tokio::spawn(async move {
+            tokio::io::AsyncWriteExt::write_all(&mut a, b"0123456789abc").await.unwrap();
+        });
+        assert_eq!(&read_exact_bytes(&mut b, 10).await.unwrap()[..], b"0123456789");
+        assert_eq!(&read_exact_bytes(&mut b, 3).await.unwrap()[..], b"abc");
+        w.await.unwrap();
+        assert!(read_exact_bytes(&mut b, 1).await.is_err());
+        assert!(read_exact_bytes(&mut b, 0).await.unwrap().is_empty());
     }
 
     #[tokio::test]

@@ -16,10 +16,10 @@
 use crate::grpc::v1::{block_from_pb, tier_of};
 use crate::state::{self, Shared};
 use crate::timing::Clock;
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use kvtier_core::{BlockId, Key, WriteOutcome};
 use kvtier_proto::v1 as pb;
-use kvtier_proto::wire::{HEADER_LEN, Header, Kind, split_payloads, write_all_vectored};
+use kvtier_proto::wire::{HEADER_LEN, Header, Kind, read_exact_bytes, split_payloads, write_all_vectored};
 use prost::Message;
 use std::time::{Duration, Instant};
 use tokio::io::AsyncReadExt;
@@ -86,13 +86,12 @@ async fn connection(mut sock: TcpStream, shared: Shared, max_frame: u64, mut sto
             write_reply(&mut sock, header.request_id, error_reply(tonic::Code::InvalidArgument, msg)).await?;
             return Ok(());
         }
-        let mut meta = BytesMut::zeroed(header.meta_len as usize);
-        sock.read_exact(&mut meta).await?;
-        let mut data = BytesMut::zeroed(header.data_len as usize);
-        sock.read_exact(&mut data).await?;
+        // Into uninitialised buffers: no memset of the payload before the socket fills it.
+        let meta = read_exact_bytes(&mut sock, header.meta_len as usize).await?;
+        let data = read_exact_bytes(&mut sock, header.data_len as usize).await?;
         let reply = match header.kind {
-            Kind::Read => read(&shared, meta.freeze(), arrived).await,
-            Kind::Write => write(&shared, meta.freeze(), data.freeze(), arrived).await,
+            Kind::Read => read(&shared, meta, arrived).await,
+            Kind::Write => write(&shared, meta, data, arrived).await,
             other => error_reply(tonic::Code::InvalidArgument, format!("frame kind {other:?} is not a request")),
         };
         write_reply(&mut sock, header.request_id, reply).await?;

@@ -5,8 +5,9 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Args, Subcommand};
+use kvtier_bench::peer_redis::PeerClient;
 use kvtier_bench::run::{BenchConfig, run as run_sweep, worker_main};
-use kvtier_bench::workloads::{Api, Workload};
+use kvtier_bench::workloads::{Api, Transport, Workload};
 use kvtier_core::ByteSize;
 
 /// Flags of `kvtier bench`.
@@ -38,12 +39,22 @@ struct RunArgs {
     /// Server to drive: grpc://HOST:PORT.
     #[arg(long)]
     target: Option<String>,
-    /// lookup | read | write | mixed | conversation | kv.
+    /// lookup | read | write | mixed | conversation | kv | ping | lookup-ping.
     #[arg(long)]
     workload: Option<String>,
     /// v1 (kvtier.v1 via the Rust client) | compat (kvstore.KVStoreService).
     #[arg(long, default_value = "v1")]
     api: String,
+    /// v1 Read/Write transport: auto (the data plane when the server offers
+    /// one) | grpc | data-plane. Recorded as api `v1+wire` / `v1+grpc`.
+    #[arg(long, default_value = "auto")]
+    transport: String,
+    /// Redis peer client: resp (hand-written RESP2) | redis-rs (the redis crate).
+    #[arg(long, default_value = "resp")]
+    peer_client: String,
+    /// Also run redis-benchmark against the peer at each concurrency (read/write).
+    #[arg(long)]
+    peer_tool: bool,
     /// Payload per block, e.g. 1.2MB, 64KB (default: 1.2MB; conversation 512B; kv 100B).
     #[arg(long)]
     value_size: Option<ByteSize>,
@@ -131,6 +142,9 @@ pub async fn run(a: BenchArgs) -> anyhow::Result<()> {
     let mut cfg = BenchConfig::new(workload);
     cfg.target = if r.spawn { None } else { r.target };
     cfg.api = Api::parse(&r.api)?;
+    cfg.transport = Transport::parse(&r.transport)?;
+    cfg.peer_client = PeerClient::parse(&r.peer_client)?;
+    cfg.peer_tool = r.peer_tool;
     cfg.value_size = r.value_size.map(ByteSize::bytes);
     cfg.concurrency = r.concurrency;
     cfg.processes = r.processes.max(1);
