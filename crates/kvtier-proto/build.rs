@@ -1,6 +1,10 @@
 //! Compiles the protos with `protox` (pure Rust), so no system `protoc` is needed.
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let files = ["kvtier/v1/kvtier.proto", "kvtier/v1/wire.proto", "kvstore/kvstore.proto"];
+    let files = [
+        "kvtier/v1/kvtier.proto",
+        "kvtier/v1/wire.proto",
+        "kvstore/kvstore.proto",
+    ];
     let root = "../../proto";
     for f in &files {
         println!("cargo:rerun-if-changed={root}/{f}");

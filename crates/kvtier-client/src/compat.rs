@@ -31,7 +31,12 @@ pub fn chunk_hashes(tokens: &[i64], block_size: usize) -> Vec<u64> {
 }
 
 /// Builds the chunks of `tokens` (full blocks only) with their payloads.
-pub fn chunks(tokens: &[i64], block_size: usize, payloads: &[Bytes], partition_key: &str) -> Vec<PromptChunk> {
+pub fn chunks(
+    tokens: &[i64],
+    block_size: usize,
+    payloads: &[Bytes],
+    partition_key: &str,
+) -> Vec<PromptChunk> {
     let hashes = chunk_hashes(tokens, block_size);
     hashes
         .iter()
@@ -62,7 +67,9 @@ fn in_band(success: bool, error: &str) -> Result<()> {
     if success {
         Ok(())
     } else {
-        Err(ClientError::Status(tonic::Status::unknown(format!("server reported: {error}"))))
+        Err(ClientError::Status(tonic::Status::unknown(format!(
+            "server reported: {error}"
+        ))))
     }
 }
 
@@ -73,7 +80,11 @@ impl CompatClient {
         let pool = connect_pool(&cfg)
             .await?
             .into_iter()
-            .map(|c| KvStoreServiceClient::new(c).max_decoding_message_size(max).max_encoding_message_size(max))
+            .map(|c| {
+                KvStoreServiceClient::new(c)
+                    .max_decoding_message_size(max)
+                    .max_encoding_message_size(max)
+            })
             .collect();
         Ok(Self {
             pool: Arc::new(pool),
@@ -151,7 +162,11 @@ impl CompatClient {
                 completion_id: String::new(),
             })
             .collect();
-        let mut stream = self.conn().streaming_read(self.req(tokio_stream::iter(reqs))).await?.into_inner();
+        let mut stream = self
+            .conn()
+            .streaming_read(self.req(tokio_stream::iter(reqs)))
+            .await?
+            .into_inner();
         let mut out = Vec::with_capacity(locations.len());
         while let Some(r) = stream.message().await? {
             out.push(r);

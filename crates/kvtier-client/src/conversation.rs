@@ -40,7 +40,10 @@ pub struct Conversation {
 impl Conversation {
     /// An empty conversation with `block_size`-token blocks (128 in the seed).
     pub fn new(block_size: usize) -> Self {
-        Self { tokens: Vec::new(), block_size }
+        Self {
+            tokens: Vec::new(),
+            block_size,
+        }
     }
 
     /// Appends `new_tokens` and runs one turn. `payload(i, hash)` produces the
@@ -54,7 +57,10 @@ impl Conversation {
         self.tokens.extend_from_slice(new_tokens);
         let bs = self.block_size;
         let hashes = chunk_hashes(&self.tokens, bs);
-        let mut t = Turn { blocks: hashes.len(), ..Default::default() };
+        let mut t = Turn {
+            blocks: hashes.len(),
+            ..Default::default()
+        };
         let t0 = Instant::now();
         let l = client.lookup(&self.tokens).await?;
         t.lookup = t0.elapsed();

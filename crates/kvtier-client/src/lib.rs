@@ -227,26 +227,41 @@ pub async fn connect_pool(cfg: &ClientConfig) -> Result<Vec<Channel>> {
 fn backoff(attempt: u32) -> Duration {
     let base = 20u64 << attempt.min(6);
     // Cheap jitter without an RNG dependency: nanos of the clock.
-    let jitter = (Instant::now().elapsed().subsec_nanos() as u64 ^ std::process::id() as u64) % (base / 2 + 1);
+    let jitter = (Instant::now().elapsed().subsec_nanos() as u64 ^ std::process::id() as u64)
+        % (base / 2 + 1);
     Duration::from_millis(base / 2 + jitter)
 }
 
 impl Client {
     /// Connects the pool.
     pub async fn connect(cfg: ClientConfig) -> Result<Self> {
-        kvtier_core::keys::check_block_size(cfg.block_size).map_err(|e| ClientError::Invalid(e.message))?;
+        kvtier_core::keys::check_block_size(cfg.block_size)
+            .map_err(|e| ClientError::Invalid(e.message))?;
         let max = 512 << 20;
         let pool = connect_pool(&cfg)
             .await?
             .into_iter()
-            .map(|c| KvTierClient::new(c).max_decoding_message_size(max).max_encoding_message_size(max))
+            .map(|c| {
+                KvTierClient::new(c)
+                    .max_decoding_message_size(max)
+                    .max_encoding_message_size(max)
+            })
             .collect();
-        let mut client = Self { cfg, pool: std::sync::Arc::new(pool), next: Default::default(), wire: None };
+        let mut client = Self {
+            cfg,
+            pool: std::sync::Arc::new(pool),
+            next: Default::default(),
+            wire: None,
+        };
         if client.cfg.data_plane {
             let advertised = client.stats().await?.data_listen;
             if !advertised.is_empty() {
                 let addr = data_plane_addr(&client.cfg.endpoint, &advertised).await?;
-                let n = if client.cfg.data_connections > 0 { client.cfg.data_connections } else { client.cfg.connections };
+                let n = if client.cfg.data_connections > 0 {
+                    client.cfg.data_connections
+                } else {
+                    client.cfg.connections
+                };
                 client.wire = Some(wire::WireClient::connect(addr, n, client.cfg.timeout).await?);
             }
         }
@@ -267,7 +282,9 @@ impl Client {
         let mut attempt = 0;
         loop {
             match f().await {
-                Err(e) if e.code() == Some(tonic::Code::Unavailable) && attempt < self.cfg.retries => {
+                Err(e)
+                    if e.code() == Some(tonic::Code::Unavailable) && attempt < self.cfg.retries =>
+                {
                     tokio::time::sleep(backoff(attempt)).await;
                     attempt += 1;
                 }
@@ -326,7 +343,10 @@ impl Client {
 
     /// Keys of the full blocks of `tokens` under the configured scheme.
     pub fn keys_for(&self, tokens: &[u32]) -> Vec<Key> {
-        self.cfg.hash.chain(tokens, self.cfg.block_size).expect("block size checked at connect")
+        self.cfg
+            .hash
+            .chain(tokens, self.cfg.block_size)
+            .expect("block size checked at connect")
     }
 
     /// How many leading `keys` are stored.
@@ -337,12 +357,22 @@ impl Client {
             lease_ms: lease_ms.unwrap_or(0),
             ..Default::default()
         };
-        let r = self.retry(|mut c, d| { let rq = self.request(req.clone(), d); async move { c.lookup(rq).await } }).await?;
+        let r = self
+            .retry(|mut c, d| {
+                let rq = self.request(req.clone(), d);
+                async move { c.lookup(rq).await }
+            })
+            .await?;
         Ok(to_lookup(r.into_inner(), keys.to_vec()))
     }
 
     /// How many leading blocks of `tokens` are stored (keys computed client-side).
-    pub async fn lookup_tokens(&self, ns: &str, tokens: &[u32], lease_ms: Option<u32>) -> Result<Lookup> {
+    pub async fn lookup_tokens(
+        &self,
+        ns: &str,
+        tokens: &[u32],
+        lease_ms: Option<u32>,
+    ) -> Result<Lookup> {
         let keys = self.keys_for(tokens);
         self.lookup(ns, &keys, lease_ms).await
     }
@@ -352,15 +382,26 @@ impl Client {
         if let Some(w) = &self.wire {
             return self.retry_wire(|| w.read(ns, keys, lease_id)).await;
         }
-        let req = pb::ReadRequest { namespace: ns.to_string(), keys: keys.iter().map(Key::bytes).collect(), lease_id };
+        let req = pb::ReadRequest {
+            namespace: ns.to_string(),
+            keys: keys.iter().map(Key::bytes).collect(),
+            lease_id,
+        };
         self.retry(|mut c, d| {
             let rq = self.request(req.clone(), d);
             async move {
                 let mut stream = c.read(rq).await?.into_inner();
-                let mut out = ReadResult { blocks: Vec::new(), partial: false, reason: String::new(), timing: Default::default() };
+                let mut out = ReadResult {
+                    blocks: Vec::new(),
+                    partial: false,
+                    reason: String::new(),
+                    timing: Default::default(),
+                };
                 while let Some(msg) = stream.next().await {
                     match msg?.item {
-                        Some(pb::read_response::Item::Block(b)) => out.blocks.push(to_read_block(b)?),
+                        Some(pb::read_response::Item::Block(b)) => {
+                            out.blocks.push(to_read_block(b)?)
+                        }
                         Some(pb::read_response::Item::Done(d)) => {
                             out.partial = d.partial;
                             out.reason = d.reason;
@@ -384,12 +425,27 @@ impl Client {
             namespace: ns.to_string(),
             blocks: blocks.iter().map(|b| b.to_pb(b.payload.clone())).collect(),
         };
-        let r = self.retry(|mut c, d| { let rq = self.request(req.clone(), d); async move { c.write(rq).await } }).await?.into_inner();
-        Ok(WriteResult { stored: r.stored, existing: r.existing, timing: r.timing.unwrap_or_default() })
+        let r = self
+            .retry(|mut c, d| {
+                let rq = self.request(req.clone(), d);
+                async move { c.write(rq).await }
+            })
+            .await?
+            .into_inner();
+        Ok(WriteResult {
+            stored: r.stored,
+            existing: r.existing,
+            timing: r.timing.unwrap_or_default(),
+        })
     }
 
     /// Writes one payload per full block of `tokens`, chained.
-    pub async fn write_tokens(&self, ns: &str, tokens: &[u32], payloads: &[Bytes]) -> Result<WriteResult> {
+    pub async fn write_tokens(
+        &self,
+        ns: &str,
+        tokens: &[u32],
+        payloads: &[Bytes],
+    ) -> Result<WriteResult> {
         let keys = self.keys_for(tokens);
         if payloads.len() != keys.len() {
             return Err(ClientError::Invalid(format!(
@@ -415,14 +471,27 @@ impl Client {
 
     /// Deletes blocks (and their descendants); returns how many were removed.
     pub async fn delete(&self, ns: &str, keys: &[Key]) -> Result<u32> {
-        let req = pb::DeleteRequest { namespace: ns.to_string(), keys: keys.iter().map(Key::bytes).collect() };
-        let r = self.retry(|mut c, d| { let rq = self.request(req.clone(), d); async move { c.delete(rq).await } }).await?;
+        let req = pb::DeleteRequest {
+            namespace: ns.to_string(),
+            keys: keys.iter().map(Key::bytes).collect(),
+        };
+        let r = self
+            .retry(|mut c, d| {
+                let rq = self.request(req.clone(), d);
+                async move { c.delete(rq).await }
+            })
+            .await?;
         Ok(r.into_inner().deleted)
     }
 
     /// Server statistics.
     pub async fn stats(&self) -> Result<pb::StatsResponse> {
-        let r = self.retry(|mut c, d| { let rq = self.request(pb::StatsRequest {}, d); async move { c.stats(rq).await } }).await?;
+        let r = self
+            .retry(|mut c, d| {
+                let rq = self.request(pb::StatsRequest {}, d);
+                async move { c.stats(rq).await }
+            })
+            .await?;
         Ok(r.into_inner())
     }
 }
@@ -430,7 +499,11 @@ impl Client {
 fn to_lookup(r: pb::LookupResponse, keys: Vec<Key>) -> Lookup {
     Lookup {
         found: r.found_blocks as usize,
-        tiers: r.tiers.iter().map(|t| Tier::try_from(*t).unwrap_or(Tier::Unspecified)).collect(),
+        tiers: r
+            .tiers
+            .iter()
+            .map(|t| Tier::try_from(*t).unwrap_or(Tier::Unspecified))
+            .collect(),
         keys,
         lease_id: r.lease_id,
         timing: r.timing.unwrap_or_default(),
@@ -440,22 +513,32 @@ fn to_lookup(r: pb::LookupResponse, keys: Vec<Key>) -> Lookup {
 /// The data-plane address to dial: the advertised one, with an unspecified IP
 /// (`0.0.0.0`) replaced by the gRPC endpoint's host.
 async fn data_plane_addr(endpoint: &str, advertised: &str) -> Result<std::net::SocketAddr> {
-    let adv: std::net::SocketAddr = advertised
-        .parse()
-        .map_err(|e| ClientError::Invalid(format!("server advertised data plane {advertised:?}: {e}")))?;
+    let adv: std::net::SocketAddr = advertised.parse().map_err(|e| {
+        ClientError::Invalid(format!("server advertised data plane {advertised:?}: {e}"))
+    })?;
     if !adv.ip().is_unspecified() {
         return Ok(adv);
     }
-    let uri: http_uri::Uri = endpoint.parse().map_err(|e| ClientError::Invalid(format!("endpoint {endpoint:?}: {e}")))?;
-    let host = uri.host().unwrap_or("127.0.0.1").trim_start_matches('[').trim_end_matches(']');
+    let uri: http_uri::Uri = endpoint
+        .parse()
+        .map_err(|e| ClientError::Invalid(format!("endpoint {endpoint:?}: {e}")))?;
+    let host = uri
+        .host()
+        .unwrap_or("127.0.0.1")
+        .trim_start_matches('[')
+        .trim_end_matches(']');
     let mut addrs = tokio::net::lookup_host((host, adv.port()))
         .await
         .map_err(|e| ClientError::Invalid(format!("resolving {host}: {e}")))?;
-    addrs.next().ok_or_else(|| ClientError::Invalid(format!("{host} resolves to no address")))
+    addrs
+        .next()
+        .ok_or_else(|| ClientError::Invalid(format!("{host} resolves to no address")))
 }
 
 pub(crate) fn to_read_block(b: pb::ReadBlock) -> Result<ReadBlock, tonic::Status> {
-    let blk = b.block.ok_or_else(|| tonic::Status::internal("server sent a ReadBlock without a block"))?;
+    let blk = b
+        .block
+        .ok_or_else(|| tonic::Status::internal("server sent a ReadBlock without a block"))?;
     let actual = crc32c::crc32c(&blk.payload);
     if actual != blk.crc32c {
         return Err(tonic::Status::data_loss(format!(
@@ -465,7 +548,11 @@ pub(crate) fn to_read_block(b: pb::ReadBlock) -> Result<ReadBlock, tonic::Status
         )));
     }
     let key = Key::new(blk.key).map_err(|e| tonic::Status::internal(e.message))?;
-    let parent = if blk.parent_key.is_empty() { None } else { Key::new(blk.parent_key).ok() };
+    let parent = if blk.parent_key.is_empty() {
+        None
+    } else {
+        Key::new(blk.parent_key).ok()
+    };
     Ok(ReadBlock {
         index: b.index as usize,
         key,

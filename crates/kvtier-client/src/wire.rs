@@ -6,7 +6,9 @@ use crate::{ClientError, ReadResult, Result, WriteBlock, WriteResult, to_read_bl
 use bytes::Bytes;
 use kvtier_core::Key;
 use kvtier_proto::v1 as pb;
-use kvtier_proto::wire::{HEADER_LEN, Header, Kind, read_exact_bytes, split_payloads, write_all_vectored};
+use kvtier_proto::wire::{
+    HEADER_LEN, Header, Kind, read_exact_bytes, split_payloads, write_all_vectored,
+};
 use parking_lot::Mutex;
 use prost::Message;
 use std::net::SocketAddr;
@@ -28,7 +30,9 @@ pub struct WireClient {
 }
 
 fn transport(e: impl std::fmt::Display, addr: SocketAddr) -> ClientError {
-    ClientError::Status(tonic::Status::unavailable(format!("data plane {addr}: {e}")))
+    ClientError::Status(tonic::Status::unavailable(format!(
+        "data plane {addr}: {e}"
+    )))
 }
 
 impl WireClient {
@@ -54,7 +58,12 @@ impl WireClient {
     }
 
     /// One request/response exchange on a pooled connection.
-    async fn call(&self, kind: Kind, meta: Vec<u8>, data: &[Bytes]) -> Result<(Header, Bytes, Bytes)> {
+    async fn call(
+        &self,
+        kind: Kind,
+        meta: Vec<u8>,
+        data: &[Bytes],
+    ) -> Result<(Header, Bytes, Bytes)> {
         let _slot = self.slots.acquire().await.expect("never closed");
         let conn = self.idle.lock().pop();
         let mut sock = match conn {
@@ -63,7 +72,8 @@ impl WireClient {
         };
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let deadline = Instant::now() + self.timeout;
-        let r = tokio::time::timeout_at(deadline.into(), exchange(&mut sock, kind, id, meta, data)).await;
+        let r = tokio::time::timeout_at(deadline.into(), exchange(&mut sock, kind, id, meta, data))
+            .await;
         match r {
             Ok(Ok(x)) => {
                 self.idle.lock().push(sock);
@@ -71,17 +81,23 @@ impl WireClient {
             }
             // The connection's state is unknown after an error: drop it.
             Ok(Err(e)) => Err(transport(e, self.addr)),
-            Err(_) => Err(ClientError::Status(tonic::Status::deadline_exceeded(format!(
-                "data plane {}: no answer within {:?}",
-                self.addr, self.timeout
-            )))),
+            Err(_) => Err(ClientError::Status(tonic::Status::deadline_exceeded(
+                format!(
+                    "data plane {}: no answer within {:?}",
+                    self.addr, self.timeout
+                ),
+            ))),
         }
     }
 
     /// Reads `keys` in order, stopping at the first missing block.
     pub async fn read(&self, ns: &str, keys: &[Key], lease_id: u64) -> Result<ReadResult> {
         let req = pb::WireReadRequest {
-            request: Some(pb::ReadRequest { namespace: ns.to_string(), keys: keys.iter().map(Key::bytes).collect(), lease_id }),
+            request: Some(pb::ReadRequest {
+                namespace: ns.to_string(),
+                keys: keys.iter().map(Key::bytes).collect(),
+                lease_id,
+            }),
             // The server stops at 90% of our deadline so its partial answer
             // arrives before we give up waiting.
             timeout_ms: (self.timeout.as_millis() * 9 / 10).clamp(1, u32::MAX as u128) as u32,
@@ -89,8 +105,14 @@ impl WireClient {
         let (h, meta, data) = self.call(Kind::Read, req.encode_to_vec(), &[]).await?;
         expect(h.kind, Kind::ReadReply, &meta)?;
         let reply = pb::WireReadReply::decode(meta).map_err(|e| transport(e, self.addr))?;
-        let payloads = split_payloads(data, &reply.payload_lengths).map_err(|e| transport(e, self.addr))?;
-        let mut out = ReadResult { blocks: Vec::with_capacity(reply.blocks.len()), partial: false, reason: String::new(), timing: Default::default() };
+        let payloads =
+            split_payloads(data, &reply.payload_lengths).map_err(|e| transport(e, self.addr))?;
+        let mut out = ReadResult {
+            blocks: Vec::with_capacity(reply.blocks.len()),
+            partial: false,
+            reason: String::new(),
+            timing: Default::default(),
+        };
         for (mut b, p) in reply.blocks.into_iter().zip(payloads) {
             if let Some(blk) = b.block.as_mut() {
                 blk.payload = p;
@@ -119,7 +141,11 @@ impl WireClient {
         let (h, meta, _) = self.call(Kind::Write, req.encode_to_vec(), &data).await?;
         expect(h.kind, Kind::WriteReply, &meta)?;
         let r = pb::WriteResponse::decode(meta).map_err(|e| transport(e, self.addr))?;
-        Ok(WriteResult { stored: r.stored, existing: r.existing, timing: r.timing.unwrap_or_default() })
+        Ok(WriteResult {
+            stored: r.stored,
+            existing: r.existing,
+            timing: r.timing.unwrap_or_default(),
+        })
     }
 }
 
@@ -130,28 +156,51 @@ fn expect(got: Kind, want: Kind, meta: &Bytes) -> Result<()> {
     }
     if got == Kind::Error {
         let e = pb::WireError::decode(meta.clone()).unwrap_or_default();
-        return Err(ClientError::Status(tonic::Status::new(tonic::Code::from(e.code), e.message)));
+        return Err(ClientError::Status(tonic::Status::new(
+            tonic::Code::from(e.code),
+            e.message,
+        )));
     }
-    Err(ClientError::Status(tonic::Status::internal(format!("data plane answered {got:?}, expected {want:?}"))))
+    Err(ClientError::Status(tonic::Status::internal(format!(
+        "data plane answered {got:?}, expected {want:?}"
+    ))))
 }
 
 async fn dial(addr: SocketAddr) -> Result<TcpStream> {
-    let s = TcpStream::connect(addr).await.map_err(|e| transport(e, addr))?;
+    let s = TcpStream::connect(addr)
+        .await
+        .map_err(|e| transport(e, addr))?;
     s.set_nodelay(true).map_err(|e| transport(e, addr))?;
     Ok(s)
 }
 
-async fn exchange(sock: &mut TcpStream, kind: Kind, id: u64, meta: Vec<u8>, data: &[Bytes]) -> std::io::Result<(Header, Bytes, Bytes)> {
+async fn exchange(
+    sock: &mut TcpStream,
+    kind: Kind,
+    id: u64,
+    meta: Vec<u8>,
+    data: &[Bytes],
+) -> std::io::Result<(Header, Bytes, Bytes)> {
     let data_len: usize = data.iter().map(Bytes::len).sum();
-    let header = Header { kind, request_id: id, meta_len: meta.len() as u32, data_len: data_len as u32 }.encode();
+    let header = Header {
+        kind,
+        request_id: id,
+        meta_len: meta.len() as u32,
+        data_len: data_len as u32,
+    }
+    .encode();
     let mut parts: Vec<&[u8]> = vec![&header, &meta];
     parts.extend(data.iter().map(|b| &b[..]));
     write_all_vectored(sock, &parts).await?;
     let mut raw = [0u8; HEADER_LEN];
     sock.read_exact(&mut raw).await?;
-    let h = Header::decode(&raw).map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))?;
+    let h = Header::decode(&raw)
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))?;
     if h.request_id != id && h.kind != Kind::Error {
-        return Err(std::io::Error::new(std::io::ErrorKind::InvalidData, format!("reply to request {} while waiting for {id}", h.request_id)));
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("reply to request {} while waiting for {id}", h.request_id),
+        ));
     }
     // Into uninitialised buffers: no memset of the payload before the socket fills it.
     let m = read_exact_bytes(sock, h.meta_len as usize).await?;

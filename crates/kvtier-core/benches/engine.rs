@@ -13,11 +13,17 @@ use std::time::{Duration, Instant};
 const CONCURRENCY: [usize; 4] = [1, 10, 100, 1000];
 
 fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap()
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap()
 }
 
 fn engine(cap: ByteSize) -> Arc<Engine> {
-    Arc::new(Engine::new(EngineConfig { memory_capacity: cap, ..Default::default() }))
+    Arc::new(Engine::new(EngineConfig {
+        memory_capacity: cap,
+        ..Default::default()
+    }))
 }
 
 fn ns() -> Namespace {
@@ -64,7 +70,9 @@ fn blocks(c: &mut Criterion, name: &str, size: usize, cap: ByteSize) {
     let crc = crc32c::crc32c(&payload);
     let mut g = c.benchmark_group(name);
     g.throughput(Throughput::Elements(1));
-    g.sample_size(10).warm_up_time(Duration::from_millis(500)).measurement_time(Duration::from_secs(2));
+    g.sample_size(10)
+        .warm_up_time(Duration::from_millis(500))
+        .measurement_time(Duration::from_secs(2));
     for &tasks in &CONCURRENCY {
         // Writes: fresh keys (eviction runs once the budget is full, as in steady state).
         let e = engine(cap);
@@ -115,7 +123,9 @@ fn blocks(c: &mut Criterion, name: &str, size: usize, cap: ByteSize) {
 /// a small-value read (a plain mutex-guarded HashMap lookup).
 fn bench_baselines(c: &mut Criterion) {
     let mut g = c.benchmark_group("baseline");
-    g.sample_size(20).warm_up_time(Duration::from_millis(500)).measurement_time(Duration::from_secs(2));
+    g.sample_size(20)
+        .warm_up_time(Duration::from_millis(500))
+        .measurement_time(Duration::from_secs(2));
     g.throughput(Throughput::Elements(1));
     let src = vec![0x5au8; 1_200_000];
     let mut dst = vec![0u8; 1_200_000];
@@ -125,9 +135,14 @@ fn bench_baselines(c: &mut Criterion) {
             std::hint::black_box(&dst);
         })
     });
-    g.bench_function("crc32c_1.2MB", |b| b.iter(|| crc32c::crc32c(std::hint::black_box(&src))));
-    let map: parking_lot::Mutex<std::collections::HashMap<u64, Bytes>> =
-        parking_lot::Mutex::new((0..256u64).map(|i| (i, Bytes::from(vec![1u8; 100]))).collect());
+    g.bench_function("crc32c_1.2MB", |b| {
+        b.iter(|| crc32c::crc32c(std::hint::black_box(&src)))
+    });
+    let map: parking_lot::Mutex<std::collections::HashMap<u64, Bytes>> = parking_lot::Mutex::new(
+        (0..256u64)
+            .map(|i| (i, Bytes::from(vec![1u8; 100])))
+            .collect(),
+    );
     let mut i = 0u64;
     g.bench_function("mutex_hashmap_get_100B", |b| {
         b.iter(|| {
@@ -154,23 +169,34 @@ fn bench_lookup(c: &mut Criterion) {
     rt.block_on(async {
         for (i, k) in keys.iter().enumerate() {
             let parent = i.checked_sub(1).map(|p| keys[p].clone());
-            let blk = Block::new(BlockId::new(ns(), k.clone()), parent, 128, Bytes::from_static(b"kv"));
+            let blk = Block::new(
+                BlockId::new(ns(), k.clone()),
+                parent,
+                128,
+                Bytes::from_static(b"kv"),
+            );
             e.write(blk, &mut StorageTiming::default()).await.unwrap();
         }
     });
     let mut g = c.benchmark_group("lookup_64_block_chain");
     g.throughput(Throughput::Elements(64));
-    g.sample_size(20).warm_up_time(Duration::from_millis(500)).measurement_time(Duration::from_secs(2));
+    g.sample_size(20)
+        .warm_up_time(Duration::from_millis(500))
+        .measurement_time(Duration::from_secs(2));
     g.bench_function("keys", |b| {
         b.iter(|| {
-            let out = rt.block_on(e.lookup(&ns(), &keys, None, &mut StorageTiming::default())).unwrap();
+            let out = rt
+                .block_on(e.lookup(&ns(), &keys, None, &mut StorageTiming::default()))
+                .unwrap();
             assert_eq!(out.found, 64);
         })
     });
     g.bench_function("tokens_hash_and_lookup", |b| {
         b.iter(|| {
             let ks = e.keys_for_tokens(&tokens, 128, HashFn::default()).unwrap();
-            let out = rt.block_on(e.lookup(&ns(), &ks, None, &mut StorageTiming::default())).unwrap();
+            let out = rt
+                .block_on(e.lookup(&ns(), &ks, None, &mut StorageTiming::default()))
+                .unwrap();
             assert_eq!(out.found, 64);
         })
     });

@@ -20,8 +20,8 @@
 //!     [--block-bytes 1200000] [--blocks 256] [--conc 1,4,16] [--repeats 3] [--restart-gib 10]
 //! ```
 use bytes::Bytes;
-use kvtier_core::{Block, BlockId, ByteSize, DiskConfig, DiskTier, Key, Namespace, SyncMode, Tier};
 use kvtier_core::memory::MemoryTier;
+use kvtier_core::{Block, BlockId, ByteSize, DiskConfig, DiskTier, Key, Namespace, SyncMode, Tier};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -143,7 +143,12 @@ fn blocks(n: usize, bytes: usize, tag: u32) -> Arc<Vec<Block>> {
     )
 }
 
-fn open(dir: &Path, sync: SyncMode, capacity: u64, verify: bool) -> (DiskTier, kvtier_core::RecoveryReport) {
+fn open(
+    dir: &Path,
+    sync: SyncMode,
+    capacity: u64,
+    verify: bool,
+) -> (DiskTier, kvtier_core::RecoveryReport) {
     let mut cfg = DiskConfig::new(dir, ByteSize(capacity));
     cfg.sync = sync;
     cfg.verify_on_open = verify;
@@ -172,7 +177,11 @@ async fn read_all(tier: Arc<dyn Tier>, bl: Arc<Vec<Block>>, conc: usize, bytes: 
         async move {
             // Read in a scrambled order so reads are not in write order.
             let j = (i * 7919) % bl.len();
-            let b = tier.get(&bl[j].meta.id).await.expect("get").expect("present");
+            let b = tier
+                .get(&bl[j].meta.id)
+                .await
+                .expect("get")
+                .expect("present");
             assert_eq!(b.payload.len(), bl[j].payload.len());
         }
     })
@@ -199,8 +208,10 @@ async fn main() {
             let w = write_all(mem.clone(), bl.clone(), c, bytes).await;
             let r = read_all(mem.clone(), bl.clone(), c, bytes).await;
             drop(mem);
-            eprintln!("rep {rep} c={c:2} memory        write {:8.0} MB/s p50 {:7.2} ms p99 {:7.2} ms | read {:8.0} MB/s p50 {:7.2} ms p99 {:7.2} ms",
-                w.mb_per_s, w.p50_ms, w.p99_ms, r.mb_per_s, r.p50_ms, r.p99_ms);
+            eprintln!(
+                "rep {rep} c={c:2} memory        write {:8.0} MB/s p50 {:7.2} ms p99 {:7.2} ms | read {:8.0} MB/s p50 {:7.2} ms p99 {:7.2} ms",
+                w.mb_per_s, w.p50_ms, w.p99_ms, r.mb_per_s, r.p50_ms, r.p99_ms
+            );
             results.push(serde_json::json!({"tier": "memory", "op": "write", "conc": c, "repeat": rep, "sample": json(&w)}));
             results.push(serde_json::json!({"tier": "memory", "op": "read", "conc": c, "repeat": rep, "sample": json(&r)}));
             // Disk tier, per sync mode.
@@ -210,19 +221,26 @@ async fn main() {
                 let (tier, _) = open(&dir, sync, set_bytes * 2, true);
                 let tier: Arc<dyn Tier> = Arc::new(tier);
                 let w = write_all(tier.clone(), bl.clone(), c, bytes).await;
-                eprintln!("rep {rep} c={c:2} disk/{sync:<6}   write {:8.0} MB/s p50 {:7.2} ms p99 {:7.2} ms",
-                    w.mb_per_s, w.p50_ms, w.p99_ms);
+                eprintln!(
+                    "rep {rep} c={c:2} disk/{sync:<6}   write {:8.0} MB/s p50 {:7.2} ms p99 {:7.2} ms",
+                    w.mb_per_s, w.p50_ms, w.p99_ms
+                );
                 results.push(serde_json::json!({"tier": format!("disk-{sync}"), "op": "write", "conc": c, "repeat": rep, "sample": json(&w)}));
                 if sync == SyncMode::Always {
                     // Reads do not depend on the sync mode; measure once.
                     let warm = read_all(tier.clone(), bl.clone(), c, bytes).await;
                     results.push(serde_json::json!({"tier": "disk", "op": "read-warm", "conc": c, "repeat": rep, "sample": json(&warm)}));
-                    let mut line = format!("rep {rep} c={c:2} disk          read warm {:8.0} MB/s p50 {:7.2} ms p99 {:7.2} ms",
-                        warm.mb_per_s, warm.p50_ms, warm.p99_ms);
+                    let mut line = format!(
+                        "rep {rep} c={c:2} disk          read warm {:8.0} MB/s p50 {:7.2} ms p99 {:7.2} ms",
+                        warm.mb_per_s, warm.p50_ms, warm.p99_ms
+                    );
                     if can_drop && drop_caches() {
                         let cold = read_all(tier.clone(), bl.clone(), c, bytes).await;
                         results.push(serde_json::json!({"tier": "disk", "op": "read-cold", "conc": c, "repeat": rep, "sample": json(&cold)}));
-                        line += &format!(" | cold {:8.0} MB/s p50 {:7.2} ms p99 {:7.2} ms", cold.mb_per_s, cold.p50_ms, cold.p99_ms);
+                        line += &format!(
+                            " | cold {:8.0} MB/s p50 {:7.2} ms p99 {:7.2} ms",
+                            cold.mb_per_s, cold.p50_ms, cold.p99_ms
+                        );
                     }
                     eprintln!("{line}");
                 }
@@ -266,8 +284,10 @@ async fn main() {
                 assert_eq!(report.blocks as usize, n, "every block recovered");
                 assert_eq!(report.dropped(), 0);
                 drop(tier);
-                eprintln!("restart rep {rep} verify_on_open={verify} cold={cold}: {n} blocks in {wall:.2} s (rebuild {:.2} s)",
-                    report.elapsed.as_secs_f64());
+                eprintln!(
+                    "restart rep {rep} verify_on_open={verify} cold={cold}: {n} blocks in {wall:.2} s (rebuild {:.2} s)",
+                    report.elapsed.as_secs_f64()
+                );
                 runs.push(serde_json::json!({"repeat": rep, "verify_on_open": verify, "page_cache_dropped": cold,
                     "open_seconds": wall, "rebuild_seconds": report.elapsed.as_secs_f64(), "blocks": report.blocks,
                     "bytes": report.bytes}));

@@ -52,7 +52,13 @@ impl Block {
     pub fn new(id: BlockId, parent: Option<Key>, token_count: u32, payload: Bytes) -> Self {
         let crc32c = crc32c::crc32c(&payload);
         Self {
-            meta: BlockMeta { id, parent, token_count, crc32c, expires_unix_ms: None },
+            meta: BlockMeta {
+                id,
+                parent,
+                token_count,
+                crc32c,
+                expires_unix_ms: None,
+            },
             payload,
         }
     }
@@ -73,7 +79,13 @@ impl Block {
             )));
         }
         Ok(Self {
-            meta: BlockMeta { id, parent, token_count, crc32c: crc, expires_unix_ms: None },
+            meta: BlockMeta {
+                id,
+                parent,
+                token_count,
+                crc32c: crc,
+                expires_unix_ms: None,
+            },
             payload,
         })
     }

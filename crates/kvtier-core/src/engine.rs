@@ -560,7 +560,10 @@ impl Engine {
         for b in evicted {
             // `writing` before `has`: a write-through that is no longer in
             // flight has committed (or failed), so `has` is then current.
-            if b.expired_at(now) || self.writing.lock().contains_key(&b.meta.id) || disk.has(&b.meta.id) {
+            if b.expired_at(now)
+                || self.writing.lock().contains_key(&b.meta.id)
+                || disk.has(&b.meta.id)
+            {
                 continue;
             }
             let t0 = Instant::now();
@@ -634,9 +637,15 @@ struct WritingGuard<'a> {
 }
 
 impl<'a> WritingGuard<'a> {
-    fn new(set: &'a parking_lot::Mutex<std::collections::HashMap<BlockId, usize>>, id: &BlockId) -> Self {
+    fn new(
+        set: &'a parking_lot::Mutex<std::collections::HashMap<BlockId, usize>>,
+        id: &BlockId,
+    ) -> Self {
         *set.lock().entry(id.clone()).or_default() += 1;
-        Self { set, id: id.clone() }
+        Self {
+            set,
+            id: id.clone(),
+        }
     }
 }
 

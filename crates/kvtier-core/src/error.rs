@@ -42,7 +42,10 @@ macro_rules! ctor {
     ($name:ident, $kind:ident) => {
         #[doc = concat!("An error of kind [`ErrorKind::", stringify!($kind), "`].")]
         pub fn $name(message: impl Into<String>) -> Self {
-            Self { kind: ErrorKind::$kind, message: message.into() }
+            Self {
+                kind: ErrorKind::$kind,
+                message: message.into(),
+            }
         }
     };
 }

@@ -222,15 +222,28 @@ mod tests {
     #[test]
     fn namespace_validation() {
         assert!(Namespace::new("tenant-a/model.v1:bf16").is_ok());
-        assert_eq!(Namespace::new("").unwrap_err().kind, crate::error::ErrorKind::InvalidArgument);
-        assert!(Namespace::new(&"a".repeat(129)).unwrap_err().message.contains("128"));
+        assert_eq!(
+            Namespace::new("").unwrap_err().kind,
+            crate::error::ErrorKind::InvalidArgument
+        );
+        assert!(
+            Namespace::new(&"a".repeat(129))
+                .unwrap_err()
+                .message
+                .contains("128")
+        );
         assert!(Namespace::new("has space").is_err());
     }
 
     #[test]
     fn key_validation() {
         assert!(Key::new(Bytes::new()).is_err());
-        assert!(Key::new(vec![0u8; 513]).unwrap_err().message.contains("512"));
+        assert!(
+            Key::new(vec![0u8; 513])
+                .unwrap_err()
+                .message
+                .contains("512")
+        );
         assert!(Key::new(vec![1u8; 512]).is_ok());
     }
 
@@ -244,7 +257,12 @@ mod tests {
         other[0] = 999;
         let k2 = HashFn::Xxh3_64V1.chain(&other, 128).unwrap();
         assert_ne!(keys[1], k2[1]);
-        assert_eq!(HashFn::Sha256V1.chain(&toks, 128).unwrap()[0].as_bytes().len(), 32);
+        assert_eq!(
+            HashFn::Sha256V1.chain(&toks, 128).unwrap()[0]
+                .as_bytes()
+                .len(),
+            32
+        );
         assert!(HashFn::Xxh3_64V1.chain(&toks, 0).is_err());
     }
 
@@ -264,7 +282,12 @@ mod tests {
                 .iter()
                 .map(|t| t.as_u64().unwrap() as u32)
                 .collect();
-            let got: Vec<String> = hash.chain(&tokens, bs).unwrap().iter().map(Key::to_hex).collect();
+            let got: Vec<String> = hash
+                .chain(&tokens, bs)
+                .unwrap()
+                .iter()
+                .map(Key::to_hex)
+                .collect();
             let want: Vec<String> = case["keys"]
                 .as_array()
                 .unwrap()

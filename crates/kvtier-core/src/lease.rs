@@ -37,7 +37,10 @@ pub struct LeaseTable {
 
 impl Default for LeaseTable {
     fn default() -> Self {
-        Self { next: AtomicU64::new(1), active: Mutex::new(HashMap::new()) }
+        Self {
+            next: AtomicU64::new(1),
+            active: Mutex::new(HashMap::new()),
+        }
     }
 }
 
@@ -56,7 +59,13 @@ impl LeaseTable {
         }
         let id = self.next.fetch_add(1, Ordering::Relaxed);
         let expires_at = now + dur;
-        g.insert(id, Lease { expires_at, blocks: ids.len() });
+        g.insert(
+            id,
+            Lease {
+                expires_at,
+                blocks: ids.len(),
+            },
+        );
         Ok(LeaseGrant {
             id,
             expires_at,
@@ -69,7 +78,9 @@ impl LeaseTable {
         let now = Instant::now();
         let mut g = self.active.lock();
         match g.get(&id) {
-            None => Err(Error::precondition(format!("lease {id} is unknown (expired, released or never granted)"))),
+            None => Err(Error::precondition(format!(
+                "lease {id} is unknown (expired, released or never granted)"
+            ))),
             Some(l) if l.expires_at <= now => {
                 let late = now - l.expires_at;
                 g.remove(&id);

@@ -11,12 +11,18 @@ fn ns(s: &str) -> Namespace {
 }
 
 fn chain_blocks(ns_: &Namespace, seed: u32, n: usize, size: usize) -> Vec<Block> {
-    let tokens: Vec<u32> = (0..(n * 4) as u32).map(|t| t.wrapping_mul(7919) ^ seed).collect();
+    let tokens: Vec<u32> = (0..(n * 4) as u32)
+        .map(|t| t.wrapping_mul(7919) ^ seed)
+        .collect();
     let keys = HashFn::default().chain(&tokens, 4).unwrap();
     keys.iter()
         .enumerate()
         .map(|(i, k)| {
-            let parent = if i == 0 { None } else { Some(keys[i - 1].clone()) };
+            let parent = if i == 0 {
+                None
+            } else {
+                Some(keys[i - 1].clone())
+            };
             let payload = Bytes::from(vec![(seed as u8).wrapping_add(i as u8); size]);
             Block::new(BlockId::new(ns_.clone(), k.clone()), parent, 4, payload)
         })
@@ -24,7 +30,10 @@ fn chain_blocks(ns_: &Namespace, seed: u32, n: usize, size: usize) -> Vec<Block>
 }
 
 fn engine(cap: u64) -> Engine {
-    Engine::new(EngineConfig { memory_capacity: ByteSize(cap), ..Default::default() })
+    Engine::new(EngineConfig {
+        memory_capacity: ByteSize(cap),
+        ..Default::default()
+    })
 }
 
 /// For every resident block, its parent is resident: the stored set is prefix-closed.
@@ -34,7 +43,11 @@ fn assert_prefix_closed(e: &Engine, chains: &[Vec<Block>]) {
         let mut seen_missing = false;
         for b in chain {
             let present = e.memory().contains_block(&b.meta.id);
-            assert!(!(present && seen_missing), "block {:?} resident after a missing ancestor", b.meta.id);
+            assert!(
+                !(present && seen_missing),
+                "block {:?} resident after a missing ancestor",
+                b.meta.id
+            );
             seen_missing |= !present;
         }
     }
@@ -89,10 +102,16 @@ async fn write_read_lookup_roundtrip() {
     let chain = chain_blocks(&n, 1, 5, 1_200_000);
     let mut t = StorageTiming::default();
     for b in &chain[..3] {
-        assert_eq!(e.write(b.clone(), &mut t).await.unwrap(), WriteOutcome::Stored);
+        assert_eq!(
+            e.write(b.clone(), &mut t).await.unwrap(),
+            WriteOutcome::Stored
+        );
     }
     // idempotent
-    assert_eq!(e.write(chain[0].clone(), &mut t).await.unwrap(), WriteOutcome::Existing);
+    assert_eq!(
+        e.write(chain[0].clone(), &mut t).await.unwrap(),
+        WriteOutcome::Existing
+    );
     let keys: Vec<Key> = chain.iter().map(|b| b.meta.id.key.clone()).collect();
     let out = e.lookup(&n, &keys, None, &mut t).await.unwrap();
     assert_eq!(out.found, 3);
@@ -102,20 +121,45 @@ async fn write_read_lookup_roundtrip() {
     assert_eq!(b.payload, chain[1].payload);
     assert!(e.read(&chain[4].meta.id, &mut t).await.unwrap().is_none());
     // another namespace sees nothing
-    assert_eq!(e.lookup(&ns("other"), &keys, None, &mut t).await.unwrap().found, 0);
+    assert_eq!(
+        e.lookup(&ns("other"), &keys, None, &mut t)
+            .await
+            .unwrap()
+            .found,
+        0
+    );
     // conflicting re-write is rejected, original kept
     let mut bad = chain[0].clone();
     bad.payload = Bytes::from(vec![9u8; 10]);
     bad.meta.crc32c = crc32c::crc32c(&bad.payload);
-    assert_eq!(e.write(bad, &mut t).await.unwrap_err().kind, ErrorKind::FailedPrecondition);
-    assert_eq!(e.read(&chain[0].meta.id, &mut t).await.unwrap().unwrap().0.payload, chain[0].payload);
+    assert_eq!(
+        e.write(bad, &mut t).await.unwrap_err().kind,
+        ErrorKind::FailedPrecondition
+    );
+    assert_eq!(
+        e.read(&chain[0].meta.id, &mut t)
+            .await
+            .unwrap()
+            .unwrap()
+            .0
+            .payload,
+        chain[0].payload
+    );
 }
 
 #[tokio::test]
 async fn oversized_payload_is_rejected_naming_the_limit() {
-    let e = Engine::new(EngineConfig { max_block_size: ByteSize(1000), ..Default::default() });
+    let e = Engine::new(EngineConfig {
+        max_block_size: ByteSize(1000),
+        ..Default::default()
+    });
     let n = ns("t");
-    let b = Block::new(BlockId::new(n, Key::new(&b"k"[..]).unwrap()), None, 0, Bytes::from(vec![0u8; 1001]));
+    let b = Block::new(
+        BlockId::new(n, Key::new(&b"k"[..]).unwrap()),
+        None,
+        0,
+        Bytes::from(vec![0u8; 1001]),
+    );
     let err = e.write(b, &mut StorageTiming::default()).await.unwrap_err();
     assert_eq!(err.kind, ErrorKind::InvalidArgument);
     assert!(err.message.contains("1000"), "{}", err.message);
@@ -125,7 +169,12 @@ async fn oversized_payload_is_rejected_naming_the_limit() {
 async fn ttl_expires_under_paused_time() {
     let e = engine(1 << 20);
     let n = ns("t");
-    let mut b = Block::new(BlockId::new(n.clone(), Key::new(&b"k"[..]).unwrap()), None, 0, Bytes::from_static(b"v"));
+    let mut b = Block::new(
+        BlockId::new(n.clone(), Key::new(&b"k"[..]).unwrap()),
+        None,
+        0,
+        Bytes::from_static(b"v"),
+    );
     b.meta.expires_unix_ms = Some(kvtier_core::memory::unix_ms() + 1000);
     let mut t = StorageTiming::default();
     e.put_value(b.clone(), &mut t).await.unwrap();
@@ -163,7 +212,10 @@ async fn lease_pins_prefix_until_it_expires() {
         e.write(b.clone(), &mut t).await.unwrap();
     }
     let keys: Vec<Key> = leased.iter().map(|b| b.meta.id.key.clone()).collect();
-    let out = e.lookup(&n, &keys, Some(Duration::from_millis(500)), &mut t).await.unwrap();
+    let out = e
+        .lookup(&n, &keys, Some(Duration::from_millis(500)), &mut t)
+        .await
+        .unwrap();
     let lease = out.lease.expect("lease granted");
     // Flood memory with other chains: the leased prefix must survive.
     for s in 10..20 {
@@ -189,12 +241,23 @@ async fn lease_pins_prefix_until_it_expires() {
 #[tokio::test]
 async fn lease_on_missing_key_is_not_found() {
     let e = engine(1 << 20);
-    let err = e.lease(&ns("t"), &[Key::new(&b"nope"[..]).unwrap()], Duration::from_secs(1)).unwrap_err();
+    let err = e
+        .lease(
+            &ns("t"),
+            &[Key::new(&b"nope"[..]).unwrap()],
+            Duration::from_secs(1),
+        )
+        .unwrap_err();
     assert_eq!(err.kind, ErrorKind::NotFound);
     assert!(err.message.contains("nope"));
     // A lookup that finds nothing grants no lease (a miss is not an error).
     let out = e
-        .lookup(&ns("t"), &[Key::new(&b"nope"[..]).unwrap()], Some(Duration::from_secs(1)), &mut StorageTiming::default())
+        .lookup(
+            &ns("t"),
+            &[Key::new(&b"nope"[..]).unwrap()],
+            Some(Duration::from_secs(1)),
+            &mut StorageTiming::default(),
+        )
         .await
         .unwrap();
     assert_eq!((out.found, out.lease), (0, None));

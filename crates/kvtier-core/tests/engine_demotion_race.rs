@@ -4,8 +4,8 @@
 //! `Stored`, exactly once on disk.
 use bytes::Bytes;
 use kvtier_core::{
-    Block, BlockId, ByteSize, DiskConfig, DiskTier, Engine, EngineConfig, Key, Namespace, StorageTiming, SyncMode,
-    WriteOutcome, WritePolicy,
+    Block, BlockId, ByteSize, DiskConfig, DiskTier, Engine, EngineConfig, Key, Namespace,
+    StorageTiming, SyncMode, WriteOutcome, WritePolicy,
 };
 use std::sync::Arc;
 
@@ -15,8 +15,16 @@ async fn fresh_writes_are_stored_not_existing_under_memory_pressure() {
     let mut dc = DiskConfig::new(dir.path(), ByteSize::gib(1));
     dc.sync = SyncMode::Always;
     let (disk, _) = DiskTier::open(dc).unwrap();
-    let cfg = EngineConfig { memory_capacity: ByteSize::mib(1), max_block_size: ByteSize::mib(1), ..Default::default() };
-    let engine = Arc::new(Engine::with_disk(cfg, Some(Arc::new(disk)), WritePolicy::WriteThrough));
+    let cfg = EngineConfig {
+        memory_capacity: ByteSize::mib(1),
+        max_block_size: ByteSize::mib(1),
+        ..Default::default()
+    };
+    let engine = Arc::new(Engine::with_disk(
+        cfg,
+        Some(Arc::new(disk)),
+        WritePolicy::WriteThrough,
+    ));
     let ns = Namespace::new("race").unwrap();
     let payload = Bytes::from(vec![7u8; 200 << 10]);
     let mut tasks = Vec::new();
@@ -27,7 +35,12 @@ async fn fresh_writes_are_stored_not_existing_under_memory_pressure() {
             for i in 0..12u32 {
                 let key = Key::new(format!("{w}-{i}").into_bytes()).unwrap();
                 let b = Block::new(BlockId::new(ns.clone(), key), None, 16, payload.clone());
-                if engine.write(b, &mut StorageTiming::default()).await.unwrap() == WriteOutcome::Existing {
+                if engine
+                    .write(b, &mut StorageTiming::default())
+                    .await
+                    .unwrap()
+                    == WriteOutcome::Existing
+                {
                     existing += 1;
                 }
             }
@@ -39,7 +52,13 @@ async fn fresh_writes_are_stored_not_existing_under_memory_pressure() {
         existing += t.await.unwrap();
     }
     let stats = engine.stats();
-    assert_eq!(existing, 0, "fresh writes reported as existing (demoted while being written through)");
-    assert_eq!(stats.demotions, 0, "write-through never needs to demote: {stats:?}");
+    assert_eq!(
+        existing, 0,
+        "fresh writes reported as existing (demoted while being written through)"
+    );
+    assert_eq!(
+        stats.demotions, 0,
+        "write-through never needs to demote: {stats:?}"
+    );
     assert_eq!(engine.disk().unwrap().disk_stats().tier.blocks, 16 * 12);
 }

@@ -76,14 +76,23 @@ impl Header {
     /// Decodes 24 bytes; explains what is wrong otherwise.
     pub fn decode(raw: &[u8; HEADER_LEN]) -> Result<Self, String> {
         if raw[..4] != MAGIC {
-            return Err(format!("bad frame magic {:02x?}: not a kvtier data-plane peer", &raw[..4]));
+            return Err(format!(
+                "bad frame magic {:02x?}: not a kvtier data-plane peer",
+                &raw[..4]
+            ));
         }
-        let kind = Kind::from_u8(raw[4]).ok_or_else(|| format!("unknown frame kind {:#04x}", raw[4]))?;
+        let kind =
+            Kind::from_u8(raw[4]).ok_or_else(|| format!("unknown frame kind {:#04x}", raw[4]))?;
         let mut b = &raw[8..];
         let request_id = b.get_u64_le();
         let meta_len = b.get_u32_le();
         let data_len = b.get_u32_le();
-        Ok(Self { kind, request_id, meta_len, data_len })
+        Ok(Self {
+            kind,
+            request_id,
+            meta_len,
+            data_len,
+        })
     }
 }
 
@@ -91,7 +100,10 @@ impl Header {
 pub fn split_payloads(mut data: Bytes, lengths: &[u64]) -> Result<Vec<Bytes>, String> {
     let total: u64 = lengths.iter().sum();
     if total != data.len() as u64 {
-        return Err(format!("payload lengths add up to {total} bytes but the frame carries {}", data.len()));
+        return Err(format!(
+            "payload lengths add up to {total} bytes but the frame carries {}",
+            data.len()
+        ));
     }
     Ok(lengths.iter().map(|&l| data.split_to(l as usize)).collect())
 }
@@ -100,7 +112,10 @@ pub fn split_payloads(mut data: Bytes, lengths: &[u64]) -> Result<Vec<Bytes>, St
 /// (`read_buf` into uninitialised capacity; a 1.2 MB `BytesMut::zeroed` costs a
 /// memset of the whole payload before the socket overwrites it). Never reads
 /// past `n`, so the next frame stays in the socket.
-pub async fn read_exact_bytes<R: tokio::io::AsyncRead + Unpin>(r: &mut R, n: usize) -> std::io::Result<Bytes> {
+pub async fn read_exact_bytes<R: tokio::io::AsyncRead + Unpin>(
+    r: &mut R,
+    n: usize,
+) -> std::io::Result<Bytes> {
     use tokio::io::AsyncReadExt;
     let mut buf = BytesMut::with_capacity(n);
     while buf.len() < n {
@@ -114,7 +129,10 @@ pub async fn read_exact_bytes<R: tokio::io::AsyncRead + Unpin>(r: &mut R, n: usi
 
 /// Writes every part with vectored writes, handling partial writes; the parts
 /// (header, metadata, payloads) are never concatenated in user space.
-pub async fn write_all_vectored<W: tokio::io::AsyncWrite + Unpin>(w: &mut W, parts: &[&[u8]]) -> std::io::Result<()> {
+pub async fn write_all_vectored<W: tokio::io::AsyncWrite + Unpin>(
+    w: &mut W,
+    parts: &[&[u8]],
+) -> std::io::Result<()> {
     use tokio::io::AsyncWriteExt;
     let (mut idx, mut off) = (0usize, 0usize);
     // Skip leading empty parts.
@@ -146,7 +164,12 @@ mod tests {
     use super::*;
     #[test]
     fn header_roundtrip_and_rejects_garbage() {
-        let h = Header { kind: Kind::ReadReply, request_id: 7, meta_len: 12, data_len: 1_200_000 };
+        let h = Header {
+            kind: Kind::ReadReply,
+            request_id: 7,
+            meta_len: 12,
+            data_len: 1_200_000,
+        };
         assert_eq!(Header::decode(&h.encode()).unwrap(), h);
         let mut bad = h.encode();
         bad[0] = b'X';
@@ -155,7 +178,14 @@ mod tests {
         bad[4] = 9;
         assert!(Header::decode(&bad).unwrap_err().contains("kind"));
         let parts = split_payloads(Bytes::from_static(b"abcdef"), &[2, 0, 4]).unwrap();
-        assert_eq!(parts, vec![Bytes::from_static(b"ab"), Bytes::new(), Bytes::from_static(b"cdef")]);
+        assert_eq!(
+            parts,
+            vec![
+                Bytes::from_static(b"ab"),
+                Bytes::new(),
+                Bytes::from_static(b"cdef")
+            ]
+        );
         assert!(split_payloads(Bytes::from_static(b"abc"), &[2]).is_err());
     }
 
@@ -163,9 +193,14 @@ mod tests {
     async fn read_exact_bytes_stops_at_n() {
         let (mut a, mut b) = tokio::io::duplex(5);
         let w = tokio::spawn(async move {
-            tokio::io::AsyncWriteExt::write_all(&mut a, b"0123456789abc").await.unwrap();
+            tokio::io::AsyncWriteExt::write_all(&mut a, b"0123456789abc")
+                .await
+                .unwrap();
         });
-        assert_eq!(&read_exact_bytes(&mut b, 10).await.unwrap()[..], b"0123456789");
+        assert_eq!(
+            &read_exact_bytes(&mut b, 10).await.unwrap()[..],
+            b"0123456789"
+        );
         assert_eq!(&read_exact_bytes(&mut b, 3).await.unwrap()[..], b"abc");
         w.await.unwrap();
         assert!(read_exact_bytes(&mut b, 1).await.is_err());
@@ -176,11 +211,20 @@ mod tests {
     async fn vectored_writes_survive_partial_writes() {
         // A duplex pipe with a tiny buffer forces many partial writes.
         let (mut a, mut b) = tokio::io::duplex(7);
-        let parts: Vec<Vec<u8>> = vec![vec![], b"header".to_vec(), vec![], (0..200u8).collect(), b"x".to_vec(), vec![]];
+        let parts: Vec<Vec<u8>> = vec![
+            vec![],
+            b"header".to_vec(),
+            vec![],
+            (0..200u8).collect(),
+            b"x".to_vec(),
+            vec![],
+        ];
         let want: Vec<u8> = parts.concat();
         let reader = tokio::spawn(async move {
             let mut got = Vec::new();
-            tokio::io::AsyncReadExt::read_to_end(&mut b, &mut got).await.unwrap();
+            tokio::io::AsyncReadExt::read_to_end(&mut b, &mut got)
+                .await
+                .unwrap();
             got
         });
         let refs: Vec<&[u8]> = parts.iter().map(|p| &p[..]).collect();

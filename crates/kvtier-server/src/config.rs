@@ -104,9 +104,9 @@ impl Default for ObjectStoreSection {
 impl ObjectStoreSection {
     /// The engine's write policy towards the store.
     pub fn policy(&self) -> anyhow::Result<kvtier_core::ObjectWritePolicy> {
-        self.write_policy
-            .parse()
-            .map_err(|e: kvtier_core::Error| anyhow::anyhow!("object_store.write_policy: {}", e.message))
+        self.write_policy.parse().map_err(|e: kvtier_core::Error| {
+            anyhow::anyhow!("object_store.write_policy: {}", e.message)
+        })
     }
 }
 
@@ -150,11 +150,12 @@ impl DiskSection {
         match self.write_policy.as_str() {
             "write-through" => Ok(kvtier_core::WritePolicy::WriteThrough),
             "write-back" => Ok(kvtier_core::WritePolicy::WriteBack),
-            other => anyhow::bail!("disk.write_policy {other:?}: expected write-through or write-back"),
+            other => {
+                anyhow::bail!("disk.write_policy {other:?}: expected write-through or write-back")
+            }
         }
     }
 }
-
 
 /// `[compat]`: the seed service's API.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -170,7 +171,11 @@ pub struct CompatSection {
 
 impl Default for CompatSection {
     fn default() -> Self {
-        Self { block_size: 128, strict_tenants: false, tenants: Vec::new() }
+        Self {
+            block_size: 128,
+            strict_tenants: false,
+            tenants: Vec::new(),
+        }
     }
 }
 
@@ -294,9 +299,9 @@ impl ListenSpec {
             Some((a, c)) => (a, Some(parse_cpuset(c)?)),
             None => (s, None),
         };
-        let addr = addr
-            .parse()
-            .map_err(|e| anyhow::anyhow!("invalid listen address {addr:?}: {e} (expected e.g. 127.0.0.1:50051)"))?;
+        let addr = addr.parse().map_err(|e| {
+            anyhow::anyhow!("invalid listen address {addr:?}: {e} (expected e.g. 127.0.0.1:50051)")
+        })?;
         Ok(Self { addr, cpus })
     }
 }
@@ -308,7 +313,8 @@ pub fn parse_cpuset(s: &str) -> anyhow::Result<Vec<usize>> {
         let bad = || anyhow::anyhow!("invalid CPU set {s:?}: expected e.g. 0-3,8");
         match part.split_once('-') {
             Some((a, b)) => {
-                let (a, b): (usize, usize) = (a.parse().map_err(|_| bad())?, b.parse().map_err(|_| bad())?);
+                let (a, b): (usize, usize) =
+                    (a.parse().map_err(|_| bad())?, b.parse().map_err(|_| bad())?);
                 if a > b {
                     return Err(bad());
                 }
@@ -354,10 +360,9 @@ impl Config {
             ListenSpec::parse(l)?;
         }
         if !self.server.http_listen.is_empty() {
-            self.server
-                .http_listen
-                .parse::<SocketAddr>()
-                .map_err(|e| anyhow::anyhow!("server.http_listen {:?}: {e}", self.server.http_listen))?;
+            self.server.http_listen.parse::<SocketAddr>().map_err(|e| {
+                anyhow::anyhow!("server.http_listen {:?}: {e}", self.server.http_listen)
+            })?;
         }
         self.data_listen()?;
         if self.server.max_inflight == 0 {
@@ -376,26 +381,40 @@ impl Config {
         }
         self.disk.policy()?;
         if !self.disk.dir.is_empty() && self.disk.capacity < e.max_block_size {
-            anyhow::bail!("disk.capacity ({}) is smaller than engine.max_block_size ({})", self.disk.capacity, e.max_block_size);
+            anyhow::bail!(
+                "disk.capacity ({}) is smaller than engine.max_block_size ({})",
+                self.disk.capacity,
+                e.max_block_size
+            );
         }
         kvtier_core::keys::check_block_size(self.compat.block_size)
             .map_err(|x| anyhow::anyhow!("compat.block_size: {x}"))?;
         for t in &self.compat.tenants {
             kvtier_core::Namespace::new(&t.namespace).map_err(|x| {
-                anyhow::anyhow!("compat.tenants ({}, {}): {x}", t.resource_name, t.container_name)
+                anyhow::anyhow!(
+                    "compat.tenants ({}, {}): {x}",
+                    t.resource_name,
+                    t.container_name
+                )
             })?;
         }
-        kvtier_core::keys::check_block_size(e.block_size).map_err(|x| anyhow::anyhow!("engine.block_size: {x}"))?;
+        kvtier_core::keys::check_block_size(e.block_size)
+            .map_err(|x| anyhow::anyhow!("engine.block_size: {x}"))?;
         self.object_store.policy()?;
         for n in &self.object_store.namespaces {
             kvtier_core::Namespace::new(&n.namespace)
                 .map_err(|x| anyhow::anyhow!("object_store.namespaces {:?}: {x}", n.namespace))?;
         }
         if self.object_store.queue_capacity == 0 || self.object_store.upload_concurrency == 0 {
-            anyhow::bail!("object_store.queue_capacity and object_store.upload_concurrency must be > 0");
+            anyhow::bail!(
+                "object_store.queue_capacity and object_store.upload_concurrency must be > 0"
+            );
         }
         if e.memory_capacity.bytes() < e.max_block_size.bytes().min(1 << 20) {
-            anyhow::bail!("engine.memory_capacity ({}) is too small", e.memory_capacity);
+            anyhow::bail!(
+                "engine.memory_capacity ({}) is too small",
+                e.memory_capacity
+            );
         }
         Ok(())
     }
@@ -406,16 +425,21 @@ impl Config {
             "" => Ok(None),
             "auto" => {
                 let first = self.listeners()?.into_iter().next().map(|l| l.addr);
-                let mut a = first.ok_or_else(|| anyhow::anyhow!("server.data_listen = \"auto\" needs a gRPC listener"))?;
+                let mut a = first.ok_or_else(|| {
+                    anyhow::anyhow!("server.data_listen = \"auto\" needs a gRPC listener")
+                })?;
                 if a.port() != 0 {
-                    a.set_port(a.port().checked_add(1).ok_or_else(|| anyhow::anyhow!("no port after {a}"))?);
+                    a.set_port(
+                        a.port()
+                            .checked_add(1)
+                            .ok_or_else(|| anyhow::anyhow!("no port after {a}"))?,
+                    );
                 }
                 Ok(Some(a))
             }
-            s => s
-                .parse::<SocketAddr>()
-                .map(Some)
-                .map_err(|e| anyhow::anyhow!("server.data_listen {s:?}: {e} (an address, \"auto\" or \"\")")),
+            s => s.parse::<SocketAddr>().map(Some).map_err(|e| {
+                anyhow::anyhow!("server.data_listen {s:?}: {e} (an address, \"auto\" or \"\")")
+            }),
         }
     }
 
@@ -449,7 +473,8 @@ mod tests {
 
     #[test]
     fn units_and_validation() {
-        let c = Config::parse("[engine]\nmemory_capacity = \"512MiB\"\nmax_lease = \"5s\"\n").unwrap();
+        let c =
+            Config::parse("[engine]\nmemory_capacity = \"512MiB\"\nmax_lease = \"5s\"\n").unwrap();
         assert_eq!(c.engine.memory_capacity, ByteSize::mib(512));
         assert_eq!(c.engine.max_lease, Duration::from_secs(5));
         assert!(Config::parse("[engine]\nblock_size = 0\n").is_err());
@@ -474,9 +499,18 @@ mod tests {
              [[compat.tenants]]\nresource_name = \"r\"\ncontainer_name = \"c\"\nnamespace = \"t\"\nobject_store = \"az://t/kv\"\n",
         )
         .unwrap();
-        assert_eq!(c.object_store.policy().unwrap(), kvtier_core::ObjectWritePolicy::WriteThrough);
+        assert_eq!(
+            c.object_store.policy().unwrap(),
+            kvtier_core::ObjectWritePolicy::WriteThrough
+        );
         let tc = crate::object::tier_config(&c).unwrap();
-        assert_eq!(tc.namespaces, vec![("n1".into(), "az://c/x".into()), ("t".into(), "az://t/kv".into())]);
+        assert_eq!(
+            tc.namespaces,
+            vec![
+                ("n1".into(), "az://c/x".into()),
+                ("t".into(), "az://t/kv".into())
+            ]
+        );
         assert!(Config::parse("[object_store]\nwrite_policy = \"sometimes\"\n").is_err());
         assert!(Config::parse("[object_store]\nurll = \"x\"\n").is_err());
         assert!(crate::object::tier_config(&Config::default()).is_none());

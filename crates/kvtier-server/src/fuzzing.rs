@@ -20,7 +20,11 @@ pub fn decode_and_validate(data: &[u8]) {
         for (i, b) in req.blocks.into_iter().enumerate() {
             let (crc, len) = (b.crc32c, b.payload.len());
             if let Ok(block) = block_from_pb(&ns, i, b, FUZZ_MAX_BLOCK) {
-                assert_eq!(crc32c::crc32c(&block.payload), crc, "accepted block with a bad checksum");
+                assert_eq!(
+                    crc32c::crc32c(&block.payload),
+                    crc,
+                    "accepted block with a bad checksum"
+                );
                 assert!(len as u64 <= FUZZ_MAX_BLOCK);
                 assert!(!block.meta.id.key.as_bytes().is_empty());
                 assert!(block.meta.id.key.as_bytes().len() <= kvtier_core::keys::MAX_KEY_LEN);
@@ -31,7 +35,11 @@ pub fn decode_and_validate(data: &[u8]) {
         let _ = state::namespace(&req.namespace);
         let _ = state::keys(&req.keys);
         if let Ok(h) = kvtier_core::HashFn::parse(&req.hash) {
-            let bs = if req.block_size == 0 { 128 } else { req.block_size as usize };
+            let bs = if req.block_size == 0 {
+                128
+            } else {
+                req.block_size as usize
+            };
             if let Ok(keys) = h.chain(&req.tokens, bs) {
                 assert_eq!(keys.len(), req.tokens.len() / bs);
             }

@@ -20,7 +20,7 @@ use crate::status::to_http;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{DefaultBodyLimit, Path, Query, State};
-use axum::http::{header, StatusCode};
+use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
@@ -34,7 +34,10 @@ const API: &str = "http";
 pub fn router(shared: Shared) -> Router {
     let limit = shared.engine.config().max_block_size.bytes() as usize;
     Router::new()
-        .route("/v1/kv/{namespace}/{key}", get(get_value).put(put_value).delete(delete_value))
+        .route(
+            "/v1/kv/{namespace}/{key}",
+            get(get_value).put(put_value).delete(delete_value),
+        )
         .route("/healthz", get(healthz))
         .route("/metrics", get(metrics))
         .fallback(not_found)
@@ -72,15 +75,27 @@ async fn put_value(
     let adm = s.admit(Some(Instant::now())).await;
     let mut clock = adm.clock;
     let resp = async {
-        let Query(params) = params.map_err(|e| error(StatusCode::BAD_REQUEST, "invalid_argument", e.body_text()))?;
+        let Query(params) = params
+            .map_err(|e| error(StatusCode::BAD_REQUEST, "invalid_argument", e.body_text()))?;
         let body = body.map_err(|e| {
             let status = e.status();
             let msg = if status == StatusCode::PAYLOAD_TOO_LARGE {
-                format!("value exceeds the maximum block size of {}", s.engine.config().max_block_size)
+                format!(
+                    "value exceeds the maximum block size of {}",
+                    s.engine.config().max_block_size
+                )
             } else {
                 e.body_text()
             };
-            error(status, if status == StatusCode::PAYLOAD_TOO_LARGE { "payload_too_large" } else { "bad_body" }, msg)
+            error(
+                status,
+                if status == StatusCode::PAYLOAD_TOO_LARGE {
+                    "payload_too_large"
+                } else {
+                    "bad_body"
+                },
+                msg,
+            )
         })?;
         let id = id(&ns, &key)?;
         let len = body.len() as u64;
@@ -88,7 +103,10 @@ async fn put_value(
         if let Some(ttl) = params.ttl_ms.filter(|t| *t > 0) {
             block.meta.expires_unix_ms = Some(kvtier_core::memory::unix_ms().saturating_add(ttl));
         }
-        s.engine.put_value(block, &mut clock.storage).await.map_err(core_error)?;
+        s.engine
+            .put_value(block, &mut clock.storage)
+            .await
+            .map_err(core_error)?;
         s.metrics.bytes_in.inc_by(len);
         Ok::<_, Response>(StatusCode::NO_CONTENT.into_response())
     }
@@ -102,12 +120,31 @@ async fn get_value(State(s): State<Shared>, Path((ns, key)): Path<(String, Strin
     let mut clock = adm.clock;
     let resp = async {
         let id = id(&ns, &key)?;
-        match s.engine.read(&id, &mut clock.storage).await.map_err(core_error)? {
+        match s
+            .engine
+            .read(&id, &mut clock.storage)
+            .await
+            .map_err(core_error)?
+        {
             Some((b, tier)) => {
                 s.metrics.bytes_out.inc_by(b.payload.len() as u64);
-                Ok(([(header::CONTENT_TYPE, "application/octet-stream"), (header::HeaderName::from_static("x-kvtier-tier"), tier.name())], b.payload).into_response())
+                Ok((
+                    [
+                        (header::CONTENT_TYPE, "application/octet-stream"),
+                        (
+                            header::HeaderName::from_static("x-kvtier-tier"),
+                            tier.name(),
+                        ),
+                    ],
+                    b.payload,
+                )
+                    .into_response())
             }
-            None => Err(error(StatusCode::NOT_FOUND, "not_found", format!("key {key:?} not found in namespace {ns:?}"))),
+            None => Err(error(
+                StatusCode::NOT_FOUND,
+                "not_found",
+                format!("key {key:?} not found in namespace {ns:?}"),
+            )),
         }
     }
     .await
@@ -115,13 +152,25 @@ async fn get_value(State(s): State<Shared>, Path((ns, key)): Path<(String, Strin
     finish(&s, "get", &clock, resp)
 }
 
-async fn delete_value(State(s): State<Shared>, Path((ns, key)): Path<(String, String)>) -> Response {
+async fn delete_value(
+    State(s): State<Shared>,
+    Path((ns, key)): Path<(String, String)>,
+) -> Response {
     let adm = s.admit(Some(Instant::now())).await;
     let mut clock = adm.clock;
     let resp = async {
         let id = id(&ns, &key)?;
-        match s.engine.delete(&id, &mut clock.storage).await.map_err(core_error)? {
-            0 => Err(error(StatusCode::NOT_FOUND, "not_found", format!("key {key:?} not found in namespace {ns:?}"))),
+        match s
+            .engine
+            .delete(&id, &mut clock.storage)
+            .await
+            .map_err(core_error)?
+        {
+            0 => Err(error(
+                StatusCode::NOT_FOUND,
+                "not_found",
+                format!("key {key:?} not found in namespace {ns:?}"),
+            )),
             _ => Ok(StatusCode::NO_CONTENT.into_response()),
         }
     }
@@ -130,12 +179,25 @@ async fn delete_value(State(s): State<Shared>, Path((ns, key)): Path<(String, St
     finish(&s, "delete", &clock, resp)
 }
 
-fn finish(s: &Shared, op: &'static str, clock: &crate::timing::Clock, mut resp: Response) -> Response {
+fn finish(
+    s: &Shared,
+    op: &'static str,
+    clock: &crate::timing::Clock,
+    mut resp: Response,
+) -> Response {
     let t = clock.finish();
     let code = resp.status().as_u16().to_string();
     s.observe(API, op, &code, clock);
-    if let Ok(v) = format!("queue;dur={:.3}, service;dur={:.3}, storage;dur={:.3}", t.queue_us as f64 / 1e3, t.service_us as f64 / 1e3, (t.storage_memory_us + t.storage_disk_us + t.storage_object_us) as f64 / 1e3).parse() {
-        resp.headers_mut().insert(header::HeaderName::from_static("server-timing"), v);
+    if let Ok(v) = format!(
+        "queue;dur={:.3}, service;dur={:.3}, storage;dur={:.3}",
+        t.queue_us as f64 / 1e3,
+        t.service_us as f64 / 1e3,
+        (t.storage_memory_us + t.storage_disk_us + t.storage_object_us) as f64 / 1e3
+    )
+    .parse()
+    {
+        resp.headers_mut()
+            .insert(header::HeaderName::from_static("server-timing"), v);
     }
     resp
 }
@@ -145,9 +207,20 @@ async fn healthz() -> Response {
 }
 
 async fn metrics(State(s): State<Shared>) -> Response {
-    ([(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], s.metrics.encode()).into_response()
+    (
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        s.metrics.encode(),
+    )
+        .into_response()
 }
 
 async fn not_found() -> Response {
-    error(StatusCode::NOT_FOUND, "no_route", "no such endpoint; see /v1/kv/{namespace}/{key}, /healthz, /metrics")
+    error(
+        StatusCode::NOT_FOUND,
+        "no_route",
+        "no such endpoint; see /v1/kv/{namespace}/{key}, /healthz, /metrics",
+    )
 }

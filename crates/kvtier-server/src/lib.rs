@@ -138,7 +138,12 @@ impl Server {
             let addr = listener.local_addr()?;
             data_addr = Some(addr);
             let _ = shared.data_addr.set(addr);
-            tasks.spawn(wire::serve(listener, shared.clone(), cfg.server.max_message_size.bytes(), stop_rx.clone()));
+            tasks.spawn(wire::serve(
+                listener,
+                shared.clone(),
+                cfg.server.max_message_size.bytes(),
+                stop_rx.clone(),
+            ));
             tracing::info!(%addr, "data plane listening (Read/Write payloads, docs/wire.md)");
         }
         // Expired blocks are also dropped lazily on access; this bounds the memory
@@ -154,7 +159,15 @@ impl Server {
                 }
             }
         });
-        Ok(Self { grpc_addrs, http_addr, data_addr, engine, stop, tasks, grace: cfg.server.shutdown_grace })
+        Ok(Self {
+            grpc_addrs,
+            http_addr,
+            data_addr,
+            engine,
+            stop,
+            tasks,
+            grace: cfg.server.shutdown_grace,
+        })
     }
 
     /// Stops accepting, lets in-flight requests finish (up to the grace period).
@@ -163,7 +176,10 @@ impl Server {
         let grace = self.grace;
         if !self.engine.flush_object_uploads(grace).await {
             let pending = self.engine.stats().object.map_or(0, |o| o.queue_depth);
-            tracing::warn!(pending, "write-back uploads still pending at shutdown; they are lost unless on disk");
+            tracing::warn!(
+                pending,
+                "write-back uploads still pending at shutdown; they are lost unless on disk"
+            );
         }
         let drain = async {
             while let Some(r) = self.tasks.join_next().await {
@@ -174,7 +190,10 @@ impl Server {
         match tokio::time::timeout(grace, drain).await {
             Ok(r) => r,
             Err(_) => {
-                tracing::warn!(?grace, "shutdown grace period over; aborting remaining requests");
+                tracing::warn!(
+                    ?grace,
+                    "shutdown grace period over; aborting remaining requests"
+                );
                 self.tasks.abort_all();
                 Ok(())
             }
@@ -223,7 +242,9 @@ async fn build_local_engine(cfg: &Config) -> anyhow::Result<Engine> {
     dc.sync = d.sync;
     dc.batch_interval = d.batch_interval;
     dc.verify_on_open = d.verify_on_open;
-    let (disk, rep) = kvtier_core::DiskTier::open_async(dc).await.map_err(|e| anyhow::anyhow!("disk tier: {}", e.message))?;
+    let (disk, rep) = kvtier_core::DiskTier::open_async(dc)
+        .await
+        .map_err(|e| anyhow::anyhow!("disk tier: {}", e.message))?;
     tracing::info!(
         dir = %d.dir,
         blocks = rep.blocks,
@@ -232,24 +253,36 @@ async fn build_local_engine(cfg: &Config) -> anyhow::Result<Engine> {
         elapsed_ms = rep.elapsed.as_millis() as u64,
         "disk tier recovered"
     );
-    Ok(Engine::with_disk(cfg.engine.engine_config(), Some(Arc::new(disk)), d.policy()?))
+    Ok(Engine::with_disk(
+        cfg.engine.engine_config(),
+        Some(Arc::new(disk)),
+        d.policy()?,
+    ))
 }
 
-type GrpcRouter =
-    tonic::transport::server::Router<tower::layer::util::Stack<timing::ArrivalLayer, tower::layer::util::Identity>>;
+type GrpcRouter = tonic::transport::server::Router<
+    tower::layer::util::Stack<timing::ArrivalLayer, tower::layer::util::Identity>,
+>;
 
 fn grpc_router(cfg: &Config, shared: Shared) -> anyhow::Result<GrpcRouter> {
     let max = cfg.server.max_message_size.bytes() as usize;
-    let compat = KvStoreServiceServer::new(grpc::compat::CompatService::new(shared.clone(), &cfg.compat)?)
-        .max_decoding_message_size(max)
-        .max_encoding_message_size(max);
+    let compat = KvStoreServiceServer::new(grpc::compat::CompatService::new(
+        shared.clone(),
+        &cfg.compat,
+    )?)
+    .max_decoding_message_size(max)
+    .max_encoding_message_size(max);
     let v1 = KvTierServer::new(grpc::v1::V1Service::new(shared))
         .max_decoding_message_size(max)
         .max_encoding_message_size(max);
     let (health_reporter, health) = tonic_health::server::health_reporter();
     tokio::spawn(async move {
-        health_reporter.set_serving::<KvTierServer<grpc::v1::V1Service>>().await;
-        health_reporter.set_serving::<KvStoreServiceServer<grpc::compat::CompatService>>().await;
+        health_reporter
+            .set_serving::<KvTierServer<grpc::v1::V1Service>>()
+            .await;
+        health_reporter
+            .set_serving::<KvStoreServiceServer<grpc::compat::CompatService>>()
+            .await;
     });
     Ok(tonic::transport::Server::builder()
         .initial_stream_window_size(Some(cfg.server.stream_window.bytes() as u32))

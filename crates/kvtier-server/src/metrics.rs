@@ -77,33 +77,67 @@ impl Metrics {
     pub fn new(engine: Arc<Engine>) -> Self {
         let mut registry = Registry::with_prefix("kvtier");
         let requests = Family::<OutcomeLabels, Counter>::default();
-        registry.register("requests", "Requests by API, operation and outcome", requests.clone());
-        let latency = Family::<OpLabels, Histogram>::new_with_constructor(latency_histogram as fn() -> Histogram);
+        registry.register(
+            "requests",
+            "Requests by API, operation and outcome",
+            requests.clone(),
+        );
+        let latency = Family::<OpLabels, Histogram>::new_with_constructor(
+            latency_histogram as fn() -> Histogram,
+        );
         registry.register(
             "request_duration_seconds",
             "Server time per request (queue + service)",
             latency.clone(),
         );
         let inflight = Gauge::default();
-        registry.register("inflight_requests", "Requests being served now", inflight.clone());
+        registry.register(
+            "inflight_requests",
+            "Requests being served now",
+            inflight.clone(),
+        );
         let bytes_in = Counter::default();
-        registry.register("write_payload_bytes", "Payload bytes received by writes", bytes_in.clone());
+        registry.register(
+            "write_payload_bytes",
+            "Payload bytes received by writes",
+            bytes_in.clone(),
+        );
         let bytes_out = Counter::default();
-        registry.register("read_payload_bytes", "Payload bytes sent by reads", bytes_out.clone());
+        registry.register(
+            "read_payload_bytes",
+            "Payload bytes sent by reads",
+            bytes_out.clone(),
+        );
         registry.register_collector(Box::new(EngineCollector(engine)));
-        Self { registry, requests, latency, inflight, bytes_in, bytes_out }
+        Self {
+            registry,
+            requests,
+            latency,
+            inflight,
+            bytes_in,
+            bytes_out,
+        }
     }
 
     /// Records one finished request.
     pub fn observe(&self, api: &'static str, op: &'static str, code: &str, total: Duration) {
-        self.requests.get_or_create(&OutcomeLabels { api, op, code: code.to_string() }).inc();
-        self.latency.get_or_create(&OpLabels { api, op }).observe(total.as_secs_f64());
+        self.requests
+            .get_or_create(&OutcomeLabels {
+                api,
+                op,
+                code: code.to_string(),
+            })
+            .inc();
+        self.latency
+            .get_or_create(&OpLabels { api, op })
+            .observe(total.as_secs_f64());
     }
 
     /// Prometheus / OpenMetrics text.
     pub fn encode(&self) -> String {
         let mut out = String::new();
-        prometheus_client::encoding::text::encode(&mut out, &self.registry).expect("encode metrics");
+        prometheus_client::encoding::text::encode(&mut out, &self.registry)
+            .expect("encode metrics");
         out
     }
 }
@@ -128,7 +162,10 @@ struct ReasonLabel {
 }
 
 /// Disk-tier series: the recovery report of the last open and the disk counters.
-fn encode_disk(disk: &kvtier_core::DiskTier, encoder: &mut DescriptorEncoder) -> Result<(), std::fmt::Error> {
+fn encode_disk(
+    disk: &kvtier_core::DiskTier,
+    encoder: &mut DescriptorEncoder,
+) -> Result<(), std::fmt::Error> {
     use prometheus_client::metrics::MetricType;
     let rep = disk.recovery_report();
     ConstGauge::new(rep.blocks as i64).encode(encoder.encode_descriptor(
@@ -168,12 +205,29 @@ fn encode_disk(disk: &kvtier_core::DiskTier, encoder: &mut DescriptorEncoder) ->
     }
     let ds = disk.disk_stats();
     let counters: [(&str, &str, u64); 3] = [
-        ("disk_corrupt_on_read", "Disk records found corrupt or unreadable on read (served as misses)", ds.corrupt_on_read),
-        ("disk_write_exhausted", "Disk writes refused for lack of space (full tier or ENOSPC)", ds.write_exhausted),
-        ("disk_write_errors", "Disk writes that failed with another I/O error", ds.write_errors),
+        (
+            "disk_corrupt_on_read",
+            "Disk records found corrupt or unreadable on read (served as misses)",
+            ds.corrupt_on_read,
+        ),
+        (
+            "disk_write_exhausted",
+            "Disk writes refused for lack of space (full tier or ENOSPC)",
+            ds.write_exhausted,
+        ),
+        (
+            "disk_write_errors",
+            "Disk writes that failed with another I/O error",
+            ds.write_errors,
+        ),
     ];
     for (name, help, v) in counters {
-        ConstCounter::new(v).encode(encoder.encode_descriptor(name, help, None, MetricType::Counter)?)?;
+        ConstCounter::new(v).encode(encoder.encode_descriptor(
+            name,
+            help,
+            None,
+            MetricType::Counter,
+        )?)?;
     }
     ConstGauge::new(ds.reserved_bytes as i64).encode(encoder.encode_descriptor(
         "disk_reserved_bytes",
@@ -191,7 +245,10 @@ fn encode_disk(disk: &kvtier_core::DiskTier, encoder: &mut DescriptorEncoder) ->
 }
 
 /// Object-store series: the write-back queue and the engine's and tier's counters.
-fn encode_object(o: &kvtier_core::ObjectStats, encoder: &mut DescriptorEncoder) -> Result<(), std::fmt::Error> {
+fn encode_object(
+    o: &kvtier_core::ObjectStats,
+    encoder: &mut DescriptorEncoder,
+) -> Result<(), std::fmt::Error> {
     use prometheus_client::metrics::MetricType;
     ConstGauge::new(o.queue_depth as i64).encode(encoder.encode_descriptor(
         "object_writeback_queue_depth",
@@ -212,17 +269,50 @@ fn encode_object(o: &kvtier_core::ObjectStats, encoder: &mut DescriptorEncoder) 
         MetricType::Gauge,
     )?)?;
     let mut counters: Vec<(&str, &str, u64)> = vec![
-        ("object_uploads", "Blocks uploaded by the write-back queue", o.uploads),
-        ("object_upload_retries", "Write-back upload attempts that failed and were retried", o.upload_retries),
-        ("object_uploads_superseded", "Queued uploads skipped for a newer value of the same key", o.uploads_superseded),
-        ("object_write_failures", "Writes refused because the object store failed or the queue stayed full", o.write_failures),
-        ("object_lookup_degraded", "Lookups answered from local tiers only (store error or deadline)", o.lookup_degraded),
-        ("object_lookup_checks", "Existence checks a lookup sent to the object tier", o.lookup_checks),
-        ("object_promotions_to_disk", "Blocks read from the object store and copied to disk", o.promotions_to_disk),
+        (
+            "object_uploads",
+            "Blocks uploaded by the write-back queue",
+            o.uploads,
+        ),
+        (
+            "object_upload_retries",
+            "Write-back upload attempts that failed and were retried",
+            o.upload_retries,
+        ),
+        (
+            "object_uploads_superseded",
+            "Queued uploads skipped for a newer value of the same key",
+            o.uploads_superseded,
+        ),
+        (
+            "object_write_failures",
+            "Writes refused because the object store failed or the queue stayed full",
+            o.write_failures,
+        ),
+        (
+            "object_lookup_degraded",
+            "Lookups answered from local tiers only (store error or deadline)",
+            o.lookup_degraded,
+        ),
+        (
+            "object_lookup_checks",
+            "Existence checks a lookup sent to the object tier",
+            o.lookup_checks,
+        ),
+        (
+            "object_promotions_to_disk",
+            "Blocks read from the object store and copied to disk",
+            o.promotions_to_disk,
+        ),
     ];
     counters.extend(o.tier_counters.iter().copied());
     for (name, help, v) in counters {
-        ConstCounter::new(v).encode(encoder.encode_descriptor(name, help, None, MetricType::Counter)?)?;
+        ConstCounter::new(v).encode(encoder.encode_descriptor(
+            name,
+            help,
+            None,
+            MetricType::Counter,
+        )?)?;
     }
     Ok(())
 }
@@ -239,33 +329,70 @@ impl Collector for EngineCollector {
         let gauges: [(&str, &str, Get); 3] = [
             ("tier_blocks", "Blocks held per tier", |s| s.blocks),
             ("tier_bytes", "Bytes held per tier", |s| s.bytes),
-            ("tier_capacity_bytes", "Byte budget per tier", |s| s.capacity_bytes),
+            ("tier_capacity_bytes", "Byte budget per tier", |s| {
+                s.capacity_bytes
+            }),
         ];
         for (name, help, get) in gauges {
-            let mut fam = encoder.encode_descriptor(name, help, None, prometheus_client::metrics::MetricType::Gauge)?;
+            let mut fam = encoder.encode_descriptor(
+                name,
+                help,
+                None,
+                prometheus_client::metrics::MetricType::Gauge,
+            )?;
             for (kind, s) in &stats.tiers {
                 let g = ConstGauge::new(get(s) as i64);
                 g.encode(fam.encode_family(&TierLabel { tier: kind.name() })?)?;
             }
         }
         let counters: [(&str, &str, Get); 4] = [
-            ("tier_hits", "Reads that found the block in this tier", |s| s.hits),
-            ("tier_misses", "Reads that did not find the block in this tier", |s| s.misses),
-            ("tier_evictions", "Blocks evicted to make room", |s| s.evictions),
-            ("tier_expirations", "Blocks removed because their TTL passed", |s| s.expirations),
+            (
+                "tier_hits",
+                "Reads that found the block in this tier",
+                |s| s.hits,
+            ),
+            (
+                "tier_misses",
+                "Reads that did not find the block in this tier",
+                |s| s.misses,
+            ),
+            ("tier_evictions", "Blocks evicted to make room", |s| {
+                s.evictions
+            }),
+            (
+                "tier_expirations",
+                "Blocks removed because their TTL passed",
+                |s| s.expirations,
+            ),
         ];
         for (name, help, get) in counters {
-            let mut fam =
-                encoder.encode_descriptor(name, help, None, prometheus_client::metrics::MetricType::Counter)?;
+            let mut fam = encoder.encode_descriptor(
+                name,
+                help,
+                None,
+                prometheus_client::metrics::MetricType::Counter,
+            )?;
             for (kind, s) in &stats.tiers {
                 let c = ConstCounter::new(get(s));
                 c.encode(fam.encode_family(&TierLabel { tier: kind.name() })?)?;
             }
         }
         let engine_counters: [(&str, &str, u64); 3] = [
-            ("engine_degraded_writes", "Writes acknowledged memory-only because the disk tier refused them", stats.degraded_writes),
-            ("engine_demotions", "Blocks evicted from memory and written to the disk tier", stats.demotions),
-            ("engine_demotion_failures", "Demotions to the disk tier that failed (block dropped)", stats.demotion_failures),
+            (
+                "engine_degraded_writes",
+                "Writes acknowledged memory-only because the disk tier refused them",
+                stats.degraded_writes,
+            ),
+            (
+                "engine_demotions",
+                "Blocks evicted from memory and written to the disk tier",
+                stats.demotions,
+            ),
+            (
+                "engine_demotion_failures",
+                "Demotions to the disk tier that failed (block dropped)",
+                stats.demotion_failures,
+            ),
         ];
         for (name, help, v) in engine_counters {
             ConstCounter::new(v).encode(encoder.encode_descriptor(

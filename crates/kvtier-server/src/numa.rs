@@ -18,8 +18,15 @@ fn nodes_from(root: &Path) -> Vec<Vec<usize>> {
     if let Ok(rd) = std::fs::read_dir(root) {
         for e in rd.flatten() {
             let name = e.file_name().to_string_lossy().to_string();
-            let Some(n) = name.strip_prefix("node").and_then(|n| n.parse::<usize>().ok()) else { continue };
-            let Ok(list) = std::fs::read_to_string(e.path().join("cpulist")) else { continue };
+            let Some(n) = name
+                .strip_prefix("node")
+                .and_then(|n| n.parse::<usize>().ok())
+            else {
+                continue;
+            };
+            let Ok(list) = std::fs::read_to_string(e.path().join("cpulist")) else {
+                continue;
+            };
             if let Ok(cpus) = crate::config::parse_cpuset(list.trim()) {
                 out.push((n, cpus));
             }
@@ -36,12 +43,18 @@ fn nodes_from(root: &Path) -> Vec<Vec<usize>> {
 /// One listener per NUMA node: node `i` gets `port + i`, pinned to its CPUs.
 pub fn listeners_for(base: &str) -> anyhow::Result<Vec<String>> {
     let base = base.split('@').next().unwrap_or(base);
-    let addr: std::net::SocketAddr = base.parse().map_err(|e| anyhow::anyhow!("--numa base address {base:?}: {e}"))?;
+    let addr: std::net::SocketAddr = base
+        .parse()
+        .map_err(|e| anyhow::anyhow!("--numa base address {base:?}: {e}"))?;
     Ok(nodes()
         .iter()
         .enumerate()
         .map(|(i, cpus)| {
-            let port = if addr.port() == 0 { 0 } else { addr.port() + i as u16 };
+            let port = if addr.port() == 0 {
+                0
+            } else {
+                addr.port() + i as u16
+            };
             let list: Vec<String> = cpus.iter().map(|c| c.to_string()).collect();
             format!("{}:{}@{}", addr.ip(), port, list.join(","))
         })
@@ -61,7 +74,9 @@ pub fn pin_current_thread(cpus: &[usize]) -> anyhow::Result<()> {
 /// The CPUs the calling thread may run on.
 pub fn current_affinity() -> anyhow::Result<Vec<usize>> {
     let set = nix::sched::sched_getaffinity(nix::unistd::Pid::from_raw(0))?;
-    Ok((0..nix::sched::CpuSet::count()).filter(|&c| set.is_set(c).unwrap_or(false)).collect())
+    Ok((0..nix::sched::CpuSet::count())
+        .filter(|&c| set.is_set(c).unwrap_or(false))
+        .collect())
 }
 
 #[cfg(test)]
@@ -77,7 +92,10 @@ mod tests {
             std::fs::write(d.join("cpulist"), format!("{list}\n")).unwrap();
         }
         std::fs::create_dir_all(dir.path().join("power")).unwrap();
-        assert_eq!(nodes_from(dir.path()), vec![vec![0, 1, 2, 3], vec![4, 5, 6, 7]]);
+        assert_eq!(
+            nodes_from(dir.path()),
+            vec![vec![0, 1, 2, 3], vec![4, 5, 6, 7]]
+        );
         assert!(!nodes().is_empty());
         let l = listeners_for("0.0.0.0:8085").unwrap();
         assert_eq!(l.len(), nodes().len());

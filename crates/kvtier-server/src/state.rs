@@ -37,21 +37,36 @@ impl Shared {
     /// Builds the shared state.
     pub fn new(engine: Arc<Engine>, max_inflight: usize) -> Self {
         let metrics = Arc::new(Metrics::new(engine.clone()));
-        Self { engine, metrics, admission: Arc::new(Semaphore::new(max_inflight)), data_addr: Default::default() }
+        Self {
+            engine,
+            metrics,
+            admission: Arc::new(Semaphore::new(max_inflight)),
+            data_addr: Default::default(),
+        }
     }
 
     /// Waits for admission; the wait counts as queue time.
     pub async fn admit(&self, arrived: Option<Instant>) -> Admitted {
         let mut clock = Clock::start(arrived);
-        let permit = self.admission.clone().acquire_owned().await.expect("semaphore never closed");
+        let permit = self
+            .admission
+            .clone()
+            .acquire_owned()
+            .await
+            .expect("semaphore never closed");
         clock.admitted();
         self.metrics.inflight.inc();
-        Admitted { clock, _permit: permit, metrics: self.metrics.clone() }
+        Admitted {
+            clock,
+            _permit: permit,
+            metrics: self.metrics.clone(),
+        }
     }
 
     /// Records the outcome of a request.
     pub fn observe(&self, api: &'static str, op: &'static str, code: &str, clock: &Clock) {
-        self.metrics.observe(api, op, code, clock.queue() + clock.started.elapsed());
+        self.metrics
+            .observe(api, op, code, clock.queue() + clock.started.elapsed());
     }
 }
 
@@ -70,7 +85,8 @@ pub fn keys(raw: &[bytes::Bytes]) -> Result<Vec<Key>, tonic::Status> {
     raw.iter()
         .enumerate()
         .map(|(i, k)| {
-            Key::new(k.clone()).map_err(|e| tonic::Status::invalid_argument(format!("keys[{i}]: {}", e.message)))
+            Key::new(k.clone())
+                .map_err(|e| tonic::Status::invalid_argument(format!("keys[{i}]: {}", e.message)))
         })
         .collect()
 }

@@ -70,7 +70,11 @@ impl Clock {
     /// Starts the service clock for a request that arrived at `arrived`.
     pub fn start(arrived: Option<Instant>) -> Self {
         let now = Instant::now();
-        Self { arrived: arrived.unwrap_or(now), started: now, storage: StorageTiming::default() }
+        Self {
+            arrived: arrived.unwrap_or(now),
+            started: now,
+            storage: StorageTiming::default(),
+        }
     }
 
     /// Time between arrival and handler start.

@@ -19,7 +19,9 @@ use crate::timing::Clock;
 use bytes::Bytes;
 use kvtier_core::{BlockId, Key, WriteOutcome};
 use kvtier_proto::v1 as pb;
-use kvtier_proto::wire::{HEADER_LEN, Header, Kind, read_exact_bytes, split_payloads, write_all_vectored};
+use kvtier_proto::wire::{
+    HEADER_LEN, Header, Kind, read_exact_bytes, split_payloads, write_all_vectored,
+};
 use prost::Message;
 use std::time::{Duration, Instant};
 use tokio::io::AsyncReadExt;
@@ -29,7 +31,12 @@ use tokio::sync::watch;
 const API: &str = "wire";
 
 /// Accepts connections until `stop` flips.
-pub async fn serve(listener: TcpListener, shared: Shared, max_frame: u64, stop: watch::Receiver<bool>) -> anyhow::Result<()> {
+pub async fn serve(
+    listener: TcpListener,
+    shared: Shared,
+    max_frame: u64,
+    stop: watch::Receiver<bool>,
+) -> anyhow::Result<()> {
     let mut stopping = stop.clone();
     loop {
         tokio::select! {
@@ -59,11 +66,24 @@ struct Reply {
 }
 
 fn error_reply(code: tonic::Code, message: impl Into<String>) -> Reply {
-    let meta = pb::WireError { code: code as i32, message: message.into() }.encode_to_vec();
-    Reply { kind: Kind::Error, meta, data: Vec::new() }
+    let meta = pb::WireError {
+        code: code as i32,
+        message: message.into(),
+    }
+    .encode_to_vec();
+    Reply {
+        kind: Kind::Error,
+        meta,
+        data: Vec::new(),
+    }
 }
 
-async fn connection(mut sock: TcpStream, shared: Shared, max_frame: u64, mut stop: watch::Receiver<bool>) -> anyhow::Result<()> {
+async fn connection(
+    mut sock: TcpStream,
+    shared: Shared,
+    max_frame: u64,
+    mut stop: watch::Receiver<bool>,
+) -> anyhow::Result<()> {
     loop {
         let mut raw = [0u8; HEADER_LEN];
         tokio::select! {
@@ -83,7 +103,12 @@ async fn connection(mut sock: TcpStream, shared: Shared, max_frame: u64, mut sto
                 "frame of {} bytes exceeds the maximum message size of {max_frame} bytes",
                 header.meta_len as u64 + header.data_len as u64
             );
-            write_reply(&mut sock, header.request_id, error_reply(tonic::Code::InvalidArgument, msg)).await?;
+            write_reply(
+                &mut sock,
+                header.request_id,
+                error_reply(tonic::Code::InvalidArgument, msg),
+            )
+            .await?;
             return Ok(());
         }
         // Into uninitialised buffers: no memset of the payload before the socket fills it.
@@ -92,7 +117,10 @@ async fn connection(mut sock: TcpStream, shared: Shared, max_frame: u64, mut sto
         let reply = match header.kind {
             Kind::Read => read(&shared, meta, arrived).await,
             Kind::Write => write(&shared, meta, data, arrived).await,
-            other => error_reply(tonic::Code::InvalidArgument, format!("frame kind {other:?} is not a request")),
+            other => error_reply(
+                tonic::Code::InvalidArgument,
+                format!("frame kind {other:?} is not a request"),
+            ),
         };
         write_reply(&mut sock, header.request_id, reply).await?;
     }
@@ -102,7 +130,13 @@ async fn connection(mut sock: TcpStream, shared: Shared, max_frame: u64, mut sto
 /// store's buffers to the socket without a user-space copy.
 async fn write_reply(sock: &mut TcpStream, request_id: u64, r: Reply) -> std::io::Result<()> {
     let data_len: usize = r.data.iter().map(Bytes::len).sum();
-    let header = Header { kind: r.kind, request_id, meta_len: r.meta.len() as u32, data_len: data_len as u32 }.encode();
+    let header = Header {
+        kind: r.kind,
+        request_id,
+        meta_len: r.meta.len() as u32,
+        data_len: data_len as u32,
+    }
+    .encode();
     let mut parts: Vec<&[u8]> = Vec::with_capacity(2 + r.data.len());
     parts.push(&header);
     parts.push(&r.meta);
@@ -126,14 +160,23 @@ async fn read(shared: &Shared, meta: Bytes, arrived: Instant) -> Reply {
     r.unwrap_or_else(status_reply)
 }
 
-async fn read_inner(shared: &Shared, meta: Bytes, arrived: Instant, clock: &mut Clock) -> Result<Reply, tonic::Status> {
-    let req = pb::WireReadRequest::decode(meta).map_err(|e| tonic::Status::invalid_argument(format!("bad read request: {e}")))?;
+async fn read_inner(
+    shared: &Shared,
+    meta: Bytes,
+    arrived: Instant,
+    clock: &mut Clock,
+) -> Result<Reply, tonic::Status> {
+    let req = pb::WireReadRequest::decode(meta)
+        .map_err(|e| tonic::Status::invalid_argument(format!("bad read request: {e}")))?;
     let timeout = req.timeout_ms;
     let req = req.request.unwrap_or_default();
     let ns = state::namespace(&req.namespace)?;
     let keys = state::keys(&req.keys)?;
     if req.lease_id != 0 {
-        shared.engine.check_lease(req.lease_id).map_err(crate::status::to_status)?;
+        shared
+            .engine
+            .check_lease(req.lease_id)
+            .map_err(crate::status::to_status)?;
     }
     let deadline = (timeout > 0).then(|| arrived + Duration::from_millis(timeout as u64));
     let mut reply = pb::WireReadReply::default();
@@ -146,7 +189,8 @@ async fn read_inner(shared: &Shared, meta: Bytes, arrived: Instant, clock: &mut 
             break;
         }
         let id = BlockId::new(ns.clone(), key);
-        let fut = kvtier_core::deadline::scope(deadline, shared.engine.read(&id, &mut clock.storage));
+        let fut =
+            kvtier_core::deadline::scope(deadline, shared.engine.read(&id, &mut clock.storage));
         let got = match deadline {
             Some(d) => match tokio::time::timeout_at(d.into(), fut).await {
                 Ok(r) => r,
@@ -189,7 +233,11 @@ async fn read_inner(shared: &Shared, meta: Bytes, arrived: Instant, clock: &mut 
         reason: reason.to_string(),
         timing: Some(clock.finish()),
     });
-    Ok(Reply { kind: Kind::ReadReply, meta: reply.encode_to_vec(), data })
+    Ok(Reply {
+        kind: Kind::ReadReply,
+        meta: reply.encode_to_vec(),
+        data,
+    })
 }
 
 async fn write(shared: &Shared, meta: Bytes, data: Bytes, arrived: Instant) -> Reply {
@@ -204,9 +252,17 @@ async fn write(shared: &Shared, meta: Bytes, data: Bytes, arrived: Instant) -> R
     r.unwrap_or_else(status_reply)
 }
 
-async fn write_inner(shared: &Shared, meta: Bytes, data: Bytes, arrived: Instant, clock: &mut Clock) -> Result<Reply, tonic::Status> {
-    let req = pb::WireWriteRequest::decode(meta).map_err(|e| tonic::Status::invalid_argument(format!("bad write request: {e}")))?;
-    let deadline = (req.timeout_ms > 0).then(|| arrived + Duration::from_millis(req.timeout_ms as u64));
+async fn write_inner(
+    shared: &Shared,
+    meta: Bytes,
+    data: Bytes,
+    arrived: Instant,
+    clock: &mut Clock,
+) -> Result<Reply, tonic::Status> {
+    let req = pb::WireWriteRequest::decode(meta)
+        .map_err(|e| tonic::Status::invalid_argument(format!("bad write request: {e}")))?;
+    let deadline =
+        (req.timeout_ms > 0).then(|| arrived + Duration::from_millis(req.timeout_ms as u64));
     let mut w = req.request.unwrap_or_default();
     if w.blocks.len() != req.payload_lengths.len() {
         return Err(tonic::Status::invalid_argument(format!(
@@ -215,7 +271,8 @@ async fn write_inner(shared: &Shared, meta: Bytes, data: Bytes, arrived: Instant
             req.payload_lengths.len()
         )));
     }
-    let payloads = split_payloads(data, &req.payload_lengths).map_err(tonic::Status::invalid_argument)?;
+    let payloads =
+        split_payloads(data, &req.payload_lengths).map_err(tonic::Status::invalid_argument)?;
     let ns = state::namespace(&w.namespace)?;
     let max = shared.engine.config().max_block_size.bytes();
     for (b, p) in w.blocks.iter_mut().zip(payloads) {
@@ -231,7 +288,9 @@ async fn write_inner(shared: &Shared, meta: Bytes, data: Bytes, arrived: Instant
     let mut resp = pb::WriteResponse::default();
     for b in blocks {
         let len = b.payload.len() as u64;
-        let stored = kvtier_core::deadline::scope(deadline, shared.engine.write(b, &mut clock.storage)).await;
+        let stored =
+            kvtier_core::deadline::scope(deadline, shared.engine.write(b, &mut clock.storage))
+                .await;
         match stored.map_err(crate::status::to_status)? {
             WriteOutcome::Stored => resp.stored += 1,
             WriteOutcome::Existing => resp.existing += 1,
@@ -239,5 +298,9 @@ async fn write_inner(shared: &Shared, meta: Bytes, data: Bytes, arrived: Instant
         shared.metrics.bytes_in.inc_by(len);
     }
     resp.timing = Some(clock.finish());
-    Ok(Reply { kind: Kind::WriteReply, meta: resp.encode_to_vec(), data: Vec::new() })
+    Ok(Reply {
+        kind: Kind::WriteReply,
+        meta: resp.encode_to_vec(),
+        data: Vec::new(),
+    })
 }

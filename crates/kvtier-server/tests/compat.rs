@@ -8,7 +8,11 @@ use kvtier_proto::kvstore as pb;
 use kvtier_proto::kvstore::kv_store_service_client::KvStoreServiceClient;
 
 fn payload(i: usize, len: usize) -> Bytes {
-    Bytes::from((0..len).map(|j| (j as u8) ^ (i as u8).wrapping_mul(41)).collect::<Vec<u8>>())
+    Bytes::from(
+        (0..len)
+            .map(|j| (j as u8) ^ (i as u8).wrapping_mul(41))
+            .collect::<Vec<u8>>(),
+    )
 }
 
 fn prompt(n_tokens: usize, salt: i64) -> Vec<i64> {
@@ -16,12 +20,21 @@ fn prompt(n_tokens: usize, salt: i64) -> Vec<i64> {
 }
 
 async fn compat(server: &kvtier_server::Server, resource: &str, container: &str) -> CompatClient {
-    CompatClient::connect(ClientConfig::new(common::raw_endpoint(server)), resource, container).await.unwrap()
+    CompatClient::connect(
+        ClientConfig::new(common::raw_endpoint(server)),
+        resource,
+        container,
+    )
+    .await
+    .unwrap()
 }
 
 fn check_metrics(m: &Option<pb::ServerMetrics>) {
     let m = m.as_ref().expect("server_metrics present");
-    assert!(m.storage_latency_us >= 0 && m.storage_latency_us <= m.total_latency_us, "{m:?}");
+    assert!(
+        m.storage_latency_us >= 0 && m.storage_latency_us <= m.total_latency_us,
+        "{m:?}"
+    );
     assert_eq!(m.overhead_us, m.total_latency_us - m.storage_latency_us);
 }
 
@@ -42,7 +55,10 @@ async fn conversation_lookup_read_versions_and_streaming() {
     let l = c.lookup(&longer).await.unwrap();
     assert_eq!(l.cached_blocks, 3);
     assert_eq!(l.last_hash, hashes[2]);
-    assert_eq!(l.locations.iter().map(|x| x.hash).collect::<Vec<_>>(), hashes);
+    assert_eq!(
+        l.locations.iter().map(|x| x.hash).collect::<Vec<_>>(),
+        hashes
+    );
     check_metrics(&l.server_metrics);
     for (i, loc) in l.locations.iter().enumerate() {
         let r = c.read(&loc.location).await.unwrap();
@@ -77,8 +93,18 @@ async fn conversation_lookup_read_versions_and_streaming() {
     assert_eq!(la.last_hash, alt_hashes[2]);
     let lo = c.lookup(&toks).await.unwrap();
     assert_eq!(lo.last_hash, hashes[2], "original version still resolvable");
-    let v_alt = c.read(&la.locations[2].location).await.unwrap().chunk.unwrap();
-    let v_orig = c.read(&lo.locations[2].location).await.unwrap().chunk.unwrap();
+    let v_alt = c
+        .read(&la.locations[2].location)
+        .await
+        .unwrap()
+        .chunk
+        .unwrap();
+    let v_orig = c
+        .read(&lo.locations[2].location)
+        .await
+        .unwrap()
+        .chunk
+        .unwrap();
     assert_eq!(v_alt.buffer, alt_data[2]);
     assert_eq!(v_orig.buffer, data[2]);
     assert_eq!(v_alt.tokens, v_orig.tokens, "same tokens, two versions");
@@ -99,12 +125,14 @@ async fn conversation_lookup_read_versions_and_streaming() {
 #[tokio::test]
 async fn tenants_are_isolated_and_strict_mode_refuses_unknown() {
     let mut cfg = common::test_config();
-    cfg.compat.tenants.push(kvtier_server::config::TenantMapping {
-        resource_name: "known".into(),
-        container_name: "c".into(),
-        namespace: "tenant-known".into(),
-        object_store: None,
-    });
+    cfg.compat
+        .tenants
+        .push(kvtier_server::config::TenantMapping {
+            resource_name: "known".into(),
+            container_name: "c".into(),
+            namespace: "tenant-known".into(),
+            object_store: None,
+        });
     let (server, _) = common::start(cfg.clone()).await;
     let a = compat(&server, "acct-a", "kv").await;
     let b = compat(&server, "acct-b", "kv").await;
@@ -113,7 +141,11 @@ async fn tenants_are_isolated_and_strict_mode_refuses_unknown() {
         a.write(ch).await.unwrap();
     }
     assert_eq!(a.lookup(&toks).await.unwrap().cached_blocks, 2);
-    assert_eq!(b.lookup(&toks).await.unwrap().cached_blocks, 0, "identical tokens, other tenant");
+    assert_eq!(
+        b.lookup(&toks).await.unwrap().cached_blocks,
+        0,
+        "identical tokens, other tenant"
+    );
     // B cannot read A's location either.
     let loc = a.lookup(&toks).await.unwrap().locations[0].location.clone();
     assert!(!b.read(&loc).await.unwrap().found);
@@ -128,16 +160,28 @@ async fn tenants_are_isolated_and_strict_mode_refuses_unknown() {
 
     cfg.compat.strict_tenants = true;
     let (server, _) = common::start(cfg).await;
-    let mut raw = KvStoreServiceClient::connect(common::raw_endpoint(&server)).await.unwrap();
+    let mut raw = KvStoreServiceClient::connect(common::raw_endpoint(&server))
+        .await
+        .unwrap();
     let r = raw
-        .lookup(pb::LookupRequest { resource_name: "stranger".into(), container_name: "x".into(), tokens: toks.clone(), ..Default::default() })
+        .lookup(pb::LookupRequest {
+            resource_name: "stranger".into(),
+            container_name: "x".into(),
+            tokens: toks.clone(),
+            ..Default::default()
+        })
         .await
         .unwrap()
         .into_inner();
     assert!(!r.success);
     assert!(r.error.contains("unknown tenant"), "{}", r.error);
     let r = raw
-        .lookup(pb::LookupRequest { resource_name: "known".into(), container_name: "c".into(), tokens: toks, ..Default::default() })
+        .lookup(pb::LookupRequest {
+            resource_name: "known".into(),
+            container_name: "c".into(),
+            tokens: toks,
+            ..Default::default()
+        })
         .await
         .unwrap()
         .into_inner();
@@ -150,24 +194,47 @@ async fn malformed_requests_get_in_band_errors() {
     let mut cfg = common::test_config();
     cfg.engine.max_block_size = kvtier_core::ByteSize(1 << 20);
     let (server, _) = common::start(cfg).await;
-    let mut raw = KvStoreServiceClient::connect(common::raw_endpoint(&server)).await.unwrap();
-    let w = |chunk: Option<pb::PromptChunk>| pb::WriteRequest { resource_name: "r".into(), container_name: "c".into(), chunk };
+    let mut raw = KvStoreServiceClient::connect(common::raw_endpoint(&server))
+        .await
+        .unwrap();
+    let w = |chunk: Option<pb::PromptChunk>| pb::WriteRequest {
+        resource_name: "r".into(),
+        container_name: "c".into(),
+        chunk,
+    };
     // No chunk.
     let r = raw.write(w(None)).await.unwrap().into_inner();
     assert!(!r.success && r.error.contains("no chunk"), "{}", r.error);
     // Wrong token count.
-    let bad = pb::PromptChunk { tokens: vec![1; 100], buffer: Bytes::from_static(b"x"), ..Default::default() };
+    let bad = pb::PromptChunk {
+        tokens: vec![1; 100],
+        buffer: Bytes::from_static(b"x"),
+        ..Default::default()
+    };
     let r = raw.write(w(Some(bad))).await.unwrap().into_inner();
     assert!(!r.success && r.error.contains("128"), "{}", r.error);
     check_metrics(&r.server_metrics);
     // Oversized buffer.
-    let big = pb::PromptChunk { tokens: vec![1; 128], buffer: Bytes::from(vec![0u8; (1 << 20) + 1]), ..Default::default() };
+    let big = pb::PromptChunk {
+        tokens: vec![1; 128],
+        buffer: Bytes::from(vec![0u8; (1 << 20) + 1]),
+        ..Default::default()
+    };
     let r = raw.write(w(Some(big))).await.unwrap().into_inner();
-    assert!(!r.success && r.error.contains("maximum block size"), "{}", r.error);
+    assert!(
+        !r.success && r.error.contains("maximum block size"),
+        "{}",
+        r.error
+    );
     // Malformed locations.
     for loc in ["", "zz", "not-hex-at-all", &"ab".repeat(25)] {
         let r = raw
-            .read(pb::ReadRequest { resource_name: "r".into(), container_name: "c".into(), location: loc.into(), completion_id: String::new() })
+            .read(pb::ReadRequest {
+                resource_name: "r".into(),
+                container_name: "c".into(),
+                location: loc.into(),
+                completion_id: String::new(),
+            })
             .await
             .unwrap()
             .into_inner();
@@ -176,7 +243,12 @@ async fn malformed_requests_get_in_band_errors() {
     }
     // Fewer tokens than a block: zero cached, success.
     let r = raw
-        .lookup(pb::LookupRequest { resource_name: "r".into(), container_name: "c".into(), tokens: vec![1, 2, 3], ..Default::default() })
+        .lookup(pb::LookupRequest {
+            resource_name: "r".into(),
+            container_name: "c".into(),
+            tokens: vec![1, 2, 3],
+            ..Default::default()
+        })
         .await
         .unwrap()
         .into_inner();
@@ -184,11 +256,21 @@ async fn malformed_requests_get_in_band_errors() {
     assert_eq!(r.cached_blocks, 0);
     // precomputed_hashes shorter than the number of blocks: clear error.
     let r = raw
-        .lookup(pb::LookupRequest { resource_name: "r".into(), container_name: "c".into(), tokens: vec![1; 256], precomputed_hashes: vec![1], ..Default::default() })
+        .lookup(pb::LookupRequest {
+            resource_name: "r".into(),
+            container_name: "c".into(),
+            tokens: vec![1; 256],
+            precomputed_hashes: vec![1],
+            ..Default::default()
+        })
         .await
         .unwrap()
         .into_inner();
-    assert!(!r.success && r.error.contains("precomputed_hashes"), "{}", r.error);
+    assert!(
+        !r.success && r.error.contains("precomputed_hashes"),
+        "{}",
+        r.error
+    );
     server.shutdown().await.unwrap();
 }
 
@@ -197,9 +279,18 @@ async fn conversation_turns_hit_the_growing_prefix() {
     let (server, _) = common::start(common::test_config()).await;
     let c = compat(&server, "play", "ground").await;
     let mut conv = kvtier_client::conversation::Conversation::new(128);
-    let t1 = conv.turn(&c, &prompt(300, 1), |i, _| payload(i, 1000)).await.unwrap();
-    assert_eq!((t1.blocks, t1.hits, t1.misses, t1.writes.len()), (2, 0, 2, 2));
-    let t2 = conv.turn(&c, &prompt(300, 2), |i, _| payload(i, 1000)).await.unwrap();
+    let t1 = conv
+        .turn(&c, &prompt(300, 1), |i, _| payload(i, 1000))
+        .await
+        .unwrap();
+    assert_eq!(
+        (t1.blocks, t1.hits, t1.misses, t1.writes.len()),
+        (2, 0, 2, 2)
+    );
+    let t2 = conv
+        .turn(&c, &prompt(300, 2), |i, _| payload(i, 1000))
+        .await
+        .unwrap();
     assert_eq!((t2.blocks, t2.hits, t2.misses), (4, 2, 2));
     assert_eq!(t2.reads.len(), 2);
     assert_eq!(t2.bytes_read, 2000);

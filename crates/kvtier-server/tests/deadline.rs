@@ -21,7 +21,12 @@ impl Tier for SlowTier {
     }
     async fn get(&self, id: &BlockId) -> Result<Option<Block>> {
         tokio::time::sleep(Duration::from_millis(300)).await;
-        Ok(Some(Block::new(id.clone(), None, 0, Bytes::from_static(b"slow"))))
+        Ok(Some(Block::new(
+            id.clone(),
+            None,
+            0,
+            Bytes::from_static(b"slow"),
+        )))
     }
     async fn contains(&self, _id: &BlockId) -> Result<bool> {
         tokio::time::sleep(Duration::from_millis(300)).await;
@@ -41,17 +46,48 @@ impl Tier for SlowTier {
 #[tokio::test]
 async fn read_returns_what_it_has_before_the_deadline() {
     let cfg = common::test_config();
-    let engine = Arc::new(Engine::with_tiers(cfg.engine.engine_config(), vec![Arc::new(SlowTier)]));
-    let server = kvtier_server::Server::start_with_engine(cfg, engine).await.unwrap();
+    let engine = Arc::new(Engine::with_tiers(
+        cfg.engine.engine_config(),
+        vec![Arc::new(SlowTier)],
+    ));
+    let server = kvtier_server::Server::start_with_engine(cfg, engine)
+        .await
+        .unwrap();
     let c = common::client_for(&server).await;
     // Two blocks in memory, then blocks only the slow tier has.
-    c.write("n", &[
-        kvtier_client::WriteBlock { key: Key::new(&b"a"[..]).unwrap(), parent: None, token_count: 0, payload: Bytes::from_static(b"A"), ttl_ms: 0 },
-        kvtier_client::WriteBlock { key: Key::new(&b"b"[..]).unwrap(), parent: None, token_count: 0, payload: Bytes::from_static(b"B"), ttl_ms: 0 },
-    ]).await.unwrap();
-    let mut raw = KvTierClient::connect(common::raw_endpoint(&server)).await.unwrap();
-    let keys: Vec<Bytes> = [&b"a"[..], b"b", b"c", b"d", b"e"].iter().map(|k| Bytes::copy_from_slice(k)).collect();
-    let mut req = tonic::Request::new(pb::ReadRequest { namespace: "n".into(), keys, lease_id: 0 });
+    c.write(
+        "n",
+        &[
+            kvtier_client::WriteBlock {
+                key: Key::new(&b"a"[..]).unwrap(),
+                parent: None,
+                token_count: 0,
+                payload: Bytes::from_static(b"A"),
+                ttl_ms: 0,
+            },
+            kvtier_client::WriteBlock {
+                key: Key::new(&b"b"[..]).unwrap(),
+                parent: None,
+                token_count: 0,
+                payload: Bytes::from_static(b"B"),
+                ttl_ms: 0,
+            },
+        ],
+    )
+    .await
+    .unwrap();
+    let mut raw = KvTierClient::connect(common::raw_endpoint(&server))
+        .await
+        .unwrap();
+    let keys: Vec<Bytes> = [&b"a"[..], b"b", b"c", b"d", b"e"]
+        .iter()
+        .map(|k| Bytes::copy_from_slice(k))
+        .collect();
+    let mut req = tonic::Request::new(pb::ReadRequest {
+        namespace: "n".into(),
+        keys,
+        lease_id: 0,
+    });
     req.set_timeout(Duration::from_millis(450));
     let t0 = Instant::now();
     let mut stream = raw.read(req).await.unwrap().into_inner();
@@ -66,13 +102,23 @@ async fn read_returns_what_it_has_before_the_deadline() {
     let elapsed = t0.elapsed();
     let done = done.expect("a final ReadDone before the deadline");
     // a, b from memory; c from the slow tier (300 ms); d would end past 450 ms.
-    assert_eq!(got, vec![Bytes::from_static(b"A"), Bytes::from_static(b"B"), Bytes::from_static(b"slow")]);
+    assert_eq!(
+        got,
+        vec![
+            Bytes::from_static(b"A"),
+            Bytes::from_static(b"B"),
+            Bytes::from_static(b"slow")
+        ]
+    );
     assert!(done.partial);
     assert_eq!(done.reason, "deadline");
     assert_eq!((done.returned, done.requested), (3, 5));
     assert!(elapsed < Duration::from_millis(1500), "took {elapsed:?}");
     let t = done.timing.unwrap();
-    assert!(t.storage_object_us >= 300_000, "object-tier time measured: {t:?}");
+    assert!(
+        t.storage_object_us >= 300_000,
+        "object-tier time measured: {t:?}"
+    );
     assert!(t.total_us >= t.storage_object_us);
     server.shutdown().await.unwrap();
 }
@@ -80,22 +126,43 @@ async fn read_returns_what_it_has_before_the_deadline() {
 #[tokio::test]
 async fn data_plane_read_returns_partial_before_the_client_deadline() {
     let cfg = common::test_config();
-    let engine = Arc::new(Engine::with_tiers(cfg.engine.engine_config(), vec![Arc::new(SlowTier)]));
-    let server = kvtier_server::Server::start_with_engine(cfg, engine).await.unwrap();
+    let engine = Arc::new(Engine::with_tiers(
+        cfg.engine.engine_config(),
+        vec![Arc::new(SlowTier)],
+    ));
+    let server = kvtier_server::Server::start_with_engine(cfg, engine)
+        .await
+        .unwrap();
     let mut cc = kvtier_client::ClientConfig::new(common::raw_endpoint(&server));
     cc.timeout = Duration::from_millis(500);
     let c = kvtier_client::Client::connect(cc).await.unwrap();
     assert!(c.data_plane().is_some());
-    c.write("n", &[kvtier_client::WriteBlock { key: Key::new(&b"a"[..]).unwrap(), parent: None, token_count: 0, payload: Bytes::from_static(b"A"), ttl_ms: 0 }])
-        .await
-        .unwrap();
-    let keys: Vec<Key> = [&b"a"[..], b"x", b"y", b"z"].iter().map(|k| Key::new(Bytes::copy_from_slice(k)).unwrap()).collect();
+    c.write(
+        "n",
+        &[kvtier_client::WriteBlock {
+            key: Key::new(&b"a"[..]).unwrap(),
+            parent: None,
+            token_count: 0,
+            payload: Bytes::from_static(b"A"),
+            ttl_ms: 0,
+        }],
+    )
+    .await
+    .unwrap();
+    let keys: Vec<Key> = [&b"a"[..], b"x", b"y", b"z"]
+        .iter()
+        .map(|k| Key::new(Bytes::copy_from_slice(k)).unwrap())
+        .collect();
     let t0 = Instant::now();
     let r = c.read("n", &keys, 0).await.unwrap();
     // Server deadline 450 ms: "a" from memory, "x" from the slow tier (300 ms), then stop.
     assert_eq!(r.blocks.len(), 2);
     assert!(r.partial);
     assert_eq!(r.reason, "deadline");
-    assert!(t0.elapsed() < Duration::from_millis(500), "{:?}", t0.elapsed());
+    assert!(
+        t0.elapsed() < Duration::from_millis(500),
+        "{:?}",
+        t0.elapsed()
+    );
     server.shutdown().await.unwrap();
 }

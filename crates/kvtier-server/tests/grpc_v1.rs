@@ -11,7 +11,13 @@ use tonic::Code;
 
 fn payloads(n: usize, size: usize, seed: u8) -> Vec<Bytes> {
     (0..n)
-        .map(|i| Bytes::from((0..size).map(|j| (j as u8).wrapping_mul(31) ^ seed ^ i as u8).collect::<Vec<_>>()))
+        .map(|i| {
+            Bytes::from(
+                (0..size)
+                    .map(|j| (j as u8).wrapping_mul(31) ^ seed ^ i as u8)
+                    .collect::<Vec<_>>(),
+            )
+        })
         .collect()
 }
 
@@ -20,10 +26,16 @@ async fn write_lookup_read_roundtrip_byte_identical() {
     let (server, c) = common::start(common::test_config()).await;
     let tokens: Vec<u32> = (0..128 * 4 + 50).collect(); // 4 full blocks + a partial one
     let data = payloads(3, 1_200_000, 7);
-    let w = c.write_tokens("model-a", &tokens[..128 * 3], &data).await.unwrap();
+    let w = c
+        .write_tokens("model-a", &tokens[..128 * 3], &data)
+        .await
+        .unwrap();
     assert_eq!((w.stored, w.existing), (3, 0));
     // Idempotent re-write.
-    let w = c.write_tokens("model-a", &tokens[..128 * 3], &data).await.unwrap();
+    let w = c
+        .write_tokens("model-a", &tokens[..128 * 3], &data)
+        .await
+        .unwrap();
     assert_eq!((w.stored, w.existing), (0, 3));
     // Longer prompt: 3 of its 4 full blocks are cached; the 50-token tail is ignored.
     let l = c.lookup_tokens("model-a", &tokens, None).await.unwrap();
@@ -32,9 +44,15 @@ async fn write_lookup_read_roundtrip_byte_identical() {
     assert_eq!(l.tiers, vec![Tier::Memory; 3]);
     assert!(l.timing.total_us >= l.timing.service_us);
     // Server-side hashing of tokens gives the same answer and the same keys.
-    let mut raw = KvTierClient::connect(common::raw_endpoint(&server)).await.unwrap();
+    let mut raw = KvTierClient::connect(common::raw_endpoint(&server))
+        .await
+        .unwrap();
     let r = raw
-        .lookup(pb::LookupRequest { namespace: "model-a".into(), tokens: tokens.clone(), ..Default::default() })
+        .lookup(pb::LookupRequest {
+            namespace: "model-a".into(),
+            tokens: tokens.clone(),
+            ..Default::default()
+        })
         .await
         .unwrap()
         .into_inner();
@@ -43,7 +61,13 @@ async fn write_lookup_read_roundtrip_byte_identical() {
     // Divergent prompt stops at the divergence.
     let mut other = tokens.clone();
     other[200] += 1;
-    assert_eq!(c.lookup_tokens("model-a", &other, None).await.unwrap().found, 1);
+    assert_eq!(
+        c.lookup_tokens("model-a", &other, None)
+            .await
+            .unwrap()
+            .found,
+        1
+    );
     // Read all four: three come back byte-identical in order, flagged partial (missing).
     let rd = c.read("model-a", &l.keys, 0).await.unwrap();
     assert_eq!(rd.blocks.len(), 3);
@@ -55,14 +79,22 @@ async fn write_lookup_read_roundtrip_byte_identical() {
     assert!(rd.partial);
     assert_eq!(rd.reason, "missing");
     // Another namespace sees nothing.
-    assert_eq!(c.lookup_tokens("model-b", &tokens, None).await.unwrap().found, 0);
+    assert_eq!(
+        c.lookup_tokens("model-b", &tokens, None)
+            .await
+            .unwrap()
+            .found,
+        0
+    );
     server.shutdown().await.unwrap();
 }
 
 #[tokio::test]
 async fn sha256_keys_and_block_size_from_request() {
     let (server, _c) = common::start(common::test_config()).await;
-    let mut raw = KvTierClient::connect(common::raw_endpoint(&server)).await.unwrap();
+    let mut raw = KvTierClient::connect(common::raw_endpoint(&server))
+        .await
+        .unwrap();
     let tokens: Vec<u32> = (0..40).collect();
     let r = raw
         .lookup(pb::LookupRequest {
@@ -78,7 +110,12 @@ async fn sha256_keys_and_block_size_from_request() {
     let want = HashFn::Sha256V1.chain(&tokens, 16).unwrap();
     assert_eq!(r.keys, want.iter().map(Key::bytes).collect::<Vec<_>>());
     let err = raw
-        .lookup(pb::LookupRequest { namespace: "n".into(), tokens, hash: "md5".into(), ..Default::default() })
+        .lookup(pb::LookupRequest {
+            namespace: "n".into(),
+            tokens,
+            hash: "md5".into(),
+            ..Default::default()
+        })
         .await
         .unwrap_err();
     assert_eq!(err.code(), Code::InvalidArgument);
@@ -87,7 +124,12 @@ async fn sha256_keys_and_block_size_from_request() {
 }
 
 fn block(key: &[u8], payload: Bytes) -> pb::Block {
-    pb::Block { key: Bytes::copy_from_slice(key), crc32c: crc32c::crc32c(&payload), payload, ..Default::default() }
+    pb::Block {
+        key: Bytes::copy_from_slice(key),
+        crc32c: crc32c::crc32c(&payload),
+        payload,
+        ..Default::default()
+    }
 }
 
 #[tokio::test]
@@ -95,11 +137,19 @@ async fn bad_input_gets_clear_statuses() {
     let mut cfg = common::test_config();
     cfg.engine.max_block_size = kvtier_core::ByteSize(1 << 20);
     let (server, c) = common::start(cfg).await;
-    let mut raw = KvTierClient::connect(common::raw_endpoint(&server)).await.unwrap();
+    let mut raw = KvTierClient::connect(common::raw_endpoint(&server))
+        .await
+        .unwrap();
 
     // Oversized payload: INVALID_ARGUMENT naming the limit.
     let big = Bytes::from(vec![1u8; (1 << 20) + 1]);
-    let err = raw.write(pb::WriteRequest { namespace: "n".into(), blocks: vec![block(b"big", big)] }).await.unwrap_err();
+    let err = raw
+        .write(pb::WriteRequest {
+            namespace: "n".into(),
+            blocks: vec![block(b"big", big)],
+        })
+        .await
+        .unwrap_err();
     assert_eq!(err.code(), Code::InvalidArgument);
     assert!(err.message().contains("1048576"), "{}", err.message());
 
@@ -107,16 +157,28 @@ async fn bad_input_gets_clear_statuses() {
     let good = block(b"good", Bytes::from_static(b"fine"));
     let mut bad = block(b"bad", Bytes::from_static(b"payload"));
     bad.crc32c ^= 0xdead;
-    let err = raw.write(pb::WriteRequest { namespace: "n".into(), blocks: vec![good, bad] }).await.unwrap_err();
+    let err = raw
+        .write(pb::WriteRequest {
+            namespace: "n".into(),
+            blocks: vec![good, bad],
+        })
+        .await
+        .unwrap_err();
     assert_eq!(err.code(), Code::DataLoss);
     assert!(err.message().contains("checksum"), "{}", err.message());
-    let l = c.lookup("n", &[Key::new(&b"good"[..]).unwrap()], None).await.unwrap();
+    let l = c
+        .lookup("n", &[Key::new(&b"good"[..]).unwrap()], None)
+        .await
+        .unwrap();
     assert_eq!(l.found, 0, "nothing stored after a checksum failure");
 
     // Empty / over-long / malformed namespace and key.
     for ns in ["", &"x".repeat(200), "bad ns"] {
         let err = raw
-            .write(pb::WriteRequest { namespace: ns.into(), blocks: vec![block(b"k", Bytes::from_static(b"v"))] })
+            .write(pb::WriteRequest {
+                namespace: ns.into(),
+                blocks: vec![block(b"k", Bytes::from_static(b"v"))],
+            })
             .await
             .unwrap_err();
         assert_eq!(err.code(), Code::InvalidArgument, "namespace {ns:?}");
@@ -124,28 +186,44 @@ async fn bad_input_gets_clear_statuses() {
     }
     for key in [vec![], vec![7u8; 600]] {
         let err = raw
-            .write(pb::WriteRequest { namespace: "n".into(), blocks: vec![block(&key, Bytes::from_static(b"v"))] })
+            .write(pb::WriteRequest {
+                namespace: "n".into(),
+                blocks: vec![block(&key, Bytes::from_static(b"v"))],
+            })
             .await
             .unwrap_err();
         assert_eq!(err.code(), Code::InvalidArgument);
         assert!(err.message().contains("key"), "{}", err.message());
     }
     let err = raw
-        .read(pb::ReadRequest { namespace: "n".into(), keys: vec![Bytes::new()], lease_id: 0 })
+        .read(pb::ReadRequest {
+            namespace: "n".into(),
+            keys: vec![Bytes::new()],
+            lease_id: 0,
+        })
         .await
         .unwrap_err();
     assert_eq!(err.code(), Code::InvalidArgument);
 
     // Keys and tokens together are ambiguous.
     let err = raw
-        .lookup(pb::LookupRequest { namespace: "n".into(), keys: vec![Bytes::from_static(b"k")], tokens: vec![1], ..Default::default() })
+        .lookup(pb::LookupRequest {
+            namespace: "n".into(),
+            keys: vec![Bytes::from_static(b"k")],
+            tokens: vec![1],
+            ..Default::default()
+        })
         .await
         .unwrap_err();
     assert_eq!(err.code(), Code::InvalidArgument);
 
     // Fewer tokens than a block: zero full blocks, nothing found, not an error.
     let r = raw
-        .lookup(pb::LookupRequest { namespace: "n".into(), tokens: vec![1, 2, 3], ..Default::default() })
+        .lookup(pb::LookupRequest {
+            namespace: "n".into(),
+            tokens: vec![1, 2, 3],
+            ..Default::default()
+        })
         .await
         .unwrap()
         .into_inner();
@@ -153,7 +231,12 @@ async fn bad_input_gets_clear_statuses() {
 
     // Lease on a missing key: NOT_FOUND naming it.
     let err = raw
-        .lease(pb::LeaseRequest { namespace: "n".into(), keys: vec![Bytes::from_static(b"missing")], lease_ms: 1000, release_lease_id: 0 })
+        .lease(pb::LeaseRequest {
+            namespace: "n".into(),
+            keys: vec![Bytes::from_static(b"missing")],
+            lease_ms: 1000,
+            release_lease_id: 0,
+        })
         .await
         .unwrap_err();
     assert_eq!(err.code(), Code::NotFound);
@@ -161,7 +244,11 @@ async fn bad_input_gets_clear_statuses() {
 
     // Unknown lease on Read: FAILED_PRECONDITION.
     let err = raw
-        .read(pb::ReadRequest { namespace: "n".into(), keys: vec![Bytes::from_static(b"k")], lease_id: 424242 })
+        .read(pb::ReadRequest {
+            namespace: "n".into(),
+            keys: vec![Bytes::from_static(b"k")],
+            lease_id: 424242,
+        })
         .await
         .unwrap_err();
     assert_eq!(err.code(), Code::FailedPrecondition);
@@ -174,7 +261,9 @@ async fn lease_from_lookup_expires_and_read_then_fails() {
     cfg.engine.max_lease = Duration::from_millis(200);
     let (server, c) = common::start(cfg).await;
     let tokens: Vec<u32> = (0..256).collect();
-    c.write_tokens("n", &tokens, &payloads(2, 1000, 1)).await.unwrap();
+    c.write_tokens("n", &tokens, &payloads(2, 1000, 1))
+        .await
+        .unwrap();
     // Asks for 10 s; clamped to the configured 200 ms maximum.
     let l = c.lookup_tokens("n", &tokens, Some(10_000)).await.unwrap();
     assert_eq!(l.found, 2);
@@ -186,7 +275,9 @@ async fn lease_from_lookup_expires_and_read_then_fails() {
     let err = loop {
         match c.read("n", &l.keys, l.lease_id).await {
             Err(e) => break e,
-            Ok(_) if std::time::Instant::now() < deadline => tokio::time::sleep(Duration::from_millis(20)).await,
+            Ok(_) if std::time::Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(20)).await
+            }
             Ok(_) => panic!("lease never expired"),
         }
     };
@@ -198,9 +289,18 @@ async fn lease_from_lookup_expires_and_read_then_fails() {
 #[tokio::test]
 async fn write_stream_delete_stats_and_health() {
     let (server, c) = common::start(common::test_config()).await;
-    let mut raw = KvTierClient::connect(common::raw_endpoint(&server)).await.unwrap();
-    let msgs = (0..5u8).map(|i| pb::WriteRequest { namespace: "s".into(), blocks: vec![block(&[i + 1], Bytes::from(vec![i; 100_000]))] });
-    let r = raw.write_stream(tokio_stream::iter(msgs)).await.unwrap().into_inner();
+    let mut raw = KvTierClient::connect(common::raw_endpoint(&server))
+        .await
+        .unwrap();
+    let msgs = (0..5u8).map(|i| pb::WriteRequest {
+        namespace: "s".into(),
+        blocks: vec![block(&[i + 1], Bytes::from(vec![i; 100_000]))],
+    });
+    let r = raw
+        .write_stream(tokio_stream::iter(msgs))
+        .await
+        .unwrap()
+        .into_inner();
     assert_eq!(r.stored, 5);
     let keys: Vec<Key> = (1..=5u8).map(|i| Key::new(vec![i]).unwrap()).collect();
     assert_eq!(c.delete("s", &keys[..2]).await.unwrap(), 2);
@@ -208,14 +308,36 @@ async fn write_stream_delete_stats_and_health() {
     let st = c.stats().await.unwrap();
     assert_eq!(st.tiers[0].blocks, 3);
     // Standard health service answers SERVING.
-    let chan = tonic::transport::Endpoint::from_shared(common::raw_endpoint(&server)).unwrap().connect().await.unwrap();
+    let chan = tonic::transport::Endpoint::from_shared(common::raw_endpoint(&server))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
     let mut h = tonic_health::pb::health_client::HealthClient::new(chan);
-    let resp = h.check(tonic_health::pb::HealthCheckRequest { service: String::new() }).await.unwrap().into_inner();
-    assert_eq!(resp.status, tonic_health::pb::health_check_response::ServingStatus::Serving as i32);
+    let resp = h
+        .check(tonic_health::pb::HealthCheckRequest {
+            service: String::new(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        resp.status,
+        tonic_health::pb::health_check_response::ServingStatus::Serving as i32
+    );
     // Parent links are returned on read.
-    let w = WriteBlock { key: Key::new(&b"child"[..]).unwrap(), parent: Some(keys[4].clone()), token_count: 4, payload: Bytes::from_static(b"c"), ttl_ms: 0 };
+    let w = WriteBlock {
+        key: Key::new(&b"child"[..]).unwrap(),
+        parent: Some(keys[4].clone()),
+        token_count: 4,
+        payload: Bytes::from_static(b"c"),
+        ttl_ms: 0,
+    };
     c.write("s", &[w]).await.unwrap();
-    let rd = c.read("s", &[Key::new(&b"child"[..]).unwrap()], 0).await.unwrap();
+    let rd = c
+        .read("s", &[Key::new(&b"child"[..]).unwrap()], 0)
+        .await
+        .unwrap();
     assert_eq!(rd.blocks[0].parent.as_ref(), Some(&keys[4]));
     server.shutdown().await.unwrap();
 }

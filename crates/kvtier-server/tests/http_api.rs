@@ -23,7 +23,10 @@ async fn put_get_delete_and_errors() {
     assert_eq!(r.bytes().await.unwrap().as_ref(), &[5u8; 100][..]);
     // PUT replaces (key/value semantics).
     http.put(&url).body("v2").send().await.unwrap();
-    assert_eq!(http.get(&url).send().await.unwrap().text().await.unwrap(), "v2");
+    assert_eq!(
+        http.get(&url).send().await.unwrap().text().await.unwrap(),
+        "v2"
+    );
     assert_eq!(http.delete(&url).send().await.unwrap().status(), 204);
     let r = http.get(&url).send().await.unwrap();
     assert_eq!(r.status(), 404);
@@ -33,20 +36,49 @@ async fn put_get_delete_and_errors() {
     assert_eq!(http.delete(&url).send().await.unwrap().status(), 404);
 
     // Over the limit: 413 with a JSON body naming the limit, nothing stored.
-    let r = http.put(&url).body(vec![0u8; (1 << 20) + 1]).send().await.unwrap();
+    let r = http
+        .put(&url)
+        .body(vec![0u8; (1 << 20) + 1])
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 413);
     let body: serde_json::Value = r.json().await.unwrap();
     assert!(body["error"].as_str().unwrap().contains("1MiB"), "{body}");
     assert_eq!(http.get(&url).send().await.unwrap().status(), 404);
 
     // Bad namespace / bad query: 400 with a JSON body.
-    let r = http.put(format!("{base}/v1/kv/bad%20ns/k")).body("x").send().await.unwrap();
+    let r = http
+        .put(format!("{base}/v1/kv/bad%20ns/k"))
+        .body("x")
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 400);
     assert!(r.text().await.unwrap().contains("namespace"));
-    let r = http.put(format!("{url}?ttl_ms=soon")).body("x").send().await.unwrap();
+    let r = http
+        .put(format!("{url}?ttl_ms=soon"))
+        .body("x")
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 400);
-    assert_eq!(http.get(format!("{base}/nope")).send().await.unwrap().status(), 404);
-    assert_eq!(http.get(format!("{base}/healthz")).send().await.unwrap().status(), 200);
+    assert_eq!(
+        http.get(format!("{base}/nope"))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        404
+    );
+    assert_eq!(
+        http.get(format!("{base}/healthz"))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
     server.shutdown().await.unwrap();
 }
 
@@ -55,7 +87,15 @@ async fn ttl_expires_over_http() {
     let (server, base) = http_base().await;
     let http = reqwest::Client::new();
     let url = format!("{base}/v1/kv/app/short");
-    assert_eq!(http.put(format!("{url}?ttl_ms=100")).body("x").send().await.unwrap().status(), 204);
+    assert_eq!(
+        http.put(format!("{url}?ttl_ms=100"))
+            .body("x")
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        204
+    );
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
     loop {
         let s = http.get(&url).send().await.unwrap().status();
@@ -72,10 +112,24 @@ async fn ttl_expires_over_http() {
 async fn metrics_expose_the_documented_series() {
     let (server, base) = http_base().await;
     let http = reqwest::Client::new();
-    http.put(format!("{base}/v1/kv/m/k")).body("v").send().await.unwrap();
+    http.put(format!("{base}/v1/kv/m/k"))
+        .body("v")
+        .send()
+        .await
+        .unwrap();
     http.get(format!("{base}/v1/kv/m/k")).send().await.unwrap();
-    http.get(format!("{base}/v1/kv/m/missing")).send().await.unwrap();
-    let text = http.get(format!("{base}/metrics")).send().await.unwrap().text().await.unwrap();
+    http.get(format!("{base}/v1/kv/m/missing"))
+        .send()
+        .await
+        .unwrap();
+    let text = http
+        .get(format!("{base}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
     for series in [
         "kvtier_requests_total{api=\"http\",op=\"put\",code=\"204\"} 1",
         "kvtier_requests_total{api=\"http\",op=\"get\",code=\"404\"} 1",

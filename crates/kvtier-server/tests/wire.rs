@@ -12,7 +12,13 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tonic::Code;
 
 fn blk(key: &[u8], payload: Bytes) -> WriteBlock {
-    WriteBlock { key: Key::new(Bytes::copy_from_slice(key)).unwrap(), parent: None, token_count: 0, payload, ttl_ms: 0 }
+    WriteBlock {
+        key: Key::new(Bytes::copy_from_slice(key)).unwrap(),
+        parent: None,
+        token_count: 0,
+        payload,
+        ttl_ms: 0,
+    }
 }
 
 #[tokio::test]
@@ -20,11 +26,28 @@ async fn client_uses_the_data_plane_and_falls_back_to_grpc_when_disabled() {
     let (server, c) = common::start(common::test_config()).await;
     let w = c.data_plane().expect("data plane advertised and used");
     assert_eq!(Some(w.addr()), server.data_addr);
-    let big = Bytes::from((0..3_000_000u32).map(|i| (i % 253) as u8).collect::<Vec<_>>());
-    let r = c.write("w", &[blk(b"a", big.clone()), blk(b"b", Bytes::new()), blk(b"c", Bytes::from_static(b"cc"))]).await.unwrap();
+    let big = Bytes::from(
+        (0..3_000_000u32)
+            .map(|i| (i % 253) as u8)
+            .collect::<Vec<_>>(),
+    );
+    let r = c
+        .write(
+            "w",
+            &[
+                blk(b"a", big.clone()),
+                blk(b"b", Bytes::new()),
+                blk(b"c", Bytes::from_static(b"cc")),
+            ],
+        )
+        .await
+        .unwrap();
     assert_eq!(r.stored, 3);
     assert!(r.timing.total_us > 0);
-    let keys: Vec<Key> = [&b"a"[..], b"b", b"c", b"d"].iter().map(|k| Key::new(Bytes::copy_from_slice(k)).unwrap()).collect();
+    let keys: Vec<Key> = [&b"a"[..], b"b", b"c", b"d"]
+        .iter()
+        .map(|k| Key::new(Bytes::copy_from_slice(k)).unwrap())
+        .collect();
     let rd = c.read("w", &keys, 0).await.unwrap();
     assert_eq!(rd.blocks.len(), 3);
     assert_eq!(rd.blocks[0].payload, big);
@@ -46,15 +69,26 @@ async fn bad_blocks_get_statuses_over_the_data_plane() {
     let mut cfg = common::test_config();
     cfg.engine.max_block_size = kvtier_core::ByteSize(1 << 20);
     let (server, c) = common::start(cfg).await;
-    let err = c.write("w", &[blk(b"big", Bytes::from(vec![0u8; (1 << 20) + 1]))]).await.unwrap_err();
+    let err = c
+        .write("w", &[blk(b"big", Bytes::from(vec![0u8; (1 << 20) + 1]))])
+        .await
+        .unwrap_err();
     assert_eq!(err.code(), Some(Code::InvalidArgument));
     assert!(err.to_string().contains("1048576"), "{err}");
-    let err = c.write("bad ns", &[blk(b"k", Bytes::from_static(b"v"))]).await.unwrap_err();
+    let err = c
+        .write("bad ns", &[blk(b"k", Bytes::from_static(b"v"))])
+        .await
+        .unwrap_err();
     assert_eq!(err.code(), Some(Code::InvalidArgument));
-    let err = c.read("w", &[Key::new(&b"k"[..]).unwrap()], 999).await.unwrap_err();
+    let err = c
+        .read("w", &[Key::new(&b"k"[..]).unwrap()], 999)
+        .await
+        .unwrap_err();
     assert_eq!(err.code(), Some(Code::FailedPrecondition));
     // The connection survives error replies: a good request still works.
-    c.write("w", &[blk(b"ok", Bytes::from_static(b"fine"))]).await.unwrap();
+    c.write("w", &[blk(b"ok", Bytes::from_static(b"fine"))])
+        .await
+        .unwrap();
     server.shutdown().await.unwrap();
 }
 
@@ -82,40 +116,87 @@ async fn malformed_frames_get_error_frames() {
     assert_eq!(e.code, Code::InvalidArgument as i32);
     assert!(e.message.contains("magic"), "{}", e.message);
     // A frame claiming more than the maximum message size.
-    let hdr = Header { kind: Kind::Write, request_id: 5, meta_len: 10, data_len: 100 << 20 }.encode().to_vec();
+    let hdr = Header {
+        kind: Kind::Write,
+        request_id: 5,
+        meta_len: 10,
+        data_len: 100 << 20,
+    }
+    .encode()
+    .to_vec();
     let (h, meta) = raw_exchange(addr, hdr).await;
     assert_eq!((h.kind, h.request_id), (Kind::Error, 5));
-    assert!(pb::WireError::decode(meta).unwrap().message.contains("maximum message size"));
+    assert!(
+        pb::WireError::decode(meta)
+            .unwrap()
+            .message
+            .contains("maximum message size")
+    );
     // Payload lengths that do not add up.
     let w = pb::WireWriteRequest {
-        request: Some(pb::WriteRequest { namespace: "n".into(), blocks: vec![pb::Block { key: Bytes::from_static(b"k"), ..Default::default() }] }),
+        request: Some(pb::WriteRequest {
+            namespace: "n".into(),
+            blocks: vec![pb::Block {
+                key: Bytes::from_static(b"k"),
+                ..Default::default()
+            }],
+        }),
         payload_lengths: vec![10],
         timeout_ms: 0,
     }
     .encode_to_vec();
-    let mut frame = Header { kind: Kind::Write, request_id: 6, meta_len: w.len() as u32, data_len: 4 }.encode().to_vec();
+    let mut frame = Header {
+        kind: Kind::Write,
+        request_id: 6,
+        meta_len: w.len() as u32,
+        data_len: 4,
+    }
+    .encode()
+    .to_vec();
     frame.extend_from_slice(&w);
     frame.extend_from_slice(b"abcd");
     let (h, meta) = raw_exchange(addr, frame).await;
     assert_eq!(h.kind, Kind::Error);
-    assert!(pb::WireError::decode(meta).unwrap().message.contains("add up"));
+    assert!(
+        pb::WireError::decode(meta)
+            .unwrap()
+            .message
+            .contains("add up")
+    );
     // A wrong checksum: DATA_LOSS, nothing stored.
     let w = pb::WireWriteRequest {
         request: Some(pb::WriteRequest {
             namespace: "n".into(),
-            blocks: vec![pb::Block { key: Bytes::from_static(b"k"), crc32c: 1, ..Default::default() }],
+            blocks: vec![pb::Block {
+                key: Bytes::from_static(b"k"),
+                crc32c: 1,
+                ..Default::default()
+            }],
         }),
         payload_lengths: vec![4],
         timeout_ms: 0,
     }
     .encode_to_vec();
-    let mut frame = Header { kind: Kind::Write, request_id: 7, meta_len: w.len() as u32, data_len: 4 }.encode().to_vec();
+    let mut frame = Header {
+        kind: Kind::Write,
+        request_id: 7,
+        meta_len: w.len() as u32,
+        data_len: 4,
+    }
+    .encode()
+    .to_vec();
     frame.extend_from_slice(&w);
     frame.extend_from_slice(b"abcd");
     let (h, meta) = raw_exchange(addr, frame).await;
     assert_eq!(h.kind, Kind::Error);
-    assert_eq!(pb::WireError::decode(meta).unwrap().code, Code::DataLoss as i32);
-    let l = _c.lookup("n", &[Key::new(&b"k"[..]).unwrap()], None).await.unwrap();
+    assert_eq!(
+        pb::WireError::decode(meta).unwrap().code,
+        Code::DataLoss as i32
+    );
+    let l = _c
+        .lookup("n", &[Key::new(&b"k"[..]).unwrap()], None)
+        .await
+        .unwrap();
     assert_eq!(l.found, 0);
     server.shutdown().await.unwrap();
 }

@@ -38,26 +38,47 @@ async fn main() -> anyhow::Result<()> {
     };
     let conversations: usize = args.get(1).and_then(|s| s.parse().ok()).unwrap_or(3);
     let turns: usize = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(5);
-    let client = CompatClient::connect(ClientConfig::new(addr.clone()), "playground", "kvcache").await?;
+    let client =
+        CompatClient::connect(ClientConfig::new(addr.clone()), "playground", "kvcache").await?;
     println!("conversation workload against {addr}: {conversations} conversations x {turns} turns");
-    println!("{:>4} {:>4} {:>6} {:>4} {:>6} {:>10} {:>12} {:>13}", "conv", "turn", "blocks", "hit", "miss", "lookup ms", "read ms/blk", "write ms/blk");
+    println!(
+        "{:>4} {:>4} {:>6} {:>4} {:>6} {:>10} {:>12} {:>13}",
+        "conv", "turn", "blocks", "hit", "miss", "lookup ms", "read ms/blk", "write ms/blk"
+    );
     let (mut hits, mut misses) = (0, 0);
     for c in 0..conversations {
         let mut conv = Conversation::new(128);
         // A shared system prompt (2 blocks) then per-conversation messages.
         let system: Vec<i64> = (0..256).collect();
         for turn in 0..turns {
-            let mut new: Vec<i64> = if turn == 0 { system.clone() } else { Vec::new() };
+            let mut new: Vec<i64> = if turn == 0 {
+                system.clone()
+            } else {
+                Vec::new()
+            };
             new.extend((0..300).map(|i| 1_000_000 * (c as i64 + 1) + 1_000 * turn as i64 + i));
             let t = conv
-                .turn(&client, &new, |i, hash| Bytes::from(vec![(hash as u8) ^ (i as u8); BLOCK_BYTES]))
+                .turn(&client, &new, |i, hash| {
+                    Bytes::from(vec![(hash as u8) ^ (i as u8); BLOCK_BYTES])
+                })
                 .await?;
             hits += t.hits;
             misses += t.misses;
-            let avg = |v: &[Duration]| if v.is_empty() { 0.0 } else { v.iter().map(|d| ms(*d)).sum::<f64>() / v.len() as f64 };
+            let avg = |v: &[Duration]| {
+                if v.is_empty() {
+                    0.0
+                } else {
+                    v.iter().map(|d| ms(*d)).sum::<f64>() / v.len() as f64
+                }
+            };
             println!(
                 "{c:>4} {turn:>4} {:>6} {:>4} {:>6} {:>10.2} {:>12.2} {:>13.2}",
-                t.blocks, t.hits, t.misses, ms(t.lookup), avg(&t.reads), avg(&t.writes)
+                t.blocks,
+                t.hits,
+                t.misses,
+                ms(t.lookup),
+                avg(&t.reads),
+                avg(&t.writes)
             );
         }
     }

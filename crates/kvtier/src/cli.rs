@@ -14,7 +14,12 @@ use std::path::PathBuf;
 #[derive(Args, Debug, Clone)]
 pub struct CommonArgs {
     /// Server address.
-    #[arg(long, short = 's', default_value = "http://127.0.0.1:50051", env = "KVTIER_SERVER")]
+    #[arg(
+        long,
+        short = 's',
+        default_value = "http://127.0.0.1:50051",
+        env = "KVTIER_SERVER"
+    )]
     server: String,
     /// Deadline per call, in milliseconds.
     #[arg(long, default_value_t = 10_000)]
@@ -113,7 +118,9 @@ async fn client(c: &CommonArgs) -> anyhow::Result<Client> {
     let mut cfg = ClientConfig::new(c.server.clone());
     cfg.connections = 1;
     cfg.timeout = std::time::Duration::from_millis(c.timeout_ms);
-    Client::connect(cfg).await.with_context(|| format!("connecting to {}", c.server))
+    Client::connect(cfg)
+        .await
+        .with_context(|| format!("connecting to {}", c.server))
 }
 
 /// `kvtier put`
@@ -130,12 +137,22 @@ pub async fn put(a: PutArgs) -> anyhow::Result<()> {
     }
     let parent = a.parent.as_deref().map(Key::from_hex).transpose()?;
     let c = client(&a.common).await?;
-    let block = WriteBlock { key: key.clone(), parent, token_count: 0, payload: buf.into(), ttl_ms: a.ttl_ms };
+    let block = WriteBlock {
+        key: key.clone(),
+        parent,
+        token_count: 0,
+        payload: buf.into(),
+        ttl_ms: a.ttl_ms,
+    };
     let r = c.write(&a.key.namespace, &[block]).await?;
     println!(
         "{} {} (server {} µs)",
         key.to_hex(),
-        if r.stored == 1 { "stored" } else { "already present" },
+        if r.stored == 1 {
+            "stored"
+        } else {
+            "already present"
+        },
         r.timing.total_us
     );
     Ok(())
@@ -145,15 +162,28 @@ pub async fn put(a: PutArgs) -> anyhow::Result<()> {
 pub async fn get(a: GetArgs) -> anyhow::Result<()> {
     let key = a.key.key()?;
     let c = client(&a.common).await?;
-    let r = c.read(&a.key.namespace, std::slice::from_ref(&key), 0).await?;
+    let r = c
+        .read(&a.key.namespace, std::slice::from_ref(&key), 0)
+        .await?;
     let Some(b) = r.blocks.into_iter().next() else {
-        anyhow::bail!("key {} not found in namespace {:?}", key.to_hex(), a.key.namespace);
+        anyhow::bail!(
+            "key {} not found in namespace {:?}",
+            key.to_hex(),
+            a.key.namespace
+        );
     };
     match &a.out {
-        Some(p) => std::fs::write(p, &b.payload).with_context(|| format!("writing {}", p.display()))?,
+        Some(p) => {
+            std::fs::write(p, &b.payload).with_context(|| format!("writing {}", p.display()))?
+        }
         None => std::io::stdout().write_all(&b.payload)?,
     }
-    eprintln!("{} bytes from {:?} tier (server {} µs)", b.payload.len(), b.tier, r.timing.total_us);
+    eprintln!(
+        "{} bytes from {:?} tier (server {} µs)",
+        b.payload.len(),
+        b.tier,
+        r.timing.total_us
+    );
     Ok(())
 }
 
@@ -161,7 +191,10 @@ pub async fn get(a: GetArgs) -> anyhow::Result<()> {
 pub async fn lookup(a: LookupArgs) -> anyhow::Result<()> {
     let hash = HashFn::parse(&a.hash)?;
     let keys: Vec<Key> = if a.tokens.is_empty() {
-        a.keys.iter().map(|k| Key::from_hex(k)).collect::<Result<_, _>>()?
+        a.keys
+            .iter()
+            .map(|k| Key::from_hex(k))
+            .collect::<Result<_, _>>()?
     } else {
         hash.chain(&a.tokens, a.block_size)?
     };
@@ -187,9 +220,15 @@ pub async fn lookup(a: LookupArgs) -> anyhow::Result<()> {
 pub async fn delete(a: DeleteArgs) -> anyhow::Result<()> {
     let key = a.key.key()?;
     let c = client(&a.common).await?;
-    let n = c.delete(&a.key.namespace, std::slice::from_ref(&key)).await?;
+    let n = c
+        .delete(&a.key.namespace, std::slice::from_ref(&key))
+        .await?;
     if n == 0 {
-        anyhow::bail!("key {} not found in namespace {:?}", key.to_hex(), a.key.namespace);
+        anyhow::bail!(
+            "key {} not found in namespace {:?}",
+            key.to_hex(),
+            a.key.namespace
+        );
     }
     println!("deleted {n} block(s)");
     Ok(())

@@ -42,7 +42,10 @@ struct Op {
 
 impl Op {
     fn new() -> Self {
-        Self { client: Histogram::new(3).expect("hist"), server: Histogram::new(3).expect("hist") }
+        Self {
+            client: Histogram::new(3).expect("hist"),
+            server: Histogram::new(3).expect("hist"),
+        }
     }
     fn record(&mut self, client_us: u64, server_us: u64) {
         let _ = self.client.record(client_us.max(1));
@@ -71,7 +74,10 @@ pub async fn run(a: DemoArgs) -> anyhow::Result<()> {
         // Every conversation shares a 2-block system prompt, then diverges.
         let mut tokens: Vec<u32> = (0..(2 * bs) as u32).collect();
         for turn in 0..a.turns {
-            tokens.extend((0..(a.blocks_per_turn * bs) as u32).map(|t| (conv as u32) << 20 | (turn as u32) << 12 | t));
+            tokens.extend(
+                (0..(a.blocks_per_turn * bs) as u32)
+                    .map(|t| (conv as u32) << 20 | (turn as u32) << 12 | t),
+            );
             let t0 = Instant::now();
             let l = client.lookup_tokens(ns, &tokens, Some(5_000)).await?;
             lookup.record(t0.elapsed().as_micros() as u64, l.timing.total_us);
@@ -81,9 +87,18 @@ pub async fn run(a: DemoArgs) -> anyhow::Result<()> {
                 let t0 = Instant::now();
                 let r = client.read(ns, &l.keys[..l.found], l.lease_id).await?;
                 read.record(t0.elapsed().as_micros() as u64, r.timing.total_us);
-                anyhow::ensure!(r.blocks.len() == l.found, "read returned {} of {} blocks", r.blocks.len(), l.found);
+                anyhow::ensure!(
+                    r.blocks.len() == l.found,
+                    "read returned {} of {} blocks",
+                    r.blocks.len(),
+                    l.found
+                );
                 for b in &r.blocks {
-                    anyhow::ensure!(b.payload == payload(&b.key, a.block_bytes), "block {} came back different", b.key.to_hex());
+                    anyhow::ensure!(
+                        b.payload == payload(&b.key, a.block_bytes),
+                        "block {} came back different",
+                        b.key.to_hex()
+                    );
                     bytes_read += b.payload.len() as u64;
                     *by_tier.entry(b.tier.as_str_name()).or_default() += 1;
                 }
@@ -128,7 +143,10 @@ pub async fn run(a: DemoArgs) -> anyhow::Result<()> {
             "blocks": t.blocks, "bytes": t.bytes, "hits": t.hits, "evictions": t.evictions})).collect::<Vec<_>>(),
     });
     std::fs::create_dir_all(&a.out)?;
-    std::fs::write(a.out.join("demo-report.json"), serde_json::to_string_pretty(&report)?)?;
+    std::fs::write(
+        a.out.join("demo-report.json"),
+        serde_json::to_string_pretty(&report)?,
+    )?;
     let mut md = String::from("# kvtier demo report\n\n");
     md += &format!(
         "{} conversations × {} turns, {} new 128-token blocks per turn, {} bytes per block, against {}.\n\n",
@@ -139,15 +157,33 @@ pub async fn run(a: DemoArgs) -> anyhow::Result<()> {
         hit_rate * 100.0,
         (hit_blocks * bs as u64) as f64
     );
-    let tiers: Vec<String> = by_tier.iter().map(|(t, n)| format!("{n} from {}", t.trim_start_matches("TIER_").to_lowercase())).collect();
-    md += &format!("Blocks read: {}.\n\n", if tiers.is_empty() { "none".to_string() } else { tiers.join(", ") });
+    let tiers: Vec<String> = by_tier
+        .iter()
+        .map(|(t, n)| format!("{n} from {}", t.trim_start_matches("TIER_").to_lowercase()))
+        .collect();
+    md += &format!(
+        "Blocks read: {}.\n\n",
+        if tiers.is_empty() {
+            "none".to_string()
+        } else {
+            tiers.join(", ")
+        }
+    );
     md += "| op | count | client p50 ms | client p90 ms | client p99 ms | server p50 ms | server p99 ms |\n|---|---|---|---|---|---|---|\n";
-    for (name, op) in [("lookup", &lookup), ("read (whole cached prefix)", &read), ("write (new blocks)", &write)] {
+    for (name, op) in [
+        ("lookup", &lookup),
+        ("read (whole cached prefix)", &read),
+        ("write (new blocks)", &write),
+    ] {
         let j = op.json();
         md += &format!(
             "| {name} | {} | {:.3} | {:.3} | {:.3} | {:.3} | {:.3} |\n",
-            j["count"], j["client_ms"]["p50"].as_f64().unwrap_or(0.0), j["client_ms"]["p90"].as_f64().unwrap_or(0.0),
-            j["client_ms"]["p99"].as_f64().unwrap_or(0.0), j["server_ms"]["p50"].as_f64().unwrap_or(0.0), j["server_ms"]["p99"].as_f64().unwrap_or(0.0)
+            j["count"],
+            j["client_ms"]["p50"].as_f64().unwrap_or(0.0),
+            j["client_ms"]["p90"].as_f64().unwrap_or(0.0),
+            j["client_ms"]["p99"].as_f64().unwrap_or(0.0),
+            j["server_ms"]["p50"].as_f64().unwrap_or(0.0),
+            j["server_ms"]["p99"].as_f64().unwrap_or(0.0)
         );
     }
     std::fs::write(a.out.join("demo-report.md"), &md)?;

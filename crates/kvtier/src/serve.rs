@@ -1,8 +1,8 @@
 //! `kvtier serve`: flags override the config file, which overrides defaults.
 use clap::Args;
 use kvtier_core::ByteSize;
-use kvtier_server::config::Config;
 use kvtier_server::Server;
+use kvtier_server::config::Config;
 use std::path::PathBuf;
 
 /// Flags of `kvtier serve`. Each maps onto a config key (shown in brackets).

@@ -13,7 +13,14 @@ struct Served {
 impl Served {
     fn start(extra: &[&str]) -> Self {
         let mut child = Command::new(BIN)
-            .args(["serve", "--listen", "127.0.0.1:0", "--http-listen", "127.0.0.1:0", "--ready-json"])
+            .args([
+                "serve",
+                "--listen",
+                "127.0.0.1:0",
+                "--http-listen",
+                "127.0.0.1:0",
+                "--ready-json",
+            ])
             .args(extra)
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
@@ -21,18 +28,30 @@ impl Served {
             .expect("spawn kvtier serve");
         // Readiness: the server prints its bound addresses once listening.
         let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).expect("ready line");
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .expect("ready line");
         let v: serde_json::Value = serde_json::from_str(&line).expect("ready json");
-        Self { child, grpc: format!("http://{}", v["grpc"][0].as_str().unwrap()) }
+        Self {
+            child,
+            grpc: format!("http://{}", v["grpc"][0].as_str().unwrap()),
+        }
     }
 
     fn cli(&self, args: &[&str]) -> std::process::Output {
-        Command::new(BIN).args(args).args(["--server", &self.grpc]).output().expect("run cli")
+        Command::new(BIN)
+            .args(args)
+            .args(["--server", &self.grpc])
+            .output()
+            .expect("run cli")
     }
 
     /// SIGTERM and wait (bounded) for a clean exit.
     fn stop(mut self) -> std::process::ExitStatus {
-        Command::new("kill").args(["-TERM", &self.child.id().to_string()]).status().unwrap();
+        Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()
+            .unwrap();
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
             if let Some(st) = self.child.try_wait().unwrap() {
@@ -51,12 +70,40 @@ fn put_get_lookup_delete_through_the_cli() {
     let src = dir.path().join("block.bin");
     let payload: Vec<u8> = (0..1_200_000u32).map(|i| (i * 7 % 251) as u8).collect();
     std::fs::write(&src, &payload).unwrap();
-    let out = s.cli(&["put", "-n", "cli", "--key", "00112233aabbccdd", "-f", src.to_str().unwrap()]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = s.cli(&[
+        "put",
+        "-n",
+        "cli",
+        "--key",
+        "00112233aabbccdd",
+        "-f",
+        src.to_str().unwrap(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let dst = dir.path().join("back.bin");
-    let out = s.cli(&["get", "-n", "cli", "--key", "00112233aabbccdd", "-o", dst.to_str().unwrap()]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    assert_eq!(std::fs::read(&dst).unwrap(), payload, "byte-identical through the CLI");
+    let out = s.cli(&[
+        "get",
+        "-n",
+        "cli",
+        "--key",
+        "00112233aabbccdd",
+        "-o",
+        dst.to_str().unwrap(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        std::fs::read(&dst).unwrap(),
+        payload,
+        "byte-identical through the CLI"
+    );
     let out = s.cli(&["lookup", "-n", "cli", "--keys", "00112233aabbccdd,ffff"]);
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["found"], 1);
@@ -70,7 +117,10 @@ fn put_get_lookup_delete_through_the_cli() {
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["tiers"][0]["blocks"], 0);
     let out = s.cli(&["lookup", "--tokens", "1,2,3"]);
-    assert!(!out.status.success(), "fewer tokens than a block is a clear error");
+    assert!(
+        !out.status.success(),
+        "fewer tokens than a block is a clear error"
+    );
     assert!(s.stop().success(), "graceful exit on SIGTERM");
 }
 
@@ -80,7 +130,14 @@ fn config_file_flags_and_print_config() {
     let cfg = dir.path().join("kvtier.toml");
     std::fs::write(&cfg, "[engine]\nmemory_capacity = \"512MiB\"\n").unwrap();
     let out = Command::new(BIN)
-        .args(["serve", "--config", cfg.to_str().unwrap(), "--max-block-size", "8MiB", "--print-config"])
+        .args([
+            "serve",
+            "--config",
+            cfg.to_str().unwrap(),
+            "--max-block-size",
+            "8MiB",
+            "--print-config",
+        ])
         .output()
         .unwrap();
     assert!(out.status.success());
@@ -89,14 +146,23 @@ fn config_file_flags_and_print_config() {
     assert!(text.contains("max_block_size = \"8MiB\""), "{text}");
     // The printed config is itself a valid config.
     std::fs::write(&cfg, &text).unwrap();
-    let out = Command::new(BIN).args(["serve", "--config", cfg.to_str().unwrap(), "--print-config"]).output().unwrap();
+    let out = Command::new(BIN)
+        .args(["serve", "--config", cfg.to_str().unwrap(), "--print-config"])
+        .output()
+        .unwrap();
     assert_eq!(String::from_utf8(out.stdout).unwrap(), text);
     // Unknown keys are rejected with a message naming them.
     std::fs::write(&cfg, "[engine]\nmemory_capacty = \"1GiB\"\n").unwrap();
-    let out = Command::new(BIN).args(["serve", "--config", cfg.to_str().unwrap()]).output().unwrap();
+    let out = Command::new(BIN)
+        .args(["serve", "--config", cfg.to_str().unwrap()])
+        .output()
+        .unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("memory_capacty"));
     // Bad sizes too.
-    let out = Command::new(BIN).args(["serve", "--memory-capacity", "lots", "--print-config"]).output().unwrap();
+    let out = Command::new(BIN)
+        .args(["serve", "--memory-capacity", "lots", "--print-config"])
+        .output()
+        .unwrap();
     assert!(!out.status.success());
 }

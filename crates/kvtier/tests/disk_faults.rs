@@ -26,10 +26,21 @@ struct Served {
 
 /// Starts `kvtier serve` with a disk tier in `dir`; returns the server, or the
 /// exit status and stderr when it exits before becoming ready.
-fn try_start(dir: &Path, log: &Path, extra: &[&str]) -> Result<Served, (std::process::ExitStatus, String)> {
+fn try_start(
+    dir: &Path,
+    log: &Path,
+    extra: &[&str],
+) -> Result<Served, (std::process::ExitStatus, String)> {
     let err = std::fs::File::create(log).expect("create log file");
     let mut child = Command::new(BIN)
-        .args(["serve", "--listen", "127.0.0.1:0", "--http-listen", "127.0.0.1:0", "--ready-json"])
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--http-listen",
+            "127.0.0.1:0",
+            "--ready-json",
+        ])
         .arg("--disk-dir")
         .arg(dir)
         .args(extra)
@@ -40,14 +51,20 @@ fn try_start(dir: &Path, log: &Path, extra: &[&str]) -> Result<Served, (std::pro
         .spawn()
         .expect("spawn kvtier serve");
     let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).expect("read ready line");
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .expect("read ready line");
     if line.trim().is_empty() {
         // Exited (or closed stdout) before it was ready.
         let st = child.wait().expect("wait");
         return Err((st, std::fs::read_to_string(log).unwrap_or_default()));
     }
     let v: serde_json::Value = serde_json::from_str(&line).expect("ready json");
-    assert_eq!(v["pid"].as_u64(), Some(child.id() as u64), "ready line names the child's pid");
+    assert_eq!(
+        v["pid"].as_u64(),
+        Some(child.id() as u64),
+        "ready line names the child's pid"
+    );
     Ok(Served {
         grpc: format!("http://{}", v["grpc"][0].as_str().unwrap()),
         http: v["http"].as_str().unwrap().to_string(),
@@ -72,12 +89,19 @@ impl Served {
 
     /// SIGTERM by PID and wait (bounded) for a clean exit.
     fn stop(mut self) {
-        let st = Command::new("kill").args(["-TERM", &self.child.id().to_string()]).status().unwrap();
+        let st = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()
+            .unwrap();
         assert!(st.success());
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
             if let Some(st) = self.child.try_wait().unwrap() {
-                assert!(st.success(), "graceful exit on SIGTERM: {st}\n{}", self.stderr());
+                assert!(
+                    st.success(),
+                    "graceful exit on SIGTERM: {st}\n{}",
+                    self.stderr()
+                );
                 return;
             }
             assert!(Instant::now() < deadline, "server did not stop on SIGTERM");
@@ -93,7 +117,12 @@ impl Served {
     fn metrics(&self) -> String {
         let mut s = std::net::TcpStream::connect(&self.http).expect("connect http");
         s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-        write!(s, "GET /metrics HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n\r\n", self.http).unwrap();
+        write!(
+            s,
+            "GET /metrics HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n\r\n",
+            self.http
+        )
+        .unwrap();
         let mut out = String::new();
         s.read_to_string(&mut out).unwrap();
         assert!(out.starts_with("HTTP/1.1 200"), "{out}");
@@ -121,7 +150,11 @@ impl Served {
 }
 
 fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap()
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
 }
 
 /// Deterministic payload of 64–256 KiB derived from the key (splitmix64).
@@ -172,7 +205,12 @@ async fn verify_chains(client: &Client, chains: &[Vec<Key>], what: &str) -> usiz
     let next = Arc::new(AtomicUsize::new(0));
     let mut tasks = Vec::new();
     for _ in 0..4 {
-        let (client, chains, next, what) = (client.clone(), chains.clone(), next.clone(), what.to_string());
+        let (client, chains, next, what) = (
+            client.clone(),
+            chains.clone(),
+            next.clone(),
+            what.to_string(),
+        );
         tasks.push(tokio::spawn(async move {
             let mut n = 0;
             loop {
@@ -206,9 +244,16 @@ async fn verify_chains(client: &Client, chains: &[Vec<Key>], what: &str) -> usiz
 /// Parses `name=value` from the last log line containing `msg`.
 fn log_field(log: &str, msg: &str, name: &str) -> Option<u64> {
     let pat = format!(" {name}=");
-    let line = log.lines().rev().find(|l| l.contains(msg) && l.contains(&pat))?;
+    let line = log
+        .lines()
+        .rev()
+        .find(|l| l.contains(msg) && l.contains(&pat))?;
     let at = line.find(&pat)? + pat.len();
-    line[at..].split(|c: char| !c.is_ascii_digit()).next()?.parse().ok()
+    line[at..]
+        .split(|c: char| !c.is_ascii_digit())
+        .next()?
+        .parse()
+        .ok()
 }
 
 /// SIGKILL mid-load under `--disk-sync always`, restart, verify every
@@ -221,14 +266,26 @@ fn sigkill_crash_loop_loses_no_acknowledged_block() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("disk");
     let log = tmp.path().join("server.log");
-    let args = ["--disk-sync", "always", "--memory-capacity", "1MiB", "--max-block-size", "1MiB", "--disk-capacity", "4GiB"];
+    let args = [
+        "--disk-sync",
+        "always",
+        "--memory-capacity",
+        "1MiB",
+        "--max-block-size",
+        "1MiB",
+        "--disk-capacity",
+        "4GiB",
+    ];
     let rt = runtime();
     let mut acked: Vec<Vec<Key>> = Vec::new();
     let mut killed_in_flight = 0usize;
     let retried = Arc::new(AtomicUsize::new(0));
     let mut temp_files = 0u64;
     // Client retries (on UNAVAILABLE) are logged at debug level; shown on failure.
-    let _ = tracing_subscriber::fmt().with_env_filter("kvtier_client=debug").with_test_writer().try_init();
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter("kvtier_client=debug")
+        .with_test_writer()
+        .try_init();
     for cycle in 0..=CYCLES {
         let mut server = Some(start(&dir, &log, &args));
         let s = server.as_ref().unwrap();
@@ -239,11 +296,23 @@ fn sigkill_crash_loop_loses_no_acknowledged_block() {
             s.metric("kvtier_disk_recovery_dropped_files{reason=\"corrupt\"}"),
         );
         // A SIGKILL can leave temp files, never torn or corrupt records.
-        assert_eq!((report.1, report.2), (0.0, 0.0), "cycle {cycle}: recovery dropped records:\n{}", s.stderr());
+        assert_eq!(
+            (report.1, report.2),
+            (0.0, 0.0),
+            "cycle {cycle}: recovery dropped records:\n{}",
+            s.stderr()
+        );
         temp_files += s.metric("kvtier_disk_recovery_dropped_files{reason=\"temp_file\"}") as u64;
         let acked_blocks: usize = acked.iter().map(Vec::len).sum();
-        assert!(report.0 as usize >= acked_blocks, "cycle {cycle}: recovered {report:?} < {acked_blocks} acked");
-        assert_eq!(recovered, Some(report.0 as u64), "the log reports the recovery");
+        assert!(
+            report.0 as usize >= acked_blocks,
+            "cycle {cycle}: recovered {report:?} < {acked_blocks} acked"
+        );
+        assert_eq!(
+            recovered,
+            Some(report.0 as u64),
+            "the log reports the recovery"
+        );
         rt.block_on(async {
             let client = server.as_ref().unwrap().client().await;
             // Everything acknowledged in any earlier cycle is present and intact.
@@ -260,8 +329,14 @@ fn sigkill_crash_loop_loses_no_acknowledged_block() {
             let new_acked = Arc::new(Mutex::new(Vec::new()));
             let mut tasks = Vec::new();
             for w in 0..WRITERS {
-                let (client, acks, reached, killed, new_acked, retried) =
-                    (client.clone(), acks.clone(), reached.clone(), killed.clone(), new_acked.clone(), retried.clone());
+                let (client, acks, reached, killed, new_acked, retried) = (
+                    client.clone(),
+                    acks.clone(),
+                    reached.clone(),
+                    killed.clone(),
+                    new_acked.clone(),
+                    retried.clone(),
+                );
                 tasks.push(tokio::spawn(async move {
                     for i in 0u32.. {
                         let len = 1 + (cycle + w + i) % 3;
@@ -280,7 +355,10 @@ fn sigkill_crash_loop_loses_no_acknowledged_block() {
                                 }
                             }
                             Err(e) => {
-                                assert!(killed.load(Ordering::SeqCst), "write failed before the kill: {e}");
+                                assert!(
+                                    killed.load(Ordering::SeqCst),
+                                    "write failed before the kill: {e}"
+                                );
                                 return;
                             }
                         }
@@ -373,10 +451,21 @@ fn corruption_while_stopped_is_a_miss_not_wrong_bytes() {
     }
     let s = start(&dir, &log, &args);
     let log_text = s.stderr();
-    assert_eq!(log_field(&log_text, "disk tier recovered", "corrupt"), Some(2), "{log_text}");
+    assert_eq!(
+        log_field(&log_text, "disk tier recovered", "corrupt"),
+        Some(2),
+        "{log_text}"
+    );
     assert!(log_text.contains("dropping corrupt record"), "{log_text}");
-    assert_eq!(s.metric("kvtier_disk_recovery_dropped_files{reason=\"corrupt\"}"), 2.0);
-    assert_eq!(s.metric("kvtier_disk_recovered_blocks"), 9.0, "8 + 3 stored, 2 dropped");
+    assert_eq!(
+        s.metric("kvtier_disk_recovery_dropped_files{reason=\"corrupt\"}"),
+        2.0
+    );
+    assert_eq!(
+        s.metric("kvtier_disk_recovered_blocks"),
+        9.0,
+        "8 + 3 stored, 2 dropped"
+    );
     rt.block_on(async {
         let c = s.client().await;
         let bad = &singles[3];
@@ -389,17 +478,32 @@ fn corruption_while_stopped_is_a_miss_not_wrong_bytes() {
         let r = c.read(NS, &chain3, 0).await.unwrap();
         assert_eq!(r.blocks.len(), 1);
         assert!(r.blocks[0].payload == payload_for(chain3[0].as_bytes()));
-        let good: Vec<Vec<Key>> = singles.iter().enumerate().filter(|(i, _)| *i != 3).map(|(_, k)| k.clone()).collect();
+        let good: Vec<Vec<Key>> = singles
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| *i != 3)
+            .map(|(_, k)| k.clone())
+            .collect();
         assert_eq!(verify_chains(&c, &good, "intact").await, 7);
         // Re-writing the block repairs it.
         c.write(NS, &chain(bad)).await.unwrap();
-        assert_eq!(verify_chains(&c, std::slice::from_ref(bad), "repaired").await, 1);
+        assert_eq!(
+            verify_chains(&c, std::slice::from_ref(bad), "repaired").await,
+            1
+        );
     });
     s.stop();
 
     // Corruption after open (the server is running, the record is not in
     // memory): detected on read, served as a miss, counted.
-    let args_small_mem = ["--disk-sync", "always", "--memory-capacity", "1MiB", "--max-block-size", "1MiB"];
+    let args_small_mem = [
+        "--disk-sync",
+        "always",
+        "--memory-capacity",
+        "1MiB",
+        "--max-block-size",
+        "1MiB",
+    ];
     let s = start(&dir, &log, &args_small_mem);
     let victim = &singles[5];
     let (p, h, plen) = record_file(&dir, victim[0].as_bytes());
@@ -407,10 +511,21 @@ fn corruption_while_stopped_is_a_miss_not_wrong_bytes() {
     rt.block_on(async {
         let c = s.client().await;
         let l = c.lookup(NS, victim, None).await.unwrap();
-        assert_eq!((l.found, l.tiers.as_slice()), (1, &[Tier::Disk][..]), "lookups trust the index");
+        assert_eq!(
+            (l.found, l.tiers.as_slice()),
+            (1, &[Tier::Disk][..]),
+            "lookups trust the index"
+        );
         let r = c.read(NS, victim, 0).await.unwrap();
-        assert!(r.blocks.is_empty(), "bytes that fail their checksum are never returned");
-        assert_eq!(c.lookup(NS, victim, None).await.unwrap().found, 0, "and the record is gone");
+        assert!(
+            r.blocks.is_empty(),
+            "bytes that fail their checksum are never returned"
+        );
+        assert_eq!(
+            c.lookup(NS, victim, None).await.unwrap().found,
+            0,
+            "and the record is gone"
+        );
     });
     assert_eq!(s.metric("kvtier_disk_corrupt_on_read_total"), 1.0);
     assert!(!p.exists(), "the corrupt file is unlinked");
@@ -432,8 +547,14 @@ fn full_disk_tier_refuses_writes_and_keeps_serving_reads() {
     // that are not the new block's parent can be evicted, so a chain longer
     // than the tier cannot be stored.
     let args = [
-        "--disk-sync", "always", "--disk-capacity", "1MiB", "--max-block-size", "256KiB",
-        "--memory-capacity", "64MiB",
+        "--disk-sync",
+        "always",
+        "--disk-capacity",
+        "1MiB",
+        "--max-block-size",
+        "256KiB",
+        "--memory-capacity",
+        "64MiB",
     ];
     let s = start(&dir, &log, &args);
     let keys: Vec<Key> = (0..12).map(|i| key(&[3, i])).collect();
@@ -446,7 +567,11 @@ fn full_disk_tier_refuses_writes_and_keeps_serving_reads() {
             match c.write(NS, std::slice::from_ref(b)).await {
                 Ok(_) => stored += 1,
                 Err(e) => {
-                    assert_eq!(e.code().map(|c| c as i32), Some(8), "RESOURCE_EXHAUSTED: {e}");
+                    assert_eq!(
+                        e.code().map(|c| c as i32),
+                        Some(8),
+                        "RESOURCE_EXHAUSTED: {e}"
+                    );
                     assert!(e.to_string().contains("full"), "{e}");
                     break;
                 }
@@ -455,7 +580,10 @@ fn full_disk_tier_refuses_writes_and_keeps_serving_reads() {
         assert!((2..keys.len()).contains(&stored), "stored {stored}");
         // Under `always` a refused write is not kept in memory either.
         let l = c.lookup(NS, &keys, None).await.unwrap();
-        assert_eq!(l.found, stored, "exactly the acknowledged prefix is present");
+        assert_eq!(
+            l.found, stored,
+            "exactly the acknowledged prefix is present"
+        );
         // The server keeps serving reads of what it has.
         let r = c.read(NS, &keys[..stored], 0).await.unwrap();
         assert_eq!(r.blocks.len(), stored);
@@ -469,7 +597,10 @@ fn full_disk_tier_refuses_writes_and_keeps_serving_reads() {
     assert!(s.metric("kvtier_disk_write_exhausted_total") >= 1.0);
     assert!(s.metric("kvtier_disk_write_errors_total") == 0.0);
     s.stop();
-    eprintln!("full tier: {stored} of {} chain blocks stored, then RESOURCE_EXHAUSTED", keys.len());
+    eprintln!(
+        "full tier: {stored} of {} chain blocks stored, then RESOURCE_EXHAUSTED",
+        keys.len()
+    );
 }
 
 /// An unusable `--disk-dir` stops the process at start, quickly, naming the path.
@@ -481,7 +612,15 @@ fn unusable_disk_dir_exits_nonzero_naming_the_path() {
     let bad = file.join("disk");
     let t0 = Instant::now();
     let out = Command::new(BIN)
-        .args(["serve", "--listen", "127.0.0.1:0", "--http-listen", "", "--ready-json", "--disk-dir"])
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--http-listen",
+            "",
+            "--ready-json",
+            "--disk-dir",
+        ])
         .arg(&bad)
         .env("NO_COLOR", "1")
         .output()
@@ -489,7 +628,10 @@ fn unusable_disk_dir_exits_nonzero_naming_the_path() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
     assert!(out.stdout.is_empty(), "never reported ready");
-    assert!(stderr.contains(bad.to_str().unwrap()), "stderr names the path: {stderr}");
+    assert!(
+        stderr.contains(bad.to_str().unwrap()),
+        "stderr names the path: {stderr}"
+    );
     assert!(t0.elapsed() < Duration::from_secs(10), "{:?}", t0.elapsed());
 
     // A directory held by another server is refused the same way.
@@ -499,7 +641,10 @@ fn unusable_disk_dir_exits_nonzero_naming_the_path() {
     let b = try_start(&dir, &tmp.path().join("b.log"), &[]);
     let (st, stderr) = b.err().expect("second server on the same dir must fail");
     assert!(!st.success());
-    assert!(stderr.contains(dir.to_str().unwrap()) && stderr.contains("in use"), "{stderr}");
+    assert!(
+        stderr.contains(dir.to_str().unwrap()) && stderr.contains("in use"),
+        "{stderr}"
+    );
     a.stop();
 }
 
@@ -524,8 +669,15 @@ fn warm_restart_serves_from_disk_and_reports_recovery() {
     s.stop();
     let s = start(&dir, &log, &args);
     let text = s.stderr();
-    assert_eq!(log_field(&text, "disk tier recovered", "blocks"), Some(keys.len() as u64), "{text}");
-    assert!(log_field(&text, "disk tier recovered", "elapsed_ms").is_some(), "{text}");
+    assert_eq!(
+        log_field(&text, "disk tier recovered", "blocks"),
+        Some(keys.len() as u64),
+        "{text}"
+    );
+    assert!(
+        log_field(&text, "disk tier recovered", "elapsed_ms").is_some(),
+        "{text}"
+    );
     assert_eq!(s.metric("kvtier_disk_recovered_blocks"), keys.len() as f64);
     assert!(s.metric("kvtier_disk_recovery_seconds") >= 0.0);
     assert_eq!(s.metric("kvtier_tier_blocks{tier=\"memory\"}"), 0.0);

@@ -72,12 +72,21 @@ fn metrics(clock: &Clock) -> pb::ServerMetrics {
     let t = clock.finish();
     let storage = (t.storage_memory_us + t.storage_disk_us + t.storage_object_us) as i64;
     let total = t.total_us as i64;
-    pb::ServerMetrics { storage_latency_us: storage, total_latency_us: total, overhead_us: total - storage }
+    pb::ServerMetrics {
+        storage_latency_us: storage,
+        total_latency_us: total,
+        overhead_us: total - storage,
+    }
 }
 
 /// Readable namespace for a tenant when both names are plain, else a hashed one.
 pub fn tenant_namespace(resource: &str, container: &str) -> Namespace {
-    let plain = |s: &str| !s.is_empty() && s.len() <= 48 && s.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'));
+    let plain = |s: &str| {
+        !s.is_empty()
+            && s.len() <= 48
+            && s.chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
+    };
     let name = if plain(resource) && plain(container) {
         format!("kvstore:{resource}/{container}")
     } else {
@@ -95,15 +104,29 @@ impl CompatService {
     pub fn new(shared: Shared, cfg: &CompatSection) -> anyhow::Result<Self> {
         let mut tenants = HashMap::new();
         for t in &cfg.tenants {
-            let ns = Namespace::new(&t.namespace)
-                .map_err(|e| anyhow::anyhow!("compat.tenants: {}/{}: {}", t.resource_name, t.container_name, e.message))?;
+            let ns = Namespace::new(&t.namespace).map_err(|e| {
+                anyhow::anyhow!(
+                    "compat.tenants: {}/{}: {}",
+                    t.resource_name,
+                    t.container_name,
+                    e.message
+                )
+            })?;
             tenants.insert((t.resource_name.clone(), t.container_name.clone()), ns);
         }
-        Ok(Self { shared, block_size: cfg.block_size, strict: cfg.strict_tenants, tenants: std::sync::Arc::new(tenants) })
+        Ok(Self {
+            shared,
+            block_size: cfg.block_size,
+            strict: cfg.strict_tenants,
+            tenants: std::sync::Arc::new(tenants),
+        })
     }
 
     fn tenant(&self, resource: &str, container: &str) -> InBand<Namespace> {
-        if let Some(ns) = self.tenants.get(&(resource.to_string(), container.to_string())) {
+        if let Some(ns) = self
+            .tenants
+            .get(&(resource.to_string(), container.to_string()))
+        {
             return Ok(ns.clone());
         }
         if self.strict {
@@ -124,7 +147,11 @@ impl CompatService {
         }
     }
 
-    async fn lookup_inner(&self, req: pb::LookupRequest, clock: &mut Clock) -> InBand<pb::LookupResponse> {
+    async fn lookup_inner(
+        &self,
+        req: pb::LookupRequest,
+        clock: &mut Clock,
+    ) -> InBand<pb::LookupResponse> {
         let ns = self.tenant(&req.resource_name, &req.container_name)?;
         let bs = self.block_size;
         let blocks = req.tokens.len() / bs;
@@ -138,13 +165,26 @@ impl CompatService {
         let mut last_hash = 0u64;
         for (i, toks) in req.tokens.chunks_exact(bs).enumerate() {
             let d = digest(toks);
-            let k = if i == 0 { key(b'H', &d, None) } else { key(b'M', &d, Some(last_hash)) };
-            let Some(meta) = self.meta(BlockId::new(ns.clone(), k), clock).await? else { break };
-            if req.precomputed_hashes.get(i).is_some_and(|h| *h != meta.hash) {
+            let k = if i == 0 {
+                key(b'H', &d, None)
+            } else {
+                key(b'M', &d, Some(last_hash))
+            };
+            let Some(meta) = self.meta(BlockId::new(ns.clone(), k), clock).await? else {
+                break;
+            };
+            if req
+                .precomputed_hashes
+                .get(i)
+                .is_some_and(|h| *h != meta.hash)
+            {
                 break;
             }
             last_hash = meta.hash;
-            locations.push(pb::BlockLocation { hash: meta.hash, location: hex(key(b'D', &d, Some(meta.hash)).as_bytes()) });
+            locations.push(pb::BlockLocation {
+                hash: meta.hash,
+                location: hex(key(b'D', &d, Some(meta.hash)).as_bytes()),
+            });
         }
         Ok(pb::LookupResponse {
             cached_blocks: locations.len() as i32,
@@ -156,11 +196,20 @@ impl CompatService {
         })
     }
 
-    async fn read_inner(&self, req: pb::ReadRequest, clock: &mut Clock) -> InBand<pb::ReadResponse> {
+    async fn read_inner(
+        &self,
+        req: pb::ReadRequest,
+        clock: &mut Clock,
+    ) -> InBand<pb::ReadResponse> {
         let ns = self.tenant(&req.resource_name, &req.container_name)?;
-        let raw = unhex(&req.location).filter(|k| k.len() == 25 && k[0] == b'D').ok_or_else(|| {
-            format!("malformed location {:?}: expected the 50-hex-digit string returned by Lookup", req.location)
-        })?;
+        let raw = unhex(&req.location)
+            .filter(|k| k.len() == 25 && k[0] == b'D')
+            .ok_or_else(|| {
+                format!(
+                    "malformed location {:?}: expected the 50-hex-digit string returned by Lookup",
+                    req.location
+                )
+            })?;
         let id = BlockId::new(ns, Key::new(raw).expect("25 bytes"));
         let not_found = || pb::ReadResponse {
             found: false,
@@ -182,21 +231,42 @@ impl CompatService {
         if p.len() < mlen {
             return Err(format!("stored chunk at {} is truncated", req.location));
         }
-        let mut chunk = pb::PromptChunk::decode(p.split_to(mlen)).map_err(|e| format!("stored chunk unreadable: {e}"))?;
+        let mut chunk = pb::PromptChunk::decode(p.split_to(mlen))
+            .map_err(|e| format!("stored chunk unreadable: {e}"))?;
         chunk.buffer = p; // zero-copy slice of the stored payload
-        self.shared.metrics.bytes_out.inc_by(chunk.buffer.len() as u64);
-        Ok(pb::ReadResponse { found: true, chunk: Some(chunk), error: String::new(), success: true, server_metrics: None })
+        self.shared
+            .metrics
+            .bytes_out
+            .inc_by(chunk.buffer.len() as u64);
+        Ok(pb::ReadResponse {
+            found: true,
+            chunk: Some(chunk),
+            error: String::new(),
+            success: true,
+            server_metrics: None,
+        })
     }
 
-    async fn write_inner(&self, req: pb::WriteRequest, clock: &mut Clock) -> InBand<pb::WriteResponse> {
+    async fn write_inner(
+        &self,
+        req: pb::WriteRequest,
+        clock: &mut Clock,
+    ) -> InBand<pb::WriteResponse> {
         let ns = self.tenant(&req.resource_name, &req.container_name)?;
         let mut chunk = req.chunk.ok_or("WriteRequest has no chunk")?;
         if chunk.tokens.len() != self.block_size {
-            return Err(format!("chunk has {} tokens; blocks are exactly {} tokens", chunk.tokens.len(), self.block_size));
+            return Err(format!(
+                "chunk has {} tokens; blocks are exactly {} tokens",
+                chunk.tokens.len(),
+                self.block_size
+            ));
         }
         let max = self.shared.engine.config().max_block_size.bytes() as usize;
         if chunk.buffer.len() > max {
-            return Err(format!("chunk buffer of {} bytes exceeds the maximum block size of {max} bytes", chunk.buffer.len()));
+            return Err(format!(
+                "chunk buffer of {} bytes exceeds the maximum block size of {max} bytes",
+                chunk.buffer.len()
+            ));
         }
         let d = digest(&chunk.tokens);
         let buffer = std::mem::take(&mut chunk.buffer);
@@ -206,15 +276,42 @@ impl CompatService {
         data.put_slice(&meta);
         data.put_slice(&buffer);
         let engine = &self.shared.engine;
-        let put = |k: Key, payload: Bytes| Block::new(BlockId::new(ns.clone(), k), None, self.block_size as u32, payload);
+        let put = |k: Key, payload: Bytes| {
+            Block::new(
+                BlockId::new(ns.clone(), k),
+                None,
+                self.block_size as u32,
+                payload,
+            )
+        };
         // Data first, then the metadata that makes it findable: a crash in between
         // leaves an unreachable data entry, never a lookup hit without data.
-        let outcome = engine.write(put(key(b'D', &d, Some(chunk.hash)), data.freeze()), &mut clock.storage).await;
+        let outcome = engine
+            .write(
+                put(key(b'D', &d, Some(chunk.hash)), data.freeze()),
+                &mut clock.storage,
+            )
+            .await;
         map_write(outcome)?;
-        map_write(engine.write(put(key(b'M', &d, Some(chunk.parent_hash)), meta.clone()), &mut clock.storage).await)?;
-        map_write(engine.write(put(key(b'H', &d, None), meta), &mut clock.storage).await)?;
+        map_write(
+            engine
+                .write(
+                    put(key(b'M', &d, Some(chunk.parent_hash)), meta.clone()),
+                    &mut clock.storage,
+                )
+                .await,
+        )?;
+        map_write(
+            engine
+                .write(put(key(b'H', &d, None), meta), &mut clock.storage)
+                .await,
+        )?;
         self.shared.metrics.bytes_in.inc_by(buffer.len() as u64);
-        Ok(pb::WriteResponse { success: true, error: String::new(), server_metrics: None })
+        Ok(pb::WriteResponse {
+            success: true,
+            error: String::new(),
+            server_metrics: None,
+        })
     }
 }
 
@@ -236,7 +333,10 @@ fn unhex(s: &str) -> Option<Vec<u8>> {
     if !s.len().is_multiple_of(2) || !s.is_ascii() {
         return None;
     }
-    (0..s.len()).step_by(2).map(|i| u8::from_str_radix(&s[i..i + 2], 16).ok()).collect()
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).ok())
+        .collect()
 }
 
 macro_rules! respond {
@@ -249,7 +349,12 @@ macro_rules! respond {
             }
             #[allow(clippy::needless_update)]
             Err(error) => (
-                pb::$ty { error, success: false, server_metrics: Some(metrics(&$clock)), ..Default::default() },
+                pb::$ty {
+                    error,
+                    success: false,
+                    server_metrics: Some(metrics(&$clock)),
+                    ..Default::default()
+                },
                 "error",
             ),
         };
@@ -271,23 +376,52 @@ type ReadStream = Pin<Box<dyn Stream<Item = Result<pb::ReadResponse, Status>> + 
 
 #[tonic::async_trait]
 impl KvStoreService for CompatService {
-    async fn lookup(&self, request: Request<pb::LookupRequest>) -> Result<Response<pb::LookupResponse>, Status> {
-        let adm = self.shared.admit(state::arrival(request.extensions())).await;
+    async fn lookup(
+        &self,
+        request: Request<pb::LookupRequest>,
+    ) -> Result<Response<pb::LookupResponse>, Status> {
+        let adm = self
+            .shared
+            .admit(state::arrival(request.extensions()))
+            .await;
         let mut clock = adm.clock;
         let r = self.lookup_inner(request.into_inner(), &mut clock).await;
-        Ok(Response::new(respond!(self, "lookup", clock, r, LookupResponse)))
+        Ok(Response::new(respond!(
+            self,
+            "lookup",
+            clock,
+            r,
+            LookupResponse
+        )))
     }
 
-    async fn read(&self, request: Request<pb::ReadRequest>) -> Result<Response<pb::ReadResponse>, Status> {
+    async fn read(
+        &self,
+        request: Request<pb::ReadRequest>,
+    ) -> Result<Response<pb::ReadResponse>, Status> {
         let arrived = state::arrival(request.extensions());
-        Ok(Response::new(self.read_one(request.into_inner(), arrived).await))
+        Ok(Response::new(
+            self.read_one(request.into_inner(), arrived).await,
+        ))
     }
 
-    async fn write(&self, request: Request<pb::WriteRequest>) -> Result<Response<pb::WriteResponse>, Status> {
-        let adm = self.shared.admit(state::arrival(request.extensions())).await;
+    async fn write(
+        &self,
+        request: Request<pb::WriteRequest>,
+    ) -> Result<Response<pb::WriteResponse>, Status> {
+        let adm = self
+            .shared
+            .admit(state::arrival(request.extensions()))
+            .await;
         let mut clock = adm.clock;
         let r = self.write_inner(request.into_inner(), &mut clock).await;
-        Ok(Response::new(respond!(self, "write", clock, r, WriteResponse)))
+        Ok(Response::new(respond!(
+            self,
+            "write",
+            clock,
+            r,
+            WriteResponse
+        )))
     }
 
     type StreamingReadStream = ReadStream;

@@ -62,7 +62,12 @@ fn check_count(n: usize) -> Result<(), Status> {
 }
 
 /// Converts a wire block into a verified core block (checksum checked first).
-pub fn block_from_pb(ns: &Namespace, i: usize, b: pb::Block, max_size: u64) -> Result<Block, Status> {
+pub fn block_from_pb(
+    ns: &Namespace,
+    i: usize,
+    b: pb::Block,
+    max_size: u64,
+) -> Result<Block, Status> {
     let ctx = |m: String| Status::invalid_argument(format!("blocks[{i}]: {m}"));
     let key = Key::new(b.key).map_err(|e| ctx(e.message))?;
     if b.payload.len() as u64 > max_size {
@@ -76,8 +81,14 @@ pub fn block_from_pb(ns: &Namespace, i: usize, b: pb::Block, max_size: u64) -> R
     } else {
         Some(Key::new(b.parent_key).map_err(|e| ctx(format!("parent_key: {}", e.message)))?)
     };
-    let mut block = Block::with_checksum(BlockId::new(ns.clone(), key), parent, b.token_count, b.crc32c, b.payload)
-        .map_err(|e| Status::data_loss(format!("blocks[{i}]: {}", e.message)))?;
+    let mut block = Block::with_checksum(
+        BlockId::new(ns.clone(), key),
+        parent,
+        b.token_count,
+        b.crc32c,
+        b.payload,
+    )
+    .map_err(|e| Status::data_loss(format!("blocks[{i}]: {}", e.message)))?;
     if b.ttl_ms > 0 {
         block.meta.expires_unix_ms = Some(kvtier_core::memory::unix_ms().saturating_add(b.ttl_ms));
     }
@@ -85,35 +96,57 @@ pub fn block_from_pb(ns: &Namespace, i: usize, b: pb::Block, max_size: u64) -> R
 }
 
 impl V1Service {
-    async fn lookup_inner(&self, req: pb::LookupRequest, clock: &mut Clock) -> Result<pb::LookupResponse, Status> {
+    async fn lookup_inner(
+        &self,
+        req: pb::LookupRequest,
+        clock: &mut Clock,
+    ) -> Result<pb::LookupResponse, Status> {
         let ns = state::namespace(&req.namespace)?;
         let engine = &self.shared.engine;
         let keys = match (req.keys.is_empty(), req.tokens.is_empty()) {
-            (false, false) => return Err(Status::invalid_argument("give either keys or tokens, not both")),
+            (false, false) => {
+                return Err(Status::invalid_argument(
+                    "give either keys or tokens, not both",
+                ));
+            }
             (false, true) => {
                 check_count(req.keys.len())?;
                 state::keys(&req.keys)?
             }
             (true, _) => {
                 let hash = HashFn::parse(&req.hash).map_err(to_status)?;
-                let keys = engine.keys_for_tokens(&req.tokens, req.block_size as usize, hash).map_err(to_status)?;
+                let keys = engine
+                    .keys_for_tokens(&req.tokens, req.block_size as usize, hash)
+                    .map_err(to_status)?;
                 check_count(keys.len())?;
                 keys
             }
         };
         let lease = (req.lease_ms > 0).then(|| Duration::from_millis(req.lease_ms as u64));
-        let out = engine.lookup(&ns, &keys, lease, &mut clock.storage).await.map_err(to_status)?;
+        let out = engine
+            .lookup(&ns, &keys, lease, &mut clock.storage)
+            .await
+            .map_err(to_status)?;
         Ok(pb::LookupResponse {
             found_blocks: out.found as u32,
             tiers: out.tiers.into_iter().map(tier).collect(),
-            keys: if req.tokens.is_empty() { Vec::new() } else { keys.iter().map(Key::bytes).collect() },
+            keys: if req.tokens.is_empty() {
+                Vec::new()
+            } else {
+                keys.iter().map(Key::bytes).collect()
+            },
             lease_id: out.lease.map_or(0, |l| l.id),
             lease_expires_unix_ms: out.lease.map_or(0, |l| l.expires_unix_ms),
             timing: Some(clock.finish()),
         })
     }
 
-    async fn write_batch(&self, req: pb::WriteRequest, clock: &mut Clock, acc: &mut pb::WriteResponse) -> Result<(), Status> {
+    async fn write_batch(
+        &self,
+        req: pb::WriteRequest,
+        clock: &mut Clock,
+        acc: &mut pb::WriteResponse,
+    ) -> Result<(), Status> {
         let ns = state::namespace(&req.namespace)?;
         let engine = &self.shared.engine;
         let max = engine.config().max_block_size.bytes();
@@ -126,7 +159,11 @@ impl V1Service {
             .collect::<Result<_, _>>()?;
         for b in blocks {
             let len = b.payload.len() as u64;
-            match engine.write(b, &mut clock.storage).await.map_err(to_status)? {
+            match engine
+                .write(b, &mut clock.storage)
+                .await
+                .map_err(to_status)?
+            {
                 WriteOutcome::Stored => acc.stored += 1,
                 WriteOutcome::Existing => acc.existing += 1,
             }
@@ -140,8 +177,14 @@ type ReadStream = Pin<Box<dyn Stream<Item = Result<pb::ReadResponse, Status>> + 
 
 #[tonic::async_trait]
 impl KvTier for V1Service {
-    async fn lookup(&self, request: Request<pb::LookupRequest>) -> Result<Response<pb::LookupResponse>, Status> {
-        let adm = self.shared.admit(state::arrival(request.extensions())).await;
+    async fn lookup(
+        &self,
+        request: Request<pb::LookupRequest>,
+    ) -> Result<Response<pb::LookupResponse>, Status> {
+        let adm = self
+            .shared
+            .admit(state::arrival(request.extensions()))
+            .await;
         let mut clock = adm.clock;
         let r = self.lookup_inner(request.into_inner(), &mut clock).await;
         self.done("lookup", &clock, r).map(Response::new)
@@ -149,7 +192,10 @@ impl KvTier for V1Service {
 
     type ReadStream = ReadStream;
 
-    async fn read(&self, request: Request<pb::ReadRequest>) -> Result<Response<ReadStream>, Status> {
+    async fn read(
+        &self,
+        request: Request<pb::ReadRequest>,
+    ) -> Result<Response<ReadStream>, Status> {
         let arrived = state::arrival(request.extensions()).unwrap_or_else(Instant::now);
         let deadline = state::deadline(request.metadata(), arrived);
         let req = request.into_inner();
@@ -160,7 +206,10 @@ impl KvTier for V1Service {
             check_count(req.keys.len())?;
             let keys = state::keys(&req.keys)?;
             if req.lease_id != 0 {
-                self.shared.engine.check_lease(req.lease_id).map_err(to_status)?;
+                self.shared
+                    .engine
+                    .check_lease(req.lease_id)
+                    .map_err(to_status)?;
             }
             Ok::<_, Status>((ns, keys))
         })();
@@ -200,7 +249,11 @@ impl KvTier for V1Service {
                                 index: i as u32,
                                 block: Some(pb::Block {
                                     key: b.meta.id.key.bytes(),
-                                    parent_key: b.meta.parent.as_ref().map_or_else(Bytes::new, Key::bytes),
+                                    parent_key: b
+                                        .meta
+                                        .parent
+                                        .as_ref()
+                                        .map_or_else(Bytes::new, Key::bytes),
                                     token_count: b.meta.token_count,
                                     crc32c: b.meta.crc32c,
                                     payload: b.payload,
@@ -235,16 +288,30 @@ impl KvTier for V1Service {
                 timing: Some(clock.finish()),
             };
             shared.observe(API, "read", "ok", &clock);
-            let _ = tx.send(Ok(pb::ReadResponse { item: Some(pb::read_response::Item::Done(done)) })).await;
+            let _ = tx
+                .send(Ok(pb::ReadResponse {
+                    item: Some(pb::read_response::Item::Done(done)),
+                }))
+                .await;
         }));
-        Ok(Response::new(Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))))
+        Ok(Response::new(Box::pin(
+            tokio_stream::wrappers::ReceiverStream::new(rx),
+        )))
     }
 
-    async fn write(&self, request: Request<pb::WriteRequest>) -> Result<Response<pb::WriteResponse>, Status> {
-        let adm = self.shared.admit(state::arrival(request.extensions())).await;
+    async fn write(
+        &self,
+        request: Request<pb::WriteRequest>,
+    ) -> Result<Response<pb::WriteResponse>, Status> {
+        let adm = self
+            .shared
+            .admit(state::arrival(request.extensions()))
+            .await;
         let mut clock = adm.clock;
         let mut resp = pb::WriteResponse::default();
-        let r = self.write_batch(request.into_inner(), &mut clock, &mut resp).await;
+        let r = self
+            .write_batch(request.into_inner(), &mut clock, &mut resp)
+            .await;
         resp.timing = Some(clock.finish());
         self.done("write", &clock, r.map(|_| Response::new(resp)))
     }
@@ -253,7 +320,10 @@ impl KvTier for V1Service {
         &self,
         request: Request<Streaming<pb::WriteRequest>>,
     ) -> Result<Response<pb::WriteResponse>, Status> {
-        let adm = self.shared.admit(state::arrival(request.extensions())).await;
+        let adm = self
+            .shared
+            .admit(state::arrival(request.extensions()))
+            .await;
         let mut clock = adm.clock;
         let mut stream = request.into_inner();
         let mut resp = pb::WriteResponse::default();
@@ -268,8 +338,14 @@ impl KvTier for V1Service {
         self.done("write_stream", &clock, r.map(|_| Response::new(resp)))
     }
 
-    async fn delete(&self, request: Request<pb::DeleteRequest>) -> Result<Response<pb::DeleteResponse>, Status> {
-        let adm = self.shared.admit(state::arrival(request.extensions())).await;
+    async fn delete(
+        &self,
+        request: Request<pb::DeleteRequest>,
+    ) -> Result<Response<pb::DeleteResponse>, Status> {
+        let adm = self
+            .shared
+            .admit(state::arrival(request.extensions()))
+            .await;
         let mut clock = adm.clock;
         let req = request.into_inner();
         let r = async {
@@ -278,35 +354,67 @@ impl KvTier for V1Service {
             let mut deleted = 0;
             for key in state::keys(&req.keys)? {
                 let id = BlockId::new(ns.clone(), key);
-                deleted += self.shared.engine.delete(&id, &mut clock.storage).await.map_err(to_status)?;
+                deleted += self
+                    .shared
+                    .engine
+                    .delete(&id, &mut clock.storage)
+                    .await
+                    .map_err(to_status)?;
             }
-            Ok(pb::DeleteResponse { deleted: deleted as u32, timing: Some(clock.finish()) })
+            Ok(pb::DeleteResponse {
+                deleted: deleted as u32,
+                timing: Some(clock.finish()),
+            })
         }
         .await;
         self.done("delete", &clock, r.map(Response::new))
     }
 
-    async fn lease(&self, request: Request<pb::LeaseRequest>) -> Result<Response<pb::LeaseResponse>, Status> {
-        let adm = self.shared.admit(state::arrival(request.extensions())).await;
+    async fn lease(
+        &self,
+        request: Request<pb::LeaseRequest>,
+    ) -> Result<Response<pb::LeaseResponse>, Status> {
+        let adm = self
+            .shared
+            .admit(state::arrival(request.extensions()))
+            .await;
         let clock = adm.clock;
         let req = request.into_inner();
         let r = (|| {
             let engine = &self.shared.engine;
             if req.release_lease_id != 0 {
-                engine.release_lease(req.release_lease_id).map_err(to_status)?;
-                return Ok(pb::LeaseResponse { lease_id: req.release_lease_id, lease_expires_unix_ms: 0, timing: Some(clock.finish()) });
+                engine
+                    .release_lease(req.release_lease_id)
+                    .map_err(to_status)?;
+                return Ok(pb::LeaseResponse {
+                    lease_id: req.release_lease_id,
+                    lease_expires_unix_ms: 0,
+                    timing: Some(clock.finish()),
+                });
             }
             let ns = state::namespace(&req.namespace)?;
             check_count(req.keys.len())?;
             let keys = state::keys(&req.keys)?;
-            let g = engine.lease(&ns, &keys, Duration::from_millis(req.lease_ms as u64)).map_err(to_status)?;
-            Ok(pb::LeaseResponse { lease_id: g.id, lease_expires_unix_ms: g.expires_unix_ms, timing: Some(clock.finish()) })
+            let g = engine
+                .lease(&ns, &keys, Duration::from_millis(req.lease_ms as u64))
+                .map_err(to_status)?;
+            Ok(pb::LeaseResponse {
+                lease_id: g.id,
+                lease_expires_unix_ms: g.expires_unix_ms,
+                timing: Some(clock.finish()),
+            })
         })();
         self.done("lease", &clock, r.map(Response::new))
     }
 
-    async fn stats(&self, request: Request<pb::StatsRequest>) -> Result<Response<pb::StatsResponse>, Status> {
-        let adm = self.shared.admit(state::arrival(request.extensions())).await;
+    async fn stats(
+        &self,
+        request: Request<pb::StatsRequest>,
+    ) -> Result<Response<pb::StatsResponse>, Status> {
+        let adm = self
+            .shared
+            .admit(state::arrival(request.extensions()))
+            .await;
         let clock = adm.clock;
         let s = self.shared.engine.stats();
         let resp = pb::StatsResponse {
@@ -326,7 +434,12 @@ impl KvTier for V1Service {
             active_leases: s.active_leases,
             expired_blocks: s.tiers.iter().map(|(_, t)| t.expirations).sum(),
             version: env!("CARGO_PKG_VERSION").to_string(),
-            data_listen: self.shared.data_addr.get().map(|a| a.to_string()).unwrap_or_default(),
+            data_listen: self
+                .shared
+                .data_addr
+                .get()
+                .map(|a| a.to_string())
+                .unwrap_or_default(),
             timing: Some(clock.finish()),
         };
         self.done("stats", &clock, Ok(Response::new(resp)))
