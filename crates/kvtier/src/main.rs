@@ -7,6 +7,13 @@ mod serve;
 
 use clap::{Parser, Subcommand};
 
+/// Large block buffers are allocated per write and kept by the memory tier;
+/// jemalloc reuses freed extents where glibc maps and clears fresh pages each
+/// time (profile and measurement in notes/006-data-plane.md).
+#[cfg(feature = "jemalloc")]
+#[global_allocator]
+static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 /// kvtier: tiered KV-cache block store for LLM inference.
 #[derive(Parser, Debug)]
 #[command(name = "kvtier", version, about, propagate_version = true)]
