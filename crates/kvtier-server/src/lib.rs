@@ -20,6 +20,7 @@ pub mod http;
 pub mod metrics;
 pub mod numa;
 pub mod object;
+pub mod read;
 pub mod state;
 pub mod status;
 pub mod timing;

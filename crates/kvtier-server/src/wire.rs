@@ -13,11 +13,11 @@
 //! pool of connections, like Redis clients). Errors come back as `Error`
 //! frames carrying a gRPC status code and message; a malformed frame closes
 //! the connection after the error frame.
-use crate::grpc::v1::{block_from_pb, tier_of};
+use crate::grpc::v1::block_from_pb;
 use crate::state::{self, Shared};
 use crate::timing::Clock;
 use bytes::Bytes;
-use kvtier_core::{BlockId, Key, WriteOutcome};
+use kvtier_core::WriteOutcome;
 use kvtier_proto::v1 as pb;
 use kvtier_proto::wire::{
     HEADER_LEN, Header, Kind, read_exact_bytes, split_payloads, write_all_vectored,
@@ -170,69 +170,20 @@ async fn read_inner(
         .map_err(|e| tonic::Status::invalid_argument(format!("bad read request: {e}")))?;
     let timeout = req.timeout_ms;
     let req = req.request.unwrap_or_default();
-    let ns = state::namespace(&req.namespace)?;
-    let keys = state::keys(&req.keys)?;
-    if req.lease_id != 0 {
-        shared
-            .engine
-            .check_lease(req.lease_id)
-            .map_err(crate::status::to_status)?;
-    }
+    let (ns, keys) = crate::read::prepare(shared, &req)?;
     let deadline = (timeout > 0).then(|| arrived + Duration::from_millis(timeout as u64));
     let mut reply = pb::WireReadReply::default();
     let mut data = Vec::with_capacity(keys.len());
-    let mut reason = "";
-    let requested = keys.len() as u32;
-    for (i, key) in keys.into_iter().enumerate() {
-        if deadline.is_some_and(|d| Instant::now() >= d) {
-            reason = "deadline";
-            break;
-        }
-        let id = BlockId::new(ns.clone(), key);
-        let fut =
-            kvtier_core::deadline::scope(deadline, shared.engine.read(&id, &mut clock.storage));
-        let got = match deadline {
-            Some(d) => match tokio::time::timeout_at(d.into(), fut).await {
-                Ok(r) => r,
-                Err(_) => {
-                    reason = "deadline";
-                    break;
-                }
-            },
-            None => fut.await,
-        };
-        match got.map_err(crate::status::to_status)? {
-            Some((b, t)) => {
-                shared.metrics.bytes_out.inc_by(b.payload.len() as u64);
-                reply.payload_lengths.push(b.payload.len() as u64);
-                reply.blocks.push(pb::ReadBlock {
-                    index: i as u32,
-                    block: Some(pb::Block {
-                        key: b.meta.id.key.bytes(),
-                        parent_key: b.meta.parent.as_ref().map_or_else(Bytes::new, Key::bytes),
-                        token_count: b.meta.token_count,
-                        crc32c: b.meta.crc32c,
-                        payload: Bytes::new(),
-                        ttl_ms: 0,
-                    }),
-                    tier: tier_of(t),
-                });
-                data.push(b.payload);
-            }
-            None => {
-                reason = "missing";
-                break;
-            }
-        }
+    let mut reader = crate::read::PrefixReader::new(ns, keys, deadline);
+    while let Some((i, b, t)) = reader.next(shared, clock).await? {
+        reply.payload_lengths.push(b.payload.len() as u64);
+        reply
+            .blocks
+            .push(crate::read::read_block(i, &b, t, Bytes::new()));
+        data.push(b.payload);
     }
-    let returned = reply.blocks.len() as u32;
-    reply.done = Some(pb::ReadDone {
-        returned,
-        requested,
-        partial: returned < requested,
-        reason: reason.to_string(),
-        timing: Some(clock.finish()),
-    });
+    let out = reader.outcome();
+    reply.done = Some(out.done(clock));
     Ok(Reply {
         kind: Kind::ReadReply,
         meta: reply.encode_to_vec(),

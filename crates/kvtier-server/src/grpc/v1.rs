@@ -2,7 +2,6 @@
 use crate::state::{self, Shared};
 use crate::status::to_status;
 use crate::timing::Clock;
-use bytes::Bytes;
 use futures::Stream;
 use kvtier_core::{Block, BlockId, HashFn, Key, Namespace, TierKind, WriteOutcome};
 use kvtier_proto::v1 as pb;
@@ -52,7 +51,7 @@ fn tier(k: TierKind) -> i32 {
     }
 }
 
-fn check_count(n: usize) -> Result<(), Status> {
+pub(crate) fn check_count(n: usize) -> Result<(), Status> {
     if n > MAX_KEYS_PER_REQUEST {
         return Err(Status::invalid_argument(format!(
             "{n} keys in one request; the limit is {MAX_KEYS_PER_REQUEST}"
@@ -201,19 +200,7 @@ impl KvTier for V1Service {
         let req = request.into_inner();
         let adm = self.shared.admit(Some(arrived)).await;
         let mut clock = adm.clock;
-        let prep = (|| {
-            let ns = state::namespace(&req.namespace)?;
-            check_count(req.keys.len())?;
-            let keys = state::keys(&req.keys)?;
-            if req.lease_id != 0 {
-                self.shared
-                    .engine
-                    .check_lease(req.lease_id)
-                    .map_err(to_status)?;
-            }
-            Ok::<_, Status>((ns, keys))
-        })();
-        let (ns, keys) = match prep {
+        let (ns, keys) = match crate::read::prepare(&self.shared, &req) {
             Ok(v) => v,
             Err(e) => return Err(self.done("read", &clock, Err::<(), _>(e)).unwrap_err()),
         };
@@ -221,78 +208,31 @@ impl KvTier for V1Service {
         let shared = self.shared.clone();
         tokio::spawn(kvtier_core::deadline::scope(deadline, async move {
             let _adm = adm;
-            let requested = keys.len() as u32;
-            let mut returned = 0u32;
-            let mut reason = "";
-            for (i, key) in keys.into_iter().enumerate() {
-                if deadline.is_some_and(|d| Instant::now() >= d) {
-                    reason = "deadline";
-                    break;
-                }
-                let id = BlockId::new(ns.clone(), key);
-                let fut = shared.engine.read(&id, &mut clock.storage);
-                let got = match deadline {
-                    Some(d) => match tokio::time::timeout_at(d.into(), fut).await {
-                        Ok(r) => r,
-                        Err(_) => {
-                            reason = "deadline";
-                            break;
-                        }
-                    },
-                    None => fut.await,
-                };
-                match got {
-                    Ok(Some((b, t))) => {
-                        shared.metrics.bytes_out.inc_by(b.payload.len() as u64);
+            let mut reader = crate::read::PrefixReader::new(ns, keys, deadline);
+            loop {
+                match reader.next(&shared, &mut clock).await {
+                    Ok(Some((i, b, t))) => {
+                        let item = crate::read::read_block(i, &b, t, b.payload.clone());
                         let msg = pb::ReadResponse {
-                            item: Some(pb::read_response::Item::Block(pb::ReadBlock {
-                                index: i as u32,
-                                block: Some(pb::Block {
-                                    key: b.meta.id.key.bytes(),
-                                    parent_key: b
-                                        .meta
-                                        .parent
-                                        .as_ref()
-                                        .map_or_else(Bytes::new, Key::bytes),
-                                    token_count: b.meta.token_count,
-                                    crc32c: b.meta.crc32c,
-                                    payload: b.payload,
-                                    ttl_ms: 0,
-                                }),
-                                tier: tier(t),
-                            })),
+                            item: Some(pb::read_response::Item::Block(item)),
                         };
                         if tx.send(Ok(msg)).await.is_err() {
                             shared.observe(API, "read", "cancelled", &clock);
                             return;
                         }
-                        returned += 1;
                     }
-                    Ok(None) => {
-                        reason = "missing";
-                        break;
-                    }
-                    Err(e) => {
-                        let st = to_status(e);
+                    Ok(None) => break,
+                    Err(st) => {
                         shared.observe(API, "read", state::code_name(st.code()), &clock);
                         let _ = tx.send(Err(st)).await;
                         return;
                     }
                 }
             }
-            let done = pb::ReadDone {
-                returned,
-                requested,
-                partial: returned < requested,
-                reason: reason.to_string(),
-                timing: Some(clock.finish()),
-            };
+            let done = reader.outcome().done(&clock);
             shared.observe(API, "read", "ok", &clock);
-            let _ = tx
-                .send(Ok(pb::ReadResponse {
-                    item: Some(pb::read_response::Item::Done(done)),
-                }))
-                .await;
+            let item = Some(pb::read_response::Item::Done(done));
+            let _ = tx.send(Ok(pb::ReadResponse { item })).await;
         }));
         Ok(Response::new(Box::pin(
             tokio_stream::wrappers::ReceiverStream::new(rx),

@@ -1,0 +1,145 @@
+//! The prefix read that both transports of `Read` share (gRPC stream in
+//! `grpc::v1`, data plane in `wire`): validate the request, then read the keys
+//! in order, stopping at the first missing block or at the deadline, handing
+//! each block to a transport-specific sink.
+use crate::grpc::v1::{check_count, tier_of};
+use crate::state::{self, Shared};
+use crate::status::to_status;
+use crate::timing::Clock;
+use bytes::Bytes;
+use kvtier_core::{Block, BlockId, Key, Namespace, TierKind};
+use kvtier_proto::v1 as pb;
+use std::time::Instant;
+use tonic::Status;
+
+/// Validates a read request: namespace, key count and keys, and the lease if one is named.
+pub fn prepare(shared: &Shared, req: &pb::ReadRequest) -> Result<(Namespace, Vec<Key>), Status> {
+    let ns = state::namespace(&req.namespace)?;
+    check_count(req.keys.len())?;
+    let keys = state::keys(&req.keys)?;
+    if req.lease_id != 0 {
+        shared.engine.check_lease(req.lease_id).map_err(to_status)?;
+    }
+    Ok((ns, keys))
+}
+
+/// How a prefix read ended.
+#[derive(Debug, Clone, Copy)]
+pub struct Outcome {
+    /// Blocks handed to the sink.
+    pub returned: u32,
+    /// Keys asked for.
+    pub requested: u32,
+    /// `missing`, `deadline` or empty.
+    pub reason: &'static str,
+}
+
+impl Outcome {
+    /// The wire summary, with the server timing measured now.
+    pub fn done(&self, clock: &Clock) -> pb::ReadDone {
+        pb::ReadDone {
+            returned: self.returned,
+            requested: self.requested,
+            partial: self.returned < self.requested,
+            reason: self.reason.to_string(),
+            timing: Some(clock.finish()),
+        }
+    }
+}
+
+/// The wire form of a block read from `tier`, carrying `payload` (the data
+/// plane sends payloads outside the message and passes an empty one).
+pub fn read_block(index: u32, b: &Block, tier: TierKind, payload: Bytes) -> pb::ReadBlock {
+    pb::ReadBlock {
+        index,
+        block: Some(pb::Block {
+            key: b.meta.id.key.bytes(),
+            parent_key: b.meta.parent.as_ref().map_or_else(Bytes::new, Key::bytes),
+            token_count: b.meta.token_count,
+            crc32c: b.meta.crc32c,
+            payload,
+            ttl_ms: 0,
+        }),
+        tier: tier_of(tier),
+    }
+}
+
+/// Reads keys in order, one block per [`PrefixReader::next`], until the first
+/// missing block or the deadline; [`PrefixReader::outcome`] then says why it
+/// stopped. (A cursor rather than a callback keeps the callers' futures `Send`.)
+pub struct PrefixReader {
+    ns: Namespace,
+    keys: std::vec::IntoIter<Key>,
+    deadline: Option<Instant>,
+    next_index: u32,
+    out: Outcome,
+}
+
+impl PrefixReader {
+    /// A reader over `keys` in namespace `ns`.
+    pub fn new(ns: Namespace, keys: Vec<Key>, deadline: Option<Instant>) -> Self {
+        let out = Outcome {
+            returned: 0,
+            requested: keys.len() as u32,
+            reason: "",
+        };
+        Self {
+            ns,
+            keys: keys.into_iter(),
+            deadline,
+            next_index: 0,
+            out,
+        }
+    }
+
+    /// The next block with its index and tier, or `None` when the read is over.
+    pub async fn next(
+        &mut self,
+        shared: &Shared,
+        clock: &mut Clock,
+    ) -> Result<Option<(u32, Block, TierKind)>, Status> {
+        if !self.out.reason.is_empty() {
+            return Ok(None);
+        }
+        let Some(key) = self.keys.next() else {
+            return Ok(None);
+        };
+        if self.deadline.is_some_and(|d| Instant::now() >= d) {
+            self.out.reason = "deadline";
+            return Ok(None);
+        }
+        let id = BlockId::new(self.ns.clone(), key);
+        let fut = kvtier_core::deadline::scope(
+            self.deadline,
+            shared.engine.read(&id, &mut clock.storage),
+        );
+        let got = match self.deadline {
+            Some(d) => match tokio::time::timeout_at(d.into(), fut).await {
+                Ok(r) => r,
+                Err(_) => {
+                    self.out.reason = "deadline";
+                    return Ok(None);
+                }
+            },
+            None => fut.await,
+        };
+        match got.map_err(to_status)? {
+            Some((b, t)) => {
+                shared.metrics.bytes_out.inc_by(b.payload.len() as u64);
+                let i = self.next_index;
+                self.next_index += 1;
+                self.out.returned += 1;
+                Ok(Some((i, b, t)))
+            }
+            None => {
+                self.out.reason = "missing";
+                Ok(None)
+            }
+        }
+    }
+
+    /// How the read ended (meaningful once `next` returned `None`).
+    pub fn outcome(&self) -> Outcome {
+        self.out
+    }
+}
