@@ -5,10 +5,20 @@
 //! `redis-benchmark -c N` does). By default a minimal hand-written RESP2
 //! client ([`crate::resp`]); `--peer-client redis-rs` uses the `redis` crate
 //! (a multiplexed connection used by one task only), which measured as the
-//! bottleneck for MB-sized values (`notes/006-data-plane.md`). Writes overwrite one of
-//! [`PEER_WRITE_SLOTS`] keys so Redis memory stays bounded (a Redis `SET` of
-//! an existing key is a full write). `redis://spawn` starts a private
-//! `redis-server` (no persistence) on a free loopback port.
+//! bottleneck for MB-sized values (`notes/006-data-plane.md`).
+//!
+//! Writes store a **new key every time**, as kvtier's writes do (its blocks
+//! are immutable, so a kvtier write is always a new block): both systems then
+//! fill their memory and evict to stay under their limit, and both pay for
+//! fresh memory and eviction alike. (Overwriting a few hot keys instead would
+//! let Redis reuse the same already-faulted buffers while kvtier stores new
+//! blocks: on this VM a first-touch 1.2 MB buffer costs ~0.5 ms of page faults,
+//! so that comparison measured the workloads, not the systems.) The peer must
+//! therefore bound its memory: [`preload`] refuses a Redis without
+//! `maxmemory` and an `allkeys-*` eviction policy. `redis://spawn` starts a
+//! private `redis-server` (no persistence, `allkeys-lru`, 2 GiB: kvtier's
+//! default memory tier) on a free loopback port; give a kvtier server under
+//! test the same memory capacity as the Redis it is compared with.
 
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -21,8 +31,8 @@ use serde::{Deserialize, Serialize};
 use crate::load::{Sample, Unit};
 use crate::resp::{Reply, Resp};
 use crate::workloads::{
-    BLOCK_TOKENS, CHAIN_BLOCKS, CONV_BLOCKS, CONVERSATIONS, Ctx, KV_KEYS, PEER_WRITE_SLOTS,
-    TIMEOUT, WorkerId, Workload, mix,
+    BLOCK_TOKENS, CHAIN_BLOCKS, CONV_BLOCKS, CONVERSATIONS, Ctx, KV_KEYS, TIMEOUT, WorkerId,
+    Workload, mix,
 };
 
 /// A `redis-server` this run started; killed on drop.
@@ -41,7 +51,8 @@ impl SpawnedRedis {
         let child = Command::new("redis-server")
             .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
             .args(["--save", "", "--appendonly", "no", "--protected-mode", "no"])
-            .args(["--maxmemory", "4gb", "--maxmemory-policy", "allkeys-lru"])
+            // The same budget as kvtier's default memory tier (2 GiB).
+            .args(["--maxmemory", "2gb", "--maxmemory-policy", "allkeys-lru"])
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -214,11 +225,40 @@ fn kv_key(nonce: u64, i: u64) -> String {
     format!("{}:kv:{i}", prefix(nonce))
 }
 fn write_key(nonce: u64, u: u64) -> String {
-    format!("{}:w:{}", prefix(nonce), mix(u) % PEER_WRITE_SLOTS)
+    format!("{}:w:{u:x}", prefix(nonce))
 }
 
-/// Writes what the workload reads.
+/// Fails unless Redis bounds its memory by evicting any key (`maxmemory` set,
+/// policy `allkeys-*`): the peer's writes store new keys without end.
+pub fn check_bounded(info_memory: &str) -> anyhow::Result<()> {
+    let field = |name: &str| {
+        info_memory
+            .lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
+            .map(str::trim)
+    };
+    let max: u64 = field("maxmemory")
+        .and_then(|v| v.parse().ok())
+        .context("redis INFO memory has no maxmemory field")?;
+    let policy = field("maxmemory_policy").unwrap_or("");
+    anyhow::ensure!(
+        max > 0 && policy.starts_with("allkeys-"),
+        "the Redis peer has maxmemory {max} and policy {policy:?}: this workload writes a new \
+         key per request, so Redis must bound its memory and evict any key \
+         (redis-server --maxmemory 4gb --maxmemory-policy allkeys-lru; redis://spawn does this)"
+    );
+    Ok(())
+}
+
+/// Writes what the workload reads; checks that Redis bounds its memory when
+/// the workload writes.
 pub async fn preload(ctx: &Ctx, conn: &mut PeerConn) -> anyhow::Result<()> {
+    if matches!(
+        ctx.workload,
+        Workload::Write | Workload::Mixed | Workload::Conversation | Workload::Kv
+    ) {
+        check_bounded(&conn.text(&[b"INFO", b"memory"]).await)?;
+    }
     let n = ctx.nonce;
     let p = ctx.payload();
     let mut keys = Vec::new();
@@ -380,5 +420,25 @@ impl Unit for RedisWorker {
             }
             Workload::Mixed | Workload::LookupPing => unreachable!(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::check_bounded;
+
+    #[test]
+    fn an_unbounded_or_non_evicting_redis_is_refused() {
+        let ok =
+            "# Memory\r\nused_memory:1\r\nmaxmemory:4294967296\r\nmaxmemory_policy:allkeys-lru\r\n";
+        check_bounded(ok).unwrap();
+        let unbounded = ok.replace("maxmemory:4294967296", "maxmemory:0");
+        let e = check_bounded(&unbounded).unwrap_err().to_string();
+        assert!(e.contains("maxmemory 0"), "{e}");
+        let volatile = ok.replace("allkeys-lru", "volatile-lru");
+        assert!(check_bounded(&volatile).is_err());
+        let noeviction = ok.replace("allkeys-lru", "noeviction");
+        assert!(check_bounded(&noeviction).is_err());
+        assert!(check_bounded("garbage").is_err());
     }
 }

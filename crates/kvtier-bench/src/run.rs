@@ -313,20 +313,28 @@ impl Runner<'_> {
         Ok(r)
     }
 
-    fn step(
+    /// One step for kvtier and, when given, the peer: repeats alternate
+    /// (kvtier, peer, kvtier, peer, ...) so that drift on a shared machine
+    /// lands on both systems alike instead of on whichever ran second.
+    fn step_pair(
         &mut self,
-        system: &System,
+        kv: &System,
+        peer: Option<&System>,
         load: Load,
         mode: Mode,
         name: &str,
-    ) -> anyhow::Result<Step> {
-        let mut b = StepBuilder::new(mode, self.cfg.processes);
+    ) -> anyhow::Result<(Step, Option<Step>)> {
+        let mut kb = StepBuilder::new(mode, self.cfg.processes);
+        let mut pb = peer.map(|_| StepBuilder::new(mode, self.cfg.processes));
         let k = self.cfg.repeat.max(1);
         for rep in 0..k {
             let label = format!("{name} rep {}/{k}", rep + 1);
-            b.add_repeat(self.repeat(system, load, &label)?);
+            kb.add_repeat(self.repeat(kv, load, &label)?);
+            if let (Some(sys), Some(pb)) = (peer, pb.as_mut()) {
+                pb.add_repeat(self.repeat(sys, load, &format!("redis {label}"))?);
+            }
         }
-        b.build()
+        Ok((kb.build()?, pb.map(|b| b.build()).transpose()?))
     }
 }
 
@@ -558,15 +566,14 @@ pub fn run(cfg: &BenchConfig) -> anyhow::Result<Record> {
     };
     let mut steps = Vec::new();
     let mut peer_steps = Vec::new();
+    let peer_system = peer_url.as_ref().map(|url| System::Redis {
+        url: url.clone(),
+        client: cfg.peer_client,
+    });
     for (load, mode, name) in &loads {
-        steps.push(runner.step(&kv_system, *load, *mode, name)?);
-        if let Some(url) = &peer_url {
-            let sys = System::Redis {
-                url: url.clone(),
-                client: cfg.peer_client,
-            };
-            peer_steps.push(runner.step(&sys, *load, *mode, &format!("redis {name}"))?);
-        }
+        let (kv, peer) = runner.step_pair(&kv_system, peer_system.as_ref(), *load, *mode, name)?;
+        steps.push(kv);
+        peer_steps.extend(peer);
     }
     let Runner { rt: gen_rt, .. } = runner;
     drop(gen_rt);

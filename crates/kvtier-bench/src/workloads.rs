@@ -39,8 +39,6 @@ pub const CONVERSATIONS: usize = 16;
 pub const CONV_BLOCKS: usize = 6;
 /// Keys preloaded for `kv` gets.
 pub const KV_KEYS: usize = 1000;
-/// Distinct keys the Redis peer overwrites (bounds its memory).
-pub const PEER_WRITE_SLOTS: u64 = 128;
 /// Deadline per request.
 pub const TIMEOUT: Duration = Duration::from_secs(10);
 

@@ -536,10 +536,22 @@ async fn data_plane_addr(endpoint: &str, advertised: &str) -> Result<std::net::S
 }
 
 pub(crate) fn to_read_block(b: pb::ReadBlock) -> Result<ReadBlock, tonic::Status> {
+    let actual = b
+        .block
+        .as_ref()
+        .map_or(0, |blk| crc32c::crc32c(&blk.payload));
+    to_read_block_checked(b, actual)
+}
+
+/// [`to_read_block`] for a payload whose CRC32C (`actual`) was computed while
+/// it arrived.
+pub(crate) fn to_read_block_checked(
+    b: pb::ReadBlock,
+    actual: u32,
+) -> Result<ReadBlock, tonic::Status> {
     let blk = b
         .block
         .ok_or_else(|| tonic::Status::internal("server sent a ReadBlock without a block"))?;
-    let actual = crc32c::crc32c(&blk.payload);
     if actual != blk.crc32c {
         return Err(tonic::Status::data_loss(format!(
             "block {} arrived with crc32c {actual:#010x}, expected {:#010x}",

@@ -2,12 +2,12 @@
 //! a pool of plain TCP connections, one request in flight per connection.
 //! `Client` uses it automatically when the server advertises a data-plane
 //! address (`Stats.data_listen`) and `ClientConfig::data_plane` is on.
-use crate::{ClientError, ReadResult, Result, WriteBlock, WriteResult, to_read_block};
+use crate::{ClientError, ReadResult, Result, WriteBlock, WriteResult, to_read_block_checked};
 use bytes::Bytes;
 use kvtier_core::Key;
 use kvtier_proto::v1 as pb;
 use kvtier_proto::wire::{
-    HEADER_LEN, Header, Kind, read_exact_bytes, split_payloads, write_all_vectored,
+    HEADER_LEN, Header, Kind, read_exact_bytes, read_payloads_checked, write_all_vectored,
 };
 use parking_lot::Mutex;
 use prost::Message;
@@ -58,12 +58,7 @@ impl WireClient {
     }
 
     /// One request/response exchange on a pooled connection.
-    async fn call(
-        &self,
-        kind: Kind,
-        meta: Vec<u8>,
-        data: &[Bytes],
-    ) -> Result<(Header, Bytes, Bytes)> {
+    async fn call(&self, kind: Kind, meta: Vec<u8>, data: &[Bytes]) -> Result<Frame> {
         let _slot = self.slots.acquire().await.expect("never closed");
         let conn = self.idle.lock().pop();
         let mut sock = match conn {
@@ -102,22 +97,32 @@ impl WireClient {
             // arrives before we give up waiting.
             timeout_ms: (self.timeout.as_millis() * 9 / 10).clamp(1, u32::MAX as u128) as u32,
         };
-        let (h, meta, data) = self.call(Kind::Read, req.encode_to_vec(), &[]).await?;
-        expect(h.kind, Kind::ReadReply, &meta)?;
-        let reply = pb::WireReadReply::decode(meta).map_err(|e| transport(e, self.addr))?;
-        let payloads =
-            split_payloads(data, &reply.payload_lengths).map_err(|e| transport(e, self.addr))?;
+        let f = self.call(Kind::Read, req.encode_to_vec(), &[]).await?;
+        expect(f.header.kind, Kind::ReadReply, &f.meta)?;
+        let reply = f
+            .read_reply
+            .ok_or_else(|| transport("read reply", self.addr))?;
+        if reply.blocks.len() != f.payloads.len() {
+            return Err(transport(
+                format!(
+                    "read reply has {} blocks but {} payloads",
+                    reply.blocks.len(),
+                    f.payloads.len()
+                ),
+                self.addr,
+            ));
+        }
         let mut out = ReadResult {
             blocks: Vec::with_capacity(reply.blocks.len()),
             partial: false,
             reason: String::new(),
             timing: Default::default(),
         };
-        for (mut b, p) in reply.blocks.into_iter().zip(payloads) {
+        for (mut b, (p, crc)) in reply.blocks.into_iter().zip(f.payloads) {
             if let Some(blk) = b.block.as_mut() {
                 blk.payload = p;
             }
-            out.blocks.push(to_read_block(b)?);
+            out.blocks.push(to_read_block_checked(b, crc)?);
         }
         if let Some(d) = reply.done {
             out.partial = d.partial;
@@ -138,9 +143,9 @@ impl WireClient {
             timeout_ms: (self.timeout.as_millis() * 9 / 10).clamp(1, u32::MAX as u128) as u32,
         };
         let data: Vec<Bytes> = blocks.iter().map(|b| b.payload.clone()).collect();
-        let (h, meta, _) = self.call(Kind::Write, req.encode_to_vec(), &data).await?;
-        expect(h.kind, Kind::WriteReply, &meta)?;
-        let r = pb::WriteResponse::decode(meta).map_err(|e| transport(e, self.addr))?;
+        let f = self.call(Kind::Write, req.encode_to_vec(), &data).await?;
+        expect(f.header.kind, Kind::WriteReply, &f.meta)?;
+        let r = pb::WriteResponse::decode(f.meta).map_err(|e| transport(e, self.addr))?;
         Ok(WriteResult {
             stored: r.stored,
             existing: r.existing,
@@ -174,13 +179,25 @@ async fn dial(addr: SocketAddr) -> Result<TcpStream> {
     Ok(s)
 }
 
+/// One reply frame. A `ReadReply`'s payloads are checksummed while they
+/// arrive (`payloads`: each with its CRC32C), so verifying them costs almost
+/// nothing after the last byte lands.
+struct Frame {
+    header: Header,
+    meta: Bytes,
+    /// Decoded metadata of a `ReadReply`.
+    read_reply: Option<pb::WireReadReply>,
+    payloads: Vec<(Bytes, u32)>,
+}
+
 async fn exchange(
     sock: &mut TcpStream,
     kind: Kind,
     id: u64,
     meta: Vec<u8>,
     data: &[Bytes],
-) -> std::io::Result<(Header, Bytes, Bytes)> {
+) -> std::io::Result<Frame> {
+    let invalid = |e: String| std::io::Error::new(std::io::ErrorKind::InvalidData, e);
     let data_len: usize = data.iter().map(Bytes::len).sum();
     let header = Header {
         kind,
@@ -194,16 +211,35 @@ async fn exchange(
     write_all_vectored(sock, &parts).await?;
     let mut raw = [0u8; HEADER_LEN];
     sock.read_exact(&mut raw).await?;
-    let h = Header::decode(&raw)
-        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))?;
+    let h = Header::decode(&raw).map_err(invalid)?;
     if h.request_id != id && h.kind != Kind::Error {
-        return Err(std::io::Error::new(
-            std::io::ErrorKind::InvalidData,
-            format!("reply to request {} while waiting for {id}", h.request_id),
-        ));
+        return Err(invalid(format!(
+            "reply to request {} while waiting for {id}",
+            h.request_id
+        )));
     }
     // Into uninitialised buffers: no memset of the payload before the socket fills it.
     let m = read_exact_bytes(sock, h.meta_len as usize).await?;
-    let d = read_exact_bytes(sock, h.data_len as usize).await?;
-    Ok((h, m, d))
+    let (read_reply, lengths) = if h.kind == Kind::ReadReply {
+        let r = pb::WireReadReply::decode(m.clone())
+            .map_err(|e| invalid(format!("bad read reply: {e}")))?;
+        let lengths = r.payload_lengths.clone();
+        (Some(r), lengths)
+    } else {
+        (None, vec![u64::from(h.data_len)])
+    };
+    if lengths.iter().sum::<u64>() != u64::from(h.data_len) || lengths.len() > u32::MAX as usize {
+        return Err(invalid(format!(
+            "payload lengths add up to {} bytes but the frame carries {}",
+            lengths.iter().sum::<u64>(),
+            h.data_len
+        )));
+    }
+    let payloads = read_payloads_checked(sock, &lengths).await?;
+    Ok(Frame {
+        header: h,
+        meta: m,
+        read_reply,
+        payloads,
+    })
 }

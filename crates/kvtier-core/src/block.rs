@@ -72,6 +72,20 @@ impl Block {
         payload: Bytes,
     ) -> Result<Self> {
         let actual = crc32c::crc32c(&payload);
+        Self::with_computed_checksum(id, parent, token_count, crc, actual, payload)
+    }
+
+    /// [`Block::with_checksum`] where the caller already computed the
+    /// payload's CRC32C (`actual`, e.g. while receiving it); fails with
+    /// `DataLoss` unless it equals the client-supplied `crc`.
+    pub fn with_computed_checksum(
+        id: BlockId,
+        parent: Option<Key>,
+        token_count: u32,
+        crc: u32,
+        actual: u32,
+        payload: Bytes,
+    ) -> Result<Self> {
         if actual != crc {
             return Err(Error::data_loss(format!(
                 "checksum mismatch for key {:?}: client sent crc32c {crc:#010x}, payload has {actual:#010x}; nothing stored",

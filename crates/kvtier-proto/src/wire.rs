@@ -127,6 +127,70 @@ pub async fn read_exact_bytes<R: tokio::io::AsyncRead + Unpin>(
     Ok(buf.freeze())
 }
 
+/// Reads the frame's data section, `lengths` consecutive payloads, into one
+/// buffer (uninitialised capacity, as [`read_exact_bytes`]) and returns the
+/// payloads with the CRC32C of each, computed **as the bytes arrive**: each
+/// chunk the socket hands over is checksummed while it is still in cache and
+/// while the peer is still sending the rest, so verifying a 1.2 MB payload
+/// costs almost nothing after its last byte lands (instead of a ~60 µs pass
+/// over the whole buffer). Never reads past the data section.
+pub async fn read_payloads_checked<R: tokio::io::AsyncRead + Unpin>(
+    r: &mut R,
+    lengths: &[u64],
+) -> std::io::Result<Vec<(Bytes, u32)>> {
+    use tokio::io::AsyncReadExt;
+    let total: u64 = lengths.iter().sum();
+    let total = usize::try_from(total).map_err(|_| {
+        std::io::Error::new(std::io::ErrorKind::InvalidData, "payload lengths overflow")
+    })?;
+    let mut buf = BytesMut::with_capacity(total);
+    let mut crcs = Vec::with_capacity(lengths.len());
+    // Segment being checksummed: its index, where it starts in `buf`, its running CRC.
+    let (mut seg, mut seg_start, mut crc) = (0usize, 0usize, 0u32);
+    let mut done = 0usize; // bytes of `buf` already checksummed
+    let mut advance = |buf: &BytesMut, crcs: &mut Vec<u32>| {
+        while seg < lengths.len() {
+            let seg_end = seg_start + lengths[seg] as usize;
+            let upto = seg_end.min(buf.len());
+            crc = crc32c::crc32c_append(crc, &buf[done..upto]);
+            done = upto;
+            if done < seg_end {
+                break;
+            }
+            crcs.push(crc);
+            (seg, seg_start, crc) = (seg + 1, seg_end, 0);
+        }
+    };
+    advance(&buf, &mut crcs); // zero-length leading payloads
+    while buf.len() < total {
+        let want = total - buf.len();
+        if r.read_buf(&mut (&mut buf).limit(want)).await? == 0 {
+            return Err(std::io::ErrorKind::UnexpectedEof.into());
+        }
+        advance(&buf, &mut crcs);
+    }
+    let mut data = buf.freeze();
+    Ok(lengths
+        .iter()
+        .zip(crcs)
+        .map(|(&l, c)| (data.split_to(l as usize), c))
+        .collect())
+}
+
+/// Reads and drops `n` bytes (the data section of a frame that is answered
+/// with an error but keeps the connection usable).
+pub async fn discard<R: tokio::io::AsyncRead + Unpin>(r: &mut R, n: u64) -> std::io::Result<()> {
+    let copied = tokio::io::copy(
+        &mut tokio::io::AsyncReadExt::take(r, n),
+        &mut tokio::io::sink(),
+    )
+    .await?;
+    if copied < n {
+        return Err(std::io::ErrorKind::UnexpectedEof.into());
+    }
+    Ok(())
+}
+
 /// Writes every part with vectored writes, handling partial writes; the parts
 /// (header, metadata, payloads) are never concatenated in user space.
 pub async fn write_all_vectored<W: tokio::io::AsyncWrite + Unpin>(
@@ -205,6 +269,56 @@ mod tests {
         w.await.unwrap();
         assert!(read_exact_bytes(&mut b, 1).await.is_err());
         assert!(read_exact_bytes(&mut b, 0).await.unwrap().is_empty());
+    }
+
+    #[tokio::test]
+    async fn checked_payloads_match_a_one_pass_crc_across_chunk_boundaries() {
+        // A 3-byte pipe makes every read cross (or stop short of) a payload boundary.
+        let payloads: Vec<Vec<u8>> = vec![
+            vec![],
+            (0..100u8).collect(),
+            vec![],
+            b"x".to_vec(),
+            (0..=255u8).cycle().take(1000).collect(),
+            vec![],
+        ];
+        let lengths: Vec<u64> = payloads.iter().map(|p| p.len() as u64).collect();
+        let all = payloads.concat();
+        let (mut a, mut b) = tokio::io::duplex(3);
+        let w = tokio::spawn(async move {
+            tokio::io::AsyncWriteExt::write_all(&mut a, &all)
+                .await
+                .unwrap();
+            tokio::io::AsyncWriteExt::write_all(&mut a, b"next")
+                .await
+                .unwrap();
+            a
+        });
+        let got = read_payloads_checked(&mut b, &lengths).await.unwrap();
+        assert_eq!(got.len(), payloads.len());
+        for ((bytes, crc), want) in got.iter().zip(&payloads) {
+            assert_eq!(&bytes[..], &want[..]);
+            assert_eq!(*crc, crc32c::crc32c(want));
+        }
+        // The next frame is untouched.
+        assert_eq!(&read_exact_bytes(&mut b, 4).await.unwrap()[..], b"next");
+        let a = w.await.unwrap();
+        drop(a);
+        // A short data section is an error, not a hang or a short payload.
+        let (mut a, mut b) = tokio::io::duplex(64);
+        tokio::io::AsyncWriteExt::write_all(&mut a, b"abc")
+            .await
+            .unwrap();
+        drop(a);
+        assert!(read_payloads_checked(&mut b, &[2, 5]).await.is_err());
+        let (mut a, mut b) = tokio::io::duplex(64);
+        tokio::io::AsyncWriteExt::write_all(&mut a, b"abcdef")
+            .await
+            .unwrap();
+        discard(&mut b, 4).await.unwrap();
+        assert_eq!(&read_exact_bytes(&mut b, 2).await.unwrap()[..], b"ef");
+        drop(a);
+        assert!(discard(&mut b, 1).await.is_err());
     }
 
     #[tokio::test]

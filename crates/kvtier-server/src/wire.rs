@@ -7,20 +7,21 @@
 //! measurements in `notes/006-data-plane.md` put it well below Redis for
 //! MB-sized values. Here a reply is written with one vectored write straight
 //! from the store's `Bytes` (no user-space copy) and a request's payloads are
-//! read into one buffer sliced per block.
+//! read into one buffer sliced per block, each checksummed as its bytes arrive
+//! (so verification overlaps the transfer instead of following it).
 //!
 //! One request at a time per connection, answered in order (clients keep a
 //! pool of connections, like Redis clients). Errors come back as `Error`
 //! frames carrying a gRPC status code and message; a malformed frame closes
 //! the connection after the error frame.
-use crate::grpc::v1::block_from_pb;
+use crate::grpc::v1::block_from_pb_checked;
 use crate::state::{self, Shared};
 use crate::timing::Clock;
 use bytes::Bytes;
 use kvtier_core::WriteOutcome;
 use kvtier_proto::v1 as pb;
 use kvtier_proto::wire::{
-    HEADER_LEN, Header, Kind, read_exact_bytes, split_payloads, write_all_vectored,
+    HEADER_LEN, Header, Kind, discard, read_exact_bytes, read_payloads_checked, write_all_vectored,
 };
 use prost::Message;
 use std::time::{Duration, Instant};
@@ -113,14 +114,46 @@ async fn connection(
         }
         // Into uninitialised buffers: no memset of the payload before the socket fills it.
         let meta = read_exact_bytes(&mut sock, header.meta_len as usize).await?;
-        let data = read_exact_bytes(&mut sock, header.data_len as usize).await?;
         let reply = match header.kind {
-            Kind::Read => read(&shared, meta, arrived).await,
-            Kind::Write => write(&shared, meta, data, arrived).await,
-            other => error_reply(
-                tonic::Code::InvalidArgument,
-                format!("frame kind {other:?} is not a request"),
-            ),
+            Kind::Read => {
+                discard(&mut sock, header.data_len.into()).await?;
+                read(&shared, meta, arrived).await
+            }
+            Kind::Write => match pb::WireWriteRequest::decode(meta) {
+                Ok(req)
+                    if req.payload_lengths.iter().sum::<u64>() == u64::from(header.data_len) =>
+                {
+                    // Checksummed as the bytes arrive (verified against the
+                    // request's crc32c values before anything is stored).
+                    let payloads = read_payloads_checked(&mut sock, &req.payload_lengths).await?;
+                    write(&shared, req, payloads, arrived).await
+                }
+                Ok(req) => {
+                    discard(&mut sock, header.data_len.into()).await?;
+                    error_reply(
+                        tonic::Code::InvalidArgument,
+                        format!(
+                            "payload lengths add up to {} bytes but the frame carries {}",
+                            req.payload_lengths.iter().sum::<u64>(),
+                            header.data_len
+                        ),
+                    )
+                }
+                Err(e) => {
+                    discard(&mut sock, header.data_len.into()).await?;
+                    error_reply(
+                        tonic::Code::InvalidArgument,
+                        format!("bad write request: {e}"),
+                    )
+                }
+            },
+            other => {
+                discard(&mut sock, header.data_len.into()).await?;
+                error_reply(
+                    tonic::Code::InvalidArgument,
+                    format!("frame kind {other:?} is not a request"),
+                )
+            }
         };
         write_reply(&mut sock, header.request_id, reply).await?;
     }
@@ -191,10 +224,15 @@ async fn read_inner(
     })
 }
 
-async fn write(shared: &Shared, meta: Bytes, data: Bytes, arrived: Instant) -> Reply {
+async fn write(
+    shared: &Shared,
+    req: pb::WireWriteRequest,
+    payloads: Vec<(Bytes, u32)>,
+    arrived: Instant,
+) -> Reply {
     let adm = shared.admit(Some(arrived)).await;
     let mut clock = adm.clock;
-    let r = write_inner(shared, meta, data, arrived, &mut clock).await;
+    let r = write_inner(shared, req, payloads, arrived, &mut clock).await;
     let code = match &r {
         Ok(_) => "ok",
         Err(s) => state::code_name(s.code()),
@@ -205,36 +243,34 @@ async fn write(shared: &Shared, meta: Bytes, data: Bytes, arrived: Instant) -> R
 
 async fn write_inner(
     shared: &Shared,
-    meta: Bytes,
-    data: Bytes,
+    req: pb::WireWriteRequest,
+    payloads: Vec<(Bytes, u32)>,
     arrived: Instant,
     clock: &mut Clock,
 ) -> Result<Reply, tonic::Status> {
-    let req = pb::WireWriteRequest::decode(meta)
-        .map_err(|e| tonic::Status::invalid_argument(format!("bad write request: {e}")))?;
     let deadline =
         (req.timeout_ms > 0).then(|| arrived + Duration::from_millis(req.timeout_ms as u64));
-    let mut w = req.request.unwrap_or_default();
-    if w.blocks.len() != req.payload_lengths.len() {
+    let w = req.request.unwrap_or_default();
+    if w.blocks.len() != payloads.len() {
         return Err(tonic::Status::invalid_argument(format!(
             "{} blocks but {} payload lengths",
             w.blocks.len(),
-            req.payload_lengths.len()
+            payloads.len()
         )));
     }
-    let payloads =
-        split_payloads(data, &req.payload_lengths).map_err(tonic::Status::invalid_argument)?;
     let ns = state::namespace(&w.namespace)?;
     let max = shared.engine.config().max_block_size.bytes();
-    for (b, p) in w.blocks.iter_mut().zip(payloads) {
-        b.payload = p;
-    }
-    // Verify every block before storing any of them.
+    // Verify every block before storing any of them (the payload CRCs were
+    // computed while the bytes arrived).
     let blocks = w
         .blocks
         .into_iter()
+        .zip(payloads)
         .enumerate()
-        .map(|(i, b)| block_from_pb(&ns, i, b, max))
+        .map(|(i, (mut b, (payload, crc)))| {
+            b.payload = payload;
+            block_from_pb_checked(&ns, i, b, max, crc)
+        })
         .collect::<Result<Vec<_>, _>>()?;
     let mut resp = pb::WriteResponse::default();
     for b in blocks {

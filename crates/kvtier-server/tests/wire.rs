@@ -200,3 +200,188 @@ async fn malformed_frames_get_error_frames() {
     assert_eq!(l.found, 0);
     server.shutdown().await.unwrap();
 }
+
+/// A raw connection that sends frames and reads replies on the same socket.
+struct Raw(tokio::net::TcpStream);
+
+impl Raw {
+    async fn send(&mut self, kind: Kind, id: u64, meta: &[u8], data: &[u8]) -> (Header, Bytes) {
+        let mut f = Header {
+            kind,
+            request_id: id,
+            meta_len: meta.len() as u32,
+            data_len: data.len() as u32,
+        }
+        .encode()
+        .to_vec();
+        f.extend_from_slice(meta);
+        f.extend_from_slice(data);
+        self.0.write_all(&f).await.unwrap();
+        let mut raw = [0u8; HEADER_LEN];
+        self.0.read_exact(&mut raw).await.unwrap();
+        let h = Header::decode(&raw).unwrap();
+        let mut m = vec![0u8; h.meta_len as usize];
+        self.0.read_exact(&mut m).await.unwrap();
+        let mut d = vec![0u8; h.data_len as usize];
+        self.0.read_exact(&mut d).await.unwrap();
+        (h, Bytes::from(m))
+    }
+}
+
+fn write_meta(blocks: &[(&[u8], &[u8], u32)], lengths: Option<Vec<u64>>) -> Vec<u8> {
+    pb::WireWriteRequest {
+        request: Some(pb::WriteRequest {
+            namespace: "n".into(),
+            blocks: blocks
+                .iter()
+                .map(|(k, _, crc)| pb::Block {
+                    key: Bytes::copy_from_slice(k),
+                    crc32c: *crc,
+                    ..Default::default()
+                })
+                .collect(),
+        }),
+        payload_lengths: lengths
+            .unwrap_or_else(|| blocks.iter().map(|(_, p, _)| p.len() as u64).collect()),
+        timeout_ms: 0,
+    }
+    .encode_to_vec()
+}
+
+#[tokio::test]
+async fn rejected_frames_leave_the_connection_in_step_and_store_nothing() {
+    let (server, c) = common::start(common::test_config()).await;
+    let mut raw = Raw(tokio::net::TcpStream::connect(server.data_addr.unwrap())
+        .await
+        .unwrap());
+    let p: Vec<Vec<u8>> = vec![
+        (0..70_000u32).map(|i| (i % 251) as u8).collect(),
+        b"second".to_vec(),
+        vec![],
+    ];
+    let keys: [&[u8]; 3] = [b"k0", b"k1", b"k2"];
+    let good: Vec<(&[u8], &[u8], u32)> = keys
+        .iter()
+        .zip(&p)
+        .map(|(k, p)| (*k, &p[..], crc32c::crc32c(p)))
+        .collect();
+    let data = p.concat();
+    // Lengths that do not add up to the data section: error, data drained.
+    let (h, m) = raw
+        .send(
+            Kind::Write,
+            1,
+            &write_meta(&good, Some(vec![1, 2, 3])),
+            &data,
+        )
+        .await;
+    assert_eq!((h.kind, h.request_id), (Kind::Error, 1));
+    assert!(pb::WireError::decode(m).unwrap().message.contains("add up"));
+    // Undecodable metadata: error, data drained.
+    let (h, m) = raw.send(Kind::Write, 2, b"\xff\xff\xff", &data).await;
+    assert_eq!((h.kind, h.request_id), (Kind::Error, 2));
+    assert!(
+        pb::WireError::decode(m)
+            .unwrap()
+            .message
+            .contains("bad write request")
+    );
+    // The middle block's checksum is wrong: DATA_LOSS and none of the three is stored.
+    let mut bad = good.clone();
+    bad[1].2 ^= 0x8000_0000;
+    let (h, m) = raw
+        .send(Kind::Write, 3, &write_meta(&bad, None), &data)
+        .await;
+    assert_eq!((h.kind, h.request_id), (Kind::Error, 3));
+    let e = pb::WireError::decode(m).unwrap();
+    assert_eq!(e.code, Code::DataLoss as i32, "{}", e.message);
+    assert!(e.message.contains("blocks[1]"), "{}", e.message);
+    let all: Vec<Key> = keys.iter().map(|k| Key::new(&k[..]).unwrap()).collect();
+    for k in &all {
+        let l = c.lookup("n", std::slice::from_ref(k), None).await.unwrap();
+        assert_eq!(l.found, 0, "nothing of a rejected write is stored");
+    }
+    // A read frame that carries a stray data section is answered, not desynchronised.
+    let rq = pb::WireReadRequest {
+        request: Some(pb::ReadRequest {
+            namespace: "n".into(),
+            keys: vec![Bytes::from_static(b"k0")],
+            lease_id: 0,
+        }),
+        timeout_ms: 0,
+    }
+    .encode_to_vec();
+    let (h, _) = raw.send(Kind::Read, 4, &rq, b"stray").await;
+    assert_eq!((h.kind, h.request_id), (Kind::ReadReply, 4));
+    // The same connection still takes a good write, and the client reads it back verified.
+    let (h, m) = raw
+        .send(Kind::Write, 5, &write_meta(&good, None), &data)
+        .await;
+    assert_eq!((h.kind, h.request_id), (Kind::WriteReply, 5));
+    assert_eq!(pb::WriteResponse::decode(m).unwrap().stored, 3);
+    let r = c.read("n", &all, 0).await.unwrap();
+    assert_eq!(r.blocks.len(), 3);
+    for (b, want) in r.blocks.iter().zip(&p) {
+        assert_eq!(&b.payload[..], &want[..]);
+    }
+    server.shutdown().await.unwrap();
+}
+
+/// A server that corrupts nothing but lies about a checksum is caught by the
+/// client's verification of the bytes it receives (DATA_LOSS, not garbage).
+#[tokio::test]
+async fn the_client_verifies_read_payloads_as_they_arrive() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let payload: Vec<u8> = (0..300_000u32).map(|i| (i % 241) as u8).collect();
+    let crc = crc32c::crc32c(&payload);
+    let sent = payload.clone();
+    let srv = tokio::spawn(async move {
+        let payload = sent;
+        let (mut s, _) = listener.accept().await.unwrap();
+        for lie in [false, true] {
+            let mut raw = [0u8; HEADER_LEN];
+            s.read_exact(&mut raw).await.unwrap();
+            let h = Header::decode(&raw).unwrap();
+            let mut m = vec![0u8; h.meta_len as usize];
+            s.read_exact(&mut m).await.unwrap();
+            let reply = pb::WireReadReply {
+                blocks: vec![pb::ReadBlock {
+                    index: 0,
+                    block: Some(pb::Block {
+                        key: Bytes::from_static(b"k"),
+                        crc32c: if lie { crc ^ 1 } else { crc },
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                }],
+                payload_lengths: vec![payload.len() as u64],
+                done: Some(pb::ReadDone::default()),
+            }
+            .encode_to_vec();
+            let hdr = Header {
+                kind: Kind::ReadReply,
+                request_id: h.request_id,
+                meta_len: reply.len() as u32,
+                data_len: payload.len() as u32,
+            }
+            .encode();
+            s.write_all(&hdr).await.unwrap();
+            s.write_all(&reply).await.unwrap();
+            // In pieces, so the client sees it arrive in several reads.
+            for chunk in payload.chunks(7_001) {
+                s.write_all(chunk).await.unwrap();
+                tokio::task::yield_now().await;
+            }
+        }
+    });
+    let w = kvtier_client::wire::WireClient::connect(addr, 1, std::time::Duration::from_secs(5))
+        .await
+        .unwrap();
+    let k = [Key::new(&b"k"[..]).unwrap()];
+    let ok = w.read("n", &k, 0).await.unwrap();
+    assert_eq!(&ok.blocks[0].payload[..], &payload[..]);
+    let err = w.read("n", &k, 0).await.unwrap_err();
+    assert_eq!(err.code(), Some(Code::DataLoss), "{err}");
+    srv.await.unwrap();
+}

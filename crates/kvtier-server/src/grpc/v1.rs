@@ -67,6 +67,20 @@ pub fn block_from_pb(
     b: pb::Block,
     max_size: u64,
 ) -> Result<Block, Status> {
+    let actual = crc32c::crc32c(&b.payload);
+    block_from_pb_checked(ns, i, b, max_size, actual)
+}
+
+/// [`block_from_pb`] for a payload whose CRC32C (`actual`) the caller
+/// computed over exactly `b.payload` (the data plane does it while the bytes
+/// arrive); it must equal the client's `b.crc32c` or nothing is stored.
+pub fn block_from_pb_checked(
+    ns: &Namespace,
+    i: usize,
+    b: pb::Block,
+    max_size: u64,
+    actual: u32,
+) -> Result<Block, Status> {
     let ctx = |m: String| Status::invalid_argument(format!("blocks[{i}]: {m}"));
     let key = Key::new(b.key).map_err(|e| ctx(e.message))?;
     if b.payload.len() as u64 > max_size {
@@ -80,11 +94,12 @@ pub fn block_from_pb(
     } else {
         Some(Key::new(b.parent_key).map_err(|e| ctx(format!("parent_key: {}", e.message)))?)
     };
-    let mut block = Block::with_checksum(
+    let mut block = Block::with_computed_checksum(
         BlockId::new(ns.clone(), key),
         parent,
         b.token_count,
         b.crc32c,
+        actual,
         b.payload,
     )
     .map_err(|e| Status::data_loss(format!("blocks[{i}]: {}", e.message)))?;
