@@ -66,6 +66,8 @@ pub struct BenchConfig {
     pub target_tokens_per_s: Option<f64>,
     /// Run the loopback TCP probe.
     pub probe: bool,
+    /// TCP congestion control of the client's data-plane connections ("": system default).
+    pub data_tcp_congestion: String,
     /// HTTP/2 connections per process to kvtier.
     pub connections: usize,
     /// No progress output.
@@ -96,6 +98,7 @@ impl BenchConfig {
             target_tokens_per_s: None,
             probe: false,
             connections: 4,
+            data_tcp_congestion: "reno".into(),
             quiet: false,
             worker_exe: None,
         }
@@ -146,6 +149,9 @@ pub struct WorkerSpec {
     pub first_worker: u64,
     /// HTTP/2 connections to kvtier.
     pub connections: usize,
+    /// TCP congestion control of data-plane connections ("": system default).
+    #[serde(default)]
+    pub data_tcp_congestion: String,
 }
 
 fn workers_of(load: Load) -> u32 {
@@ -182,6 +188,7 @@ async fn local_repeat(
                 transport: *transport,
                 // One data-plane connection per worker, like the Redis peer.
                 data_connections: n as usize,
+                data_tcp_congestion: spec.data_tcp_congestion.clone(),
                 ping: matches!(spec.workload, Workload::Ping | Workload::LookupPing),
             };
             let conn = Conn::connect(opts, target).await?;
@@ -260,6 +267,7 @@ impl Runner<'_> {
             duration_ms: self.cfg.duration.as_millis() as u64,
             first_worker: self.next_worker,
             connections: self.cfg.connections,
+            data_tcp_congestion: self.cfg.data_tcp_congestion.clone(),
         };
         self.next_worker += u64::from(p) * u64::from(workers_of(per_proc));
         let r = if p == 1 {
@@ -510,6 +518,7 @@ pub fn run(cfg: &BenchConfig) -> anyhow::Result<Record> {
             connections: 1,
             transport: cfg.transport,
             data_connections: 1,
+            data_tcp_congestion: cfg.data_tcp_congestion.clone(),
             ping: false,
         };
         let conn = Conn::connect(opts, &target).await?;

@@ -412,7 +412,7 @@ pub enum Conn {
 }
 
 /// How to connect to kvtier.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct ConnOpts {
     /// API.
     pub api: Api,
@@ -424,6 +424,8 @@ pub struct ConnOpts {
     pub data_connections: usize,
     /// Also open channels for `grpc.health.v1` pings.
     pub ping: bool,
+    /// TCP congestion control of data-plane connections ("": system default).
+    pub data_tcp_congestion: String,
 }
 
 impl Conn {
@@ -435,6 +437,7 @@ impl Conn {
         cfg.timeout = TIMEOUT;
         cfg.data_plane = opts.transport != Transport::Grpc;
         cfg.data_connections = opts.data_connections;
+        cfg.data_tcp_congestion = Some(opts.data_tcp_congestion.clone()).filter(|c| !c.is_empty());
         Ok(match opts.api {
             Api::V1 => {
                 let c = Client::connect(cfg.clone()).await.context("connecting")?;

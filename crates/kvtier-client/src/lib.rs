@@ -86,6 +86,12 @@ pub struct ClientConfig {
     /// Data-plane connections (one request in flight each); 0: `connections`.
     /// Size it to the number of concurrent callers, like a Redis client pool.
     pub data_connections: usize,
+    /// TCP congestion control of data-plane connections (best effort: a name
+    /// the kernel refuses leaves the system default). `None`: system default.
+    /// Default "reno", as the server's `server.data_tcp_congestion`: the
+    /// client is the sender of writes, so its setting paces (or not) every
+    /// write burst (notes/006-data-plane.md).
+    pub data_tcp_congestion: Option<String>,
 }
 
 impl ClientConfig {
@@ -105,6 +111,7 @@ impl ClientConfig {
             hash: HashFn::default(),
             data_plane: true,
             data_connections: 0,
+            data_tcp_congestion: Some("reno".into()),
         }
     }
 }
@@ -262,7 +269,15 @@ impl Client {
                 } else {
                     client.cfg.connections
                 };
-                client.wire = Some(wire::WireClient::connect(addr, n, client.cfg.timeout).await?);
+                client.wire = Some(
+                    wire::WireClient::connect_with(
+                        addr,
+                        n,
+                        client.cfg.timeout,
+                        client.cfg.data_tcp_congestion.as_deref(),
+                    )
+                    .await?,
+                );
             }
         }
         Ok(client)

@@ -27,6 +27,8 @@ pub struct WireClient {
     slots: Arc<Semaphore>,
     next_id: Arc<AtomicU64>,
     timeout: Duration,
+    /// TCP congestion control for new connections (`None`: system default).
+    congestion: Option<Arc<str>>,
 }
 
 fn transport(e: impl std::fmt::Display, addr: SocketAddr) -> ClientError {
@@ -36,12 +38,24 @@ fn transport(e: impl std::fmt::Display, addr: SocketAddr) -> ClientError {
 }
 
 impl WireClient {
-    /// Opens `connections` connections to `addr`.
+    /// Opens `connections` connections to `addr` (system default congestion control).
     pub async fn connect(addr: SocketAddr, connections: usize, timeout: Duration) -> Result<Self> {
+        Self::connect_with(addr, connections, timeout, None).await
+    }
+
+    /// Opens `connections` connections to `addr` using TCP congestion control
+    /// `congestion` where the kernel allows it (the system default otherwise).
+    pub async fn connect_with(
+        addr: SocketAddr,
+        connections: usize,
+        timeout: Duration,
+        congestion: Option<&str>,
+    ) -> Result<Self> {
         let n = connections.max(1);
+        let congestion: Option<Arc<str>> = congestion.filter(|c| !c.is_empty()).map(Arc::from);
         let mut idle = Vec::with_capacity(n);
         for _ in 0..n {
-            idle.push(dial(addr).await?);
+            idle.push(dial(addr, congestion.as_deref()).await?);
         }
         Ok(Self {
             addr,
@@ -49,6 +63,7 @@ impl WireClient {
             slots: Arc::new(Semaphore::new(n)),
             next_id: Arc::new(AtomicU64::new(1)),
             timeout,
+            congestion,
         })
     }
 
@@ -63,7 +78,7 @@ impl WireClient {
         let conn = self.idle.lock().pop();
         let mut sock = match conn {
             Some(s) => s,
-            None => dial(self.addr).await?,
+            None => dial(self.addr, self.congestion.as_deref()).await?,
         };
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let deadline = Instant::now() + self.timeout;
@@ -171,11 +186,17 @@ fn expect(got: Kind, want: Kind, meta: &Bytes) -> Result<()> {
     ))))
 }
 
-async fn dial(addr: SocketAddr) -> Result<TcpStream> {
+async fn dial(addr: SocketAddr, congestion: Option<&str>) -> Result<TcpStream> {
     let s = TcpStream::connect(addr)
         .await
         .map_err(|e| transport(e, addr))?;
     s.set_nodelay(true).map_err(|e| transport(e, addr))?;
+    if let Some(cc) = congestion
+        && let Err(e) = socket2::SockRef::from(&s).set_tcp_congestion(cc.as_bytes())
+    {
+        // Best effort: the connection works either way, only its pacing differs.
+        tracing::debug!(congestion = cc, error = %e, "data plane: congestion control refused");
+    }
     Ok(s)
 }
 
@@ -242,4 +263,28 @@ async fn exchange(
         read_reply,
         payloads,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn dial_sets_the_congestion_control_and_tolerates_unknown_names() {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        let cc = |s: &TcpStream| {
+            let v = socket2::SockRef::from(s).tcp_congestion().unwrap();
+            String::from_utf8_lossy(&v)
+                .trim_end_matches('\0')
+                .to_string()
+        };
+        let s = dial(addr, Some("reno")).await.unwrap();
+        assert_eq!(cc(&s), "reno");
+        // Unknown: the connection still works, on the system default.
+        let s = dial(addr, Some("nosuchcc")).await.unwrap();
+        assert!(!cc(&s).is_empty());
+        let s = dial(addr, None).await.unwrap();
+        assert!(!cc(&s).is_empty());
+    }
 }

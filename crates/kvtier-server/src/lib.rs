@@ -137,6 +137,7 @@ impl Server {
                 .await
                 .with_context(|| format!("cannot listen for the data plane on {a}"))?;
             let addr = listener.local_addr()?;
+            wire::set_congestion(&listener, &cfg.server.data_tcp_congestion);
             data_addr = Some(addr);
             let _ = shared.data_addr.set(addr);
             tasks.spawn(wire::serve(

@@ -60,6 +60,23 @@ pub async fn serve(
     }
 }
 
+/// Sets the TCP congestion control on the listener; accepted connections
+/// inherit it. A name the kernel refuses (unknown, or not allowed for this
+/// user) is logged and the system default stays in effect.
+pub fn set_congestion(listener: &TcpListener, name: &str) {
+    if name.is_empty() {
+        return;
+    }
+    match socket2::SockRef::from(listener).set_tcp_congestion(name.as_bytes()) {
+        Ok(()) => tracing::debug!(congestion = name, "data plane congestion control"),
+        Err(e) => tracing::warn!(
+            congestion = name,
+            error = %e,
+            "server.data_tcp_congestion refused by the kernel; data-plane connections use the system default"
+        ),
+    }
+}
+
 struct Reply {
     kind: Kind,
     meta: Vec<u8>,
@@ -290,4 +307,23 @@ async fn write_inner(
         meta: resp.encode_to_vec(),
         data: Vec::new(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn accepted_connections_inherit_the_listeners_congestion_control() {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        set_congestion(&l, "reno");
+        let addr = l.local_addr().unwrap();
+        let c = TcpStream::connect(addr).await.unwrap();
+        let (s, _) = l.accept().await.unwrap();
+        let cc = socket2::SockRef::from(&s).tcp_congestion().unwrap();
+        assert_eq!(String::from_utf8_lossy(&cc).trim_end_matches('\0'), "reno");
+        // A name the kernel does not know leaves the default in place (no panic, no error).
+        set_congestion(&l, "nosuchcc");
+        drop(c);
+    }
 }

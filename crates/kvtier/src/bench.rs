@@ -91,6 +91,10 @@ struct RunArgs {
     /// HTTP/2 connections per process to kvtier.
     #[arg(long, default_value_t = 4)]
     connections: usize,
+    /// TCP congestion control of the data-plane connections ("" = system
+    /// default); the server sets its own (server.data_tcp_congestion).
+    #[arg(long, default_value = "reno")]
+    data_tcp_congestion: String,
     /// No progress output.
     #[arg(long, short)]
     quiet: bool,
@@ -165,6 +169,7 @@ pub async fn run(a: BenchArgs) -> anyhow::Result<()> {
     cfg.target_tokens_per_s = r.target_tokens_per_s;
     cfg.probe = r.probe;
     cfg.connections = r.connections.max(1);
+    cfg.data_tcp_congestion = r.data_tcp_congestion;
     cfg.quiet = r.quiet;
     // The sweep builds its own runtimes: run it on a plain thread.
     let record = tokio::task::spawn_blocking(move || {

@@ -20,6 +20,9 @@ pub struct ServeArgs {
     /// Bulk data-plane address, "auto" (gRPC port + 1) or "" to disable [server.data_listen].
     #[arg(long)]
     data_listen: Option<String>,
+    /// TCP congestion control of data-plane connections, "" = system default [server.data_tcp_congestion].
+    #[arg(long)]
+    data_tcp_congestion: Option<String>,
     /// One gRPC listener per NUMA node (port + node), pinned to its CPUs [server.numa].
     #[arg(long)]
     numa: bool,
@@ -79,6 +82,9 @@ impl ServeArgs {
         }
         if let Some(v) = &self.data_listen {
             cfg.server.data_listen = v.clone();
+        }
+        if let Some(v) = &self.data_tcp_congestion {
+            cfg.server.data_tcp_congestion = v.clone();
         }
         if let Some(v) = &self.http_listen {
             cfg.server.http_listen = v.clone();
