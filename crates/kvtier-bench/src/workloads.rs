@@ -406,7 +406,7 @@ impl Ctx {
 pub enum Conn {
     /// The Rust client (its own pool of HTTP/2 connections, and of data-plane
     /// connections when used) and, for pings, tuned tonic channels.
-    V1(Client, Vec<Channel>),
+    V1(Box<Client>, Vec<Channel>),
     /// Tuned tonic channels; worker i uses channel i mod n.
     Compat(Vec<Channel>),
 }
@@ -452,7 +452,7 @@ impl Conn {
                 } else {
                     Vec::new()
                 };
-                Conn::V1(c, health)
+                Conn::V1(Box::new(c), health)
             }
             Api::Compat => Conn::Compat(
                 kvtier_client::connect_pool(&cfg)
@@ -483,7 +483,7 @@ fn req<T>(msg: T) -> tonic::Request<T> {
 type HealthClient = tonic_health::pb::health_client::HealthClient<Channel>;
 
 enum Client2 {
-    V1(Client, Option<HealthClient>),
+    V1(Box<Client>, Option<HealthClient>),
     Compat(KvStoreServiceClient<Channel>),
 }
 
