@@ -71,7 +71,7 @@ start_systems() { # (re)starts redis-server and kvtier serve; sets RP, GP
 bench() {
   echo "== bench $*"
   taskset -c "$GEN_CPU" "$BIN" bench --target "grpc://127.0.0.1:$GP" --peer "redis://127.0.0.1:$RP" \
-    --duration "$DURATION" --warmup "$WARMUP" --repeat "$REPEAT" --quiet "$@"
+    --duration "$DURATION" --warmup "$WARMUP" --repeat "${BENCH_REPEAT:-$REPEAT}" --quiet "$@"
 }
 
 echo "system congestion control: $ORIG_CC" | tee "$OUT/env.txt"
@@ -82,7 +82,7 @@ for w in read write; do
   # gRPC path as-is (tuned tonic), same Redis runs again for its own ratio.
   bench --workload $w --value-size "$SIZE" --concurrency "$C" --transport grpc --out "$OUT/$w-grpc"
 done
-bench --workload lookup-ping --concurrency "$C" --repeat 1 --out "$OUT/lookup-ping"
+BENCH_REPEAT=1 bench --workload lookup-ping --concurrency "$C" --out "$OUT/lookup-ping"
 
 # Ablation: kvtier's data-plane sockets on the system default congestion control.
 start_systems --data-tcp-congestion ""
