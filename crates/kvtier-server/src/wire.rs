@@ -147,21 +147,16 @@ async fn connection(
                 }
                 Ok(req) => {
                     discard(&mut sock, header.data_len.into()).await?;
-                    error_reply(
-                        tonic::Code::InvalidArgument,
-                        format!(
-                            "payload lengths add up to {} bytes but the frame carries {}",
-                            req.payload_lengths.iter().sum::<u64>(),
-                            header.data_len
-                        ),
-                    )
+                    let msg = format!(
+                        "payload lengths add up to {} bytes but the frame carries {}",
+                        req.payload_lengths.iter().sum::<u64>(),
+                        header.data_len
+                    );
+                    write_rejected(&shared, arrived, msg)
                 }
                 Err(e) => {
                     discard(&mut sock, header.data_len.into()).await?;
-                    error_reply(
-                        tonic::Code::InvalidArgument,
-                        format!("bad write request: {e}"),
-                    )
+                    write_rejected(&shared, arrived, format!("bad write request: {e}"))
                 }
             },
             other => {
@@ -239,6 +234,19 @@ async fn read_inner(
         meta: reply.encode_to_vec(),
         data,
     })
+}
+
+/// A Write refused before its payloads were read (bad metadata): counted in
+/// the metrics like any other failed write.
+fn write_rejected(shared: &Shared, arrived: Instant, msg: String) -> Reply {
+    let clock = Clock::start(Some(arrived));
+    shared.observe(
+        API,
+        "write",
+        state::code_name(tonic::Code::InvalidArgument),
+        &clock,
+    );
+    error_reply(tonic::Code::InvalidArgument, msg)
 }
 
 async fn write(

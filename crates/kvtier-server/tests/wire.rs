@@ -206,16 +206,7 @@ struct Raw(tokio::net::TcpStream);
 
 impl Raw {
     async fn send(&mut self, kind: Kind, id: u64, meta: &[u8], data: &[u8]) -> (Header, Bytes) {
-        let mut f = Header {
-            kind,
-            request_id: id,
-            meta_len: meta.len() as u32,
-            data_len: data.len() as u32,
-        }
-        .encode()
-        .to_vec();
-        f.extend_from_slice(meta);
-        f.extend_from_slice(data);
+        let f = common::frame(kind, id, meta, data);
         self.0.write_all(&f).await.unwrap();
         let mut raw = [0u8; HEADER_LEN];
         self.0.read_exact(&mut raw).await.unwrap();
@@ -323,6 +314,20 @@ async fn rejected_frames_leave_the_connection_in_step_and_store_nothing() {
     assert_eq!(r.blocks.len(), 3);
     for (b, want) in r.blocks.iter().zip(&p) {
         assert_eq!(&b.payload[..], &want[..]);
+    }
+    // Every refusal above is counted: two malformed, one checksum, one stored.
+    let text = reqwest::get(format!("http://{}/metrics", server.http_addr.unwrap()))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    for series in [
+        "kvtier_requests_total{api=\"wire\",op=\"write\",code=\"invalid_argument\"} 2",
+        "kvtier_requests_total{api=\"wire\",op=\"write\",code=\"data_loss\"} 1",
+        "kvtier_requests_total{api=\"wire\",op=\"write\",code=\"ok\"} 1",
+    ] {
+        assert!(text.contains(series), "missing {series} in\n{text}");
     }
     server.shutdown().await.unwrap();
 }

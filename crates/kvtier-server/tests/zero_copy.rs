@@ -26,20 +26,6 @@ static GLOBAL: &StatsAlloc<std::alloc::System> = &INSTRUMENTED_SYSTEM;
 const PAYLOAD: usize = 1_200_000;
 const ROUNDS: usize = 40;
 
-fn frame(kind: Kind, id: u64, meta: &[u8], data: &[u8]) -> Vec<u8> {
-    let mut f = Header {
-        kind,
-        request_id: id,
-        meta_len: meta.len() as u32,
-        data_len: data.len() as u32,
-    }
-    .encode()
-    .to_vec();
-    f.extend_from_slice(meta);
-    f.extend_from_slice(data);
-    f
-}
-
 /// Reads one reply into `buf` (reused); returns its kind.
 fn reply(s: &mut std::net::TcpStream, buf: &mut Vec<u8>) -> Kind {
     let mut raw = [0u8; HEADER_LEN];
@@ -79,7 +65,7 @@ fn a_data_plane_read_allocates_far_less_than_its_payload() {
             timeout_ms: 0,
         }
         .encode_to_vec();
-        frame(Kind::Write, id, &meta, &payload)
+        common::frame(Kind::Write, id, &meta, &payload)
     };
     let read = pb::WireReadRequest {
         request: Some(pb::ReadRequest {
@@ -90,7 +76,7 @@ fn a_data_plane_read_allocates_far_less_than_its_payload() {
         timeout_ms: 0,
     }
     .encode_to_vec();
-    let read = frame(Kind::Read, 1, &read, &[]);
+    let read = common::frame(Kind::Read, 1, &read, &[]);
     let mut buf = Vec::with_capacity(PAYLOAD + 4096);
     // Warm up: the block to read, connection state, metric families.
     s.write_all(&write(0)).unwrap();

@@ -23,6 +23,21 @@ pub async fn client_for(server: &Server) -> Client {
     Client::connect(cc).await.expect("client connects")
 }
 
+/// One data-plane frame: header, metadata, data (docs/wire.md).
+pub fn frame(kind: kvtier_proto::wire::Kind, id: u64, meta: &[u8], data: &[u8]) -> Vec<u8> {
+    let mut f = kvtier_proto::wire::Header {
+        kind,
+        request_id: id,
+        meta_len: meta.len() as u32,
+        data_len: data.len() as u32,
+    }
+    .encode()
+    .to_vec();
+    f.extend_from_slice(meta);
+    f.extend_from_slice(data);
+    f
+}
+
 pub fn raw_endpoint(server: &Server) -> String {
     format!("http://{}", server.grpc_addrs[0])
 }
