@@ -7,7 +7,7 @@ Prints the tables; writes JSON_OUT (default notes/006-data-plane.json),
 keeping keys of an existing JSON_OUT that it does not compute (the note's
 target verdicts and profile shares, written after reading the tables).
 Throughput is over all repeats (kvtier and Redis repeats alternate); the
-per-repeat spread is given as min-max; p50/p99 come from merged histograms.
+per-repeat values are listed in brackets; p50/p99 come from merged histograms.
 """
 import json
 import os

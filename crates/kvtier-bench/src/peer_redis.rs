@@ -245,7 +245,7 @@ pub fn check_bounded(info_memory: &str) -> anyhow::Result<()> {
         max > 0 && policy.starts_with("allkeys-"),
         "the Redis peer has maxmemory {max} and policy {policy:?}: this workload writes a new \
          key per request, so Redis must bound its memory and evict any key \
-         (redis-server --maxmemory 4gb --maxmemory-policy allkeys-lru; redis://spawn does this)"
+         (redis-server --maxmemory 2gb --maxmemory-policy allkeys-lru; redis://spawn does this)"
     );
     Ok(())
 }

@@ -437,7 +437,8 @@ impl Conn {
         cfg.timeout = TIMEOUT;
         cfg.data_plane = opts.transport != Transport::Grpc;
         cfg.data_connections = opts.data_connections;
-        cfg.data_tcp_congestion = Some(opts.data_tcp_congestion.clone()).filter(|c| !c.is_empty());
+        // "" (system default) is passed on as is: the client skips empty names.
+        cfg.data_tcp_congestion = Some(opts.data_tcp_congestion.clone());
         Ok(match opts.api {
             Api::V1 => {
                 let c = Client::connect(cfg.clone()).await.context("connecting")?;

@@ -87,7 +87,7 @@ pub struct ClientConfig {
     /// Size it to the number of concurrent callers, like a Redis client pool.
     pub data_connections: usize,
     /// TCP congestion control of data-plane connections (best effort: a name
-    /// the kernel refuses leaves the system default). `None`: system default.
+    /// the kernel refuses leaves the system default). `None` or `""`: system default.
     /// Default "reno", as the server's `server.data_tcp_congestion`: the
     /// client is the sender of writes, so its setting paces (or not) every
     /// write burst (notes/006-data-plane.md).

@@ -7,7 +7,8 @@ use bytes::Bytes;
 use kvtier_core::Key;
 use kvtier_proto::v1 as pb;
 use kvtier_proto::wire::{
-    HEADER_LEN, Header, Kind, read_exact_bytes, read_payloads_checked, write_all_vectored,
+    HEADER_LEN, Header, Kind, check_lengths, read_exact_bytes, read_payloads_checked,
+    write_all_vectored,
 };
 use parking_lot::Mutex;
 use prost::Message;
@@ -241,22 +242,19 @@ async fn exchange(
     }
     // Into uninitialised buffers: no memset of the payload before the socket fills it.
     let m = read_exact_bytes(sock, h.meta_len as usize).await?;
-    let (read_reply, lengths) = if h.kind == Kind::ReadReply {
-        let r = pb::WireReadReply::decode(m.clone())
-            .map_err(|e| invalid(format!("bad read reply: {e}")))?;
-        let lengths = r.payload_lengths.clone();
-        (Some(r), lengths)
-    } else {
-        (None, vec![u64::from(h.data_len)])
+    let read_reply = match h.kind {
+        Kind::ReadReply => Some(
+            pb::WireReadReply::decode(m.clone())
+                .map_err(|e| invalid(format!("bad read reply: {e}")))?,
+        ),
+        _ => None,
     };
-    if lengths.iter().sum::<u64>() != u64::from(h.data_len) || lengths.len() > u32::MAX as usize {
-        return Err(invalid(format!(
-            "payload lengths add up to {} bytes but the frame carries {}",
-            lengths.iter().sum::<u64>(),
-            h.data_len
-        )));
-    }
-    let payloads = read_payloads_checked(sock, &lengths).await?;
+    let whole = [u64::from(h.data_len)];
+    let lengths = read_reply
+        .as_ref()
+        .map_or(&whole[..], |r| &r.payload_lengths);
+    check_lengths(lengths, h.data_len.into()).map_err(invalid)?;
+    let payloads = read_payloads_checked(sock, lengths).await?;
     Ok(Frame {
         header: h,
         meta: m,

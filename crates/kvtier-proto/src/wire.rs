@@ -96,15 +96,23 @@ impl Header {
     }
 }
 
+/// Checks that payload `lengths` (from a peer's metadata) add up to the
+/// frame's `data_len` without overflowing; the error says what is wrong.
+pub fn check_lengths(lengths: &[u64], data_len: u64) -> Result<(), String> {
+    match lengths.iter().try_fold(0u64, |a, &l| a.checked_add(l)) {
+        Some(t) if t == data_len => Ok(()),
+        Some(t) => Err(format!(
+            "payload lengths add up to {t} bytes but the frame carries {data_len}"
+        )),
+        None => Err(format!(
+            "payload lengths overflow (the frame carries {data_len} bytes)"
+        )),
+    }
+}
+
 /// Splits `data` into consecutive payloads of `lengths` (zero-copy), checking the total.
 pub fn split_payloads(mut data: Bytes, lengths: &[u64]) -> Result<Vec<Bytes>, String> {
-    let total: u64 = lengths.iter().sum();
-    if total != data.len() as u64 {
-        return Err(format!(
-            "payload lengths add up to {total} bytes but the frame carries {}",
-            data.len()
-        ));
-    }
+    check_lengths(lengths, data.len() as u64)?;
     Ok(lengths.iter().map(|&l| data.split_to(l as usize)).collect())
 }
 
@@ -139,10 +147,12 @@ pub async fn read_payloads_checked<R: tokio::io::AsyncRead + Unpin>(
     lengths: &[u64],
 ) -> std::io::Result<Vec<(Bytes, u32)>> {
     use tokio::io::AsyncReadExt;
-    let total: u64 = lengths.iter().sum();
-    let total = usize::try_from(total).map_err(|_| {
-        std::io::Error::new(std::io::ErrorKind::InvalidData, "payload lengths overflow")
-    })?;
+    let invalid = |m: &str| std::io::Error::new(std::io::ErrorKind::InvalidData, m.to_string());
+    let total = lengths
+        .iter()
+        .try_fold(0u64, |a, &l| a.checked_add(l))
+        .and_then(|t| usize::try_from(t).ok())
+        .ok_or_else(|| invalid("payload lengths overflow"))?;
     let mut buf = BytesMut::with_capacity(total);
     let mut crcs = Vec::with_capacity(lengths.len());
     // Segment being checksummed: its index, where it starts in `buf`, its running CRC.
@@ -169,12 +179,8 @@ pub async fn read_payloads_checked<R: tokio::io::AsyncRead + Unpin>(
         }
         advance(&buf, &mut crcs);
     }
-    let mut data = buf.freeze();
-    Ok(lengths
-        .iter()
-        .zip(crcs)
-        .map(|(&l, c)| (data.split_to(l as usize), c))
-        .collect())
+    let payloads = split_payloads(buf.freeze(), lengths).map_err(|e| invalid(&e))?;
+    Ok(payloads.into_iter().zip(crcs).collect())
 }
 
 /// Reads and drops `n` bytes (the data section of a frame that is answered
@@ -251,6 +257,10 @@ mod tests {
             ]
         );
         assert!(split_payloads(Bytes::from_static(b"abc"), &[2]).is_err());
+        // Lengths from a peer that overflow when summed are an error, not a panic or a wrap.
+        let e = check_lengths(&[u64::MAX, 2], 1).unwrap_err();
+        assert!(e.contains("overflow"), "{e}");
+        assert!(split_payloads(Bytes::from_static(b"a"), &[u64::MAX, 2]).is_err());
     }
 
     #[tokio::test]
@@ -311,6 +321,7 @@ mod tests {
             .unwrap();
         drop(a);
         assert!(read_payloads_checked(&mut b, &[2, 5]).await.is_err());
+        assert!(read_payloads_checked(&mut b, &[u64::MAX, 2]).await.is_err());
         let (mut a, mut b) = tokio::io::duplex(64);
         tokio::io::AsyncWriteExt::write_all(&mut a, b"abcdef")
             .await

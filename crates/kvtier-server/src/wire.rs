@@ -21,7 +21,8 @@ use bytes::Bytes;
 use kvtier_core::WriteOutcome;
 use kvtier_proto::v1 as pb;
 use kvtier_proto::wire::{
-    HEADER_LEN, Header, Kind, discard, read_exact_bytes, read_payloads_checked, write_all_vectored,
+    HEADER_LEN, Header, Kind, check_lengths, discard, read_exact_bytes, read_payloads_checked,
+    write_all_vectored,
 };
 use prost::Message;
 use std::time::{Duration, Instant};
@@ -137,23 +138,19 @@ async fn connection(
                 read(&shared, meta, arrived).await
             }
             Kind::Write => match pb::WireWriteRequest::decode(meta) {
-                Ok(req)
-                    if req.payload_lengths.iter().sum::<u64>() == u64::from(header.data_len) =>
-                {
-                    // Checksummed as the bytes arrive (verified against the
-                    // request's crc32c values before anything is stored).
-                    let payloads = read_payloads_checked(&mut sock, &req.payload_lengths).await?;
-                    write(&shared, req, payloads, arrived).await
-                }
-                Ok(req) => {
-                    discard(&mut sock, header.data_len.into()).await?;
-                    let msg = format!(
-                        "payload lengths add up to {} bytes but the frame carries {}",
-                        req.payload_lengths.iter().sum::<u64>(),
-                        header.data_len
-                    );
-                    write_rejected(&shared, arrived, msg)
-                }
+                Ok(req) => match check_lengths(&req.payload_lengths, header.data_len.into()) {
+                    Ok(()) => {
+                        // Checksummed as the bytes arrive (verified against the
+                        // request's crc32c values before anything is stored).
+                        let payloads =
+                            read_payloads_checked(&mut sock, &req.payload_lengths).await?;
+                        write(&shared, req, payloads, arrived).await
+                    }
+                    Err(msg) => {
+                        discard(&mut sock, header.data_len.into()).await?;
+                        write_rejected(&shared, arrived, msg)
+                    }
+                },
                 Err(e) => {
                     discard(&mut sock, header.data_len.into()).await?;
                     write_rejected(&shared, arrived, format!("bad write request: {e}"))

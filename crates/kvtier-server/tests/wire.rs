@@ -92,15 +92,9 @@ async fn bad_blocks_get_statuses_over_the_data_plane() {
     server.shutdown().await.unwrap();
 }
 
+/// Sends raw bytes on a fresh connection and reads one reply.
 async fn raw_exchange(addr: std::net::SocketAddr, frame: Vec<u8>) -> (Header, Bytes) {
-    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
-    s.write_all(&frame).await.unwrap();
-    let mut raw = [0u8; HEADER_LEN];
-    s.read_exact(&mut raw).await.unwrap();
-    let h = Header::decode(&raw).unwrap();
-    let mut meta = vec![0u8; h.meta_len as usize];
-    s.read_exact(&mut meta).await.unwrap();
-    (h, Bytes::from(meta))
+    Raw::connect(addr).await.exchange(&frame).await
 }
 
 #[tokio::test]
@@ -205,9 +199,17 @@ async fn malformed_frames_get_error_frames() {
 struct Raw(tokio::net::TcpStream);
 
 impl Raw {
+    async fn connect(addr: std::net::SocketAddr) -> Self {
+        Raw(tokio::net::TcpStream::connect(addr).await.unwrap())
+    }
+
     async fn send(&mut self, kind: Kind, id: u64, meta: &[u8], data: &[u8]) -> (Header, Bytes) {
-        let f = common::frame(kind, id, meta, data);
-        self.0.write_all(&f).await.unwrap();
+        self.exchange(&common::frame(kind, id, meta, data)).await
+    }
+
+    /// Writes `bytes`, reads one reply frame; returns its header and metadata.
+    async fn exchange(&mut self, bytes: &[u8]) -> (Header, Bytes) {
+        self.0.write_all(bytes).await.unwrap();
         let mut raw = [0u8; HEADER_LEN];
         self.0.read_exact(&mut raw).await.unwrap();
         let h = Header::decode(&raw).unwrap();
@@ -242,9 +244,7 @@ fn write_meta(blocks: &[(&[u8], &[u8], u32)], lengths: Option<Vec<u64>>) -> Vec<
 #[tokio::test]
 async fn rejected_frames_leave_the_connection_in_step_and_store_nothing() {
     let (server, c) = common::start(common::test_config()).await;
-    let mut raw = Raw(tokio::net::TcpStream::connect(server.data_addr.unwrap())
-        .await
-        .unwrap());
+    let mut raw = Raw::connect(server.data_addr.unwrap()).await;
     let p: Vec<Vec<u8>> = vec![
         (0..70_000u32).map(|i| (i % 251) as u8).collect(),
         b"second".to_vec(),
@@ -268,6 +268,18 @@ async fn rejected_frames_leave_the_connection_in_step_and_store_nothing() {
         .await;
     assert_eq!((h.kind, h.request_id), (Kind::Error, 1));
     assert!(pb::WireError::decode(m).unwrap().message.contains("add up"));
+    // Lengths that overflow when summed (and would wrap to the data size): error, not a panic.
+    let wrap = vec![u64::MAX, data.len() as u64 + 1];
+    let (h, m) = raw
+        .send(Kind::Write, 11, &write_meta(&good[..2], Some(wrap)), &data)
+        .await;
+    assert_eq!((h.kind, h.request_id), (Kind::Error, 11));
+    assert!(
+        pb::WireError::decode(m)
+            .unwrap()
+            .message
+            .contains("overflow")
+    );
     // Undecodable metadata: error, data drained.
     let (h, m) = raw.send(Kind::Write, 2, b"\xff\xff\xff", &data).await;
     assert_eq!((h.kind, h.request_id), (Kind::Error, 2));
@@ -315,7 +327,7 @@ async fn rejected_frames_leave_the_connection_in_step_and_store_nothing() {
     for (b, want) in r.blocks.iter().zip(&p) {
         assert_eq!(&b.payload[..], &want[..]);
     }
-    // Every refusal above is counted: two malformed, one checksum, one stored.
+    // Every refusal above is counted: three malformed, one checksum, one stored.
     let text = reqwest::get(format!("http://{}/metrics", server.http_addr.unwrap()))
         .await
         .unwrap()
@@ -323,7 +335,7 @@ async fn rejected_frames_leave_the_connection_in_step_and_store_nothing() {
         .await
         .unwrap();
     for series in [
-        "kvtier_requests_total{api=\"wire\",op=\"write\",code=\"invalid_argument\"} 2",
+        "kvtier_requests_total{api=\"wire\",op=\"write\",code=\"invalid_argument\"} 3",
         "kvtier_requests_total{api=\"wire\",op=\"write\",code=\"data_loss\"} 1",
         "kvtier_requests_total{api=\"wire\",op=\"write\",code=\"ok\"} 1",
     ] {
