@@ -202,8 +202,8 @@ async fn dial(addr: SocketAddr, congestion: Option<&str>) -> Result<TcpStream> {
 }
 
 /// One reply frame. A `ReadReply`'s payloads are checksummed while they
-/// arrive (`payloads`: each with its CRC32C), so verifying them costs almost
-/// nothing after the last byte lands.
+/// arrive (`payloads`: each with its CRC32C), so verification overlaps the
+/// transfer.
 struct Frame {
     header: Header,
     meta: Bytes,
