@@ -269,13 +269,34 @@ impl Emulator {
     }
 
     /// Freezes the process (SIGSTOP): connections are accepted by the kernel, never answered.
+    ///
+    /// Returns once every thread of the process is stopped: `kill` only
+    /// queues the signal, and a thread that is running on another core can
+    /// still answer a request or two before it takes the signal.
     pub fn pause(&self) {
         self.signal("-STOP");
+        self.wait_threads(true);
     }
 
-    /// Resumes a paused process (SIGCONT).
+    /// Resumes a paused process (SIGCONT) and returns once no thread is stopped.
     pub fn resume(&self) {
         self.signal("-CONT");
+        self.wait_threads(false);
+    }
+
+    /// Polls `/proc/<pid>/task/*/stat` until every thread is (or no thread
+    /// is) in the stopped state, for at most 10 s.
+    fn wait_threads(&self, stopped: bool) {
+        let Some(pid) = self.pid() else { return };
+        let t0 = Instant::now();
+        while t0.elapsed() < Duration::from_secs(10) {
+            match thread_states(pid) {
+                Some(states) if states.iter().all(|&s| (s == 'T') == stopped) => return,
+                None => return,
+                _ => std::thread::sleep(Duration::from_millis(2)),
+            }
+        }
+        panic!("emulator pid {pid}: threads did not reach stopped={stopped} within 10 s");
     }
 
     /// The endpoint URL.
@@ -420,4 +441,24 @@ fn hmac(key: &[u8], msg: &[u8]) -> Vec<u8> {
 
 fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+/// The state letter of each thread of `pid` (`None` once it is gone).
+fn thread_states(pid: u32) -> Option<Vec<char>> {
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).ok()?;
+    let mut states = Vec::new();
+    for task in tasks.flatten() {
+        let Ok(stat) = std::fs::read_to_string(task.path().join("stat")) else {
+            continue; // the thread exited meanwhile
+        };
+        // `pid (comm) S ...`: comm may hold spaces or parentheses, so the
+        // state is the first field after the last ')'.
+        if let Some(state) = stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.trim_start().chars().next())
+        {
+            states.push(state);
+        }
+    }
+    Some(states)
 }
