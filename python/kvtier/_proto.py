@@ -2,7 +2,7 @@
 
 The stubs live in ``kvtier/_gen/`` (gitignored), laid out like ``proto/``::
 
-    _gen/kvtier/v1/kvtier_pb2.py, kvtier_pb2_grpc.py, kvtier_pb2.pyi
+    _gen/kvtier/v1/kvtier_pb2.py, kvtier_pb2_grpc.py, kvtier_pb2.pyi, wire_pb2.py (data plane)
     _gen/kvstore/kvstore_pb2.py, kvstore_pb2_grpc.py, kvstore_pb2.pyi
     _gen/STAMP.json
 
@@ -40,7 +40,7 @@ from types import SimpleNamespace
 __all__ = ["PROTO_FILES", "ensure_generated", "load", "proto_dir"]
 
 #: The proto files compiled, relative to the proto root.
-PROTO_FILES = ("kvtier/v1/kvtier.proto", "kvstore/kvstore.proto")
+PROTO_FILES = ("kvtier/v1/kvtier.proto", "kvtier/v1/wire.proto", "kvstore/kvstore.proto")
 _TOP_LEVEL = {p.split("/", 1)[0] for p in PROTO_FILES}
 _STAMP = "STAMP.json"
 _STAMP_FORMAT = 2
@@ -257,6 +257,7 @@ def load() -> SimpleNamespace:
             _loaded = SimpleNamespace(
                 v1=importlib.import_module(f"{base}.kvtier.v1.kvtier_pb2"),
                 v1_grpc=importlib.import_module(f"{base}.kvtier.v1.kvtier_pb2_grpc"),
+                wire=importlib.import_module(f"{base}.kvtier.v1.wire_pb2"),
                 kvstore=importlib.import_module(f"{base}.kvstore.kvstore_pb2"),
                 kvstore_grpc=importlib.import_module(f"{base}.kvstore.kvstore_pb2_grpc"),
             )

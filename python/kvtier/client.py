@@ -6,6 +6,8 @@
 * Retries of idempotent calls (all kvtier.v1 calls are) on ``UNAVAILABLE``
   with exponential backoff and jitter, within the deadline.
 * End-to-end checksums: CRC32C computed on write, verified on read.
+* ``read`` / ``write`` over the server's bulk data plane (``docs/wire.md``,
+  :mod:`kvtier.wire`) when it advertises one; gRPC otherwise.
 * The key scheme, so callers can pass tokens instead of keys.
 
 >>> from kvtier import Client
@@ -28,6 +30,8 @@ import grpc
 from . import keys as _keys
 from ._crc import crc32c
 from ._proto import load as _load_proto
+from . import wire as _wire
+from .errors import KvtierError
 
 __all__ = [
     "Client",
@@ -50,26 +54,6 @@ __all__ = [
 MAX_MESSAGE_SIZE = 512 << 20
 
 T = TypeVar("T")
-
-
-class KvtierError(Exception):
-    """A call failed: the server's status, or a client-side check (checksum, deadline).
-
-    ``code`` is a :class:`grpc.StatusCode`; ``message`` the status message.
-    """
-
-    def __init__(self, code: grpc.StatusCode, message: str):
-        super().__init__(f"{code.name}: {message}")
-        self.code = code
-        self.message = message
-
-    @classmethod
-    def from_rpc(cls, e: grpc.RpcError) -> "KvtierError":
-        code = e.code() if hasattr(e, "code") else grpc.StatusCode.UNKNOWN
-        details = e.details() if hasattr(e, "details") else str(e)
-        err = cls(code or grpc.StatusCode.UNKNOWN, details or "")
-        err.__cause__ = e
-        return err
 
 
 class Tier(enum.IntEnum):
@@ -221,6 +205,8 @@ class StatsResult:
     expired_blocks: int
     version: str
     timing: ServerTiming
+    data_listen: str = ""
+    """The data-plane address the server advertises (empty: none)."""
 
     def tier(self, tier: Tier) -> TierStats | None:
         return next((t for t in self.tiers if t.tier == tier), None)
@@ -255,6 +241,13 @@ class Client:
     :param block_size: tokens per block for keys computed from tokens.
     :param hash: hash function for keys computed from tokens.
     :param retries: retries after the first attempt on ``UNAVAILABLE``.
+    :param data_plane: send ``read`` / ``write`` over the server's bulk data
+        plane when it advertises one (found with one ``Stats`` call on first
+        use); ``False`` keeps everything on gRPC.
+    :param data_connections: data-plane connections (at most one request in
+        flight on each); 0 means as many as ``connections``.
+    :param data_tcp_congestion: TCP congestion control of data-plane
+        connections (``None`` or ``""``: the system default), as in the Rust client.
     """
 
     def __init__(
@@ -265,11 +258,16 @@ class Client:
         block_size: int = _keys.DEFAULT_BLOCK_SIZE,
         hash: str = _keys.DEFAULT_HASH,
         retries: int = 2,
+        data_plane: bool = True,
+        data_connections: int = 0,
+        data_tcp_congestion: str | None = "reno",
     ):
         _keys.check_block_size(block_size)
         _keys.key_len(hash)  # validates the name
         if connections < 1:
             raise ValueError("connections must be >= 1")
+        if data_connections < 0:
+            raise ValueError("data_connections must be >= 0")
         if timeout <= 0:
             raise ValueError("timeout must be > 0")
         self.target = _target(target)
@@ -294,6 +292,12 @@ class Client:
         self._next = itertools.count()
         self._rr_lock = threading.Lock()
         self._closed = False
+        self._data_plane = bool(data_plane)
+        self._data_connections = data_connections or connections
+        self._data_tcp_congestion = data_tcp_congestion or None
+        self._wire: _wire.WirePool | None = None
+        self._wire_known = not self._data_plane  # True once discovery has run
+        self._wire_lock = threading.Lock()
 
     # -- plumbing ---------------------------------------------------------
 
@@ -319,6 +323,29 @@ class Client:
             self._closed = True
             for ch in self._channels:
                 ch.close()
+            if self._wire is not None:
+                self._wire.close()
+
+    def data_plane(self) -> _wire.WirePool | None:
+        """The data-plane pool ``read`` / ``write`` use, or ``None`` when they use gRPC.
+
+        The first call asks the server (``Stats.data_listen``); errors of that
+        call propagate and discovery is tried again next time.
+        """
+        if self._wire_known:
+            return self._wire
+        with self._wire_lock:
+            if not self._wire_known:
+                advertised = self.stats().data_listen
+                if advertised:
+                    self._wire = _wire.WirePool(
+                        _data_plane_addr(self.target, advertised),
+                        connections=self._data_connections,
+                        congestion=self._data_tcp_congestion,
+                        max_reply=MAX_MESSAGE_SIZE,
+                    )
+                self._wire_known = True
+        return self._wire
 
     def __enter__(self) -> "Client":
         return self
@@ -338,6 +365,10 @@ class Client:
 
         Returns the result and the end-to-end time in microseconds.
         """
+        return self._retrying(lambda remaining: fn(self.stub(), remaining))
+
+    def _retrying(self, fn: Callable[[float], T]) -> tuple[T, int]:
+        """Runs ``fn(remaining_seconds)``, retrying ``UNAVAILABLE`` (gRPC or data plane) within the deadline."""
         start = time.monotonic()
         deadline = start + self.timeout
         attempt = 0
@@ -346,17 +377,22 @@ class Client:
             if remaining <= 0:
                 raise KvtierError(grpc.StatusCode.DEADLINE_EXCEEDED, f"no answer within {self.timeout}s")
             try:
-                r = fn(self.stub(), remaining)
+                r = fn(remaining)
                 return r, int((time.monotonic() - start) * 1e6)
             except grpc.RpcError as e:
-                code = e.code() if hasattr(e, "code") else None
-                if code == grpc.StatusCode.UNAVAILABLE and attempt < self.retries:
-                    pause = self._backoff(attempt)
-                    if time.monotonic() + pause < deadline:
-                        time.sleep(pause)
-                        attempt += 1
-                        continue
-                raise KvtierError.from_rpc(e) from e
+                err = KvtierError.from_rpc(e)
+                cause: BaseException = e
+            except KvtierError as e:
+                err, cause = e, e.__cause__ or e
+            if err.code == grpc.StatusCode.UNAVAILABLE and attempt < self.retries:
+                pause = self._backoff(attempt)
+                if time.monotonic() + pause < deadline:
+                    time.sleep(pause)
+                    attempt += 1
+                    continue
+            if err is cause:
+                raise err
+            raise err from cause
 
     # -- keys -------------------------------------------------------------
 
@@ -409,6 +445,10 @@ class Client:
         Each payload's CRC32C is verified; a mismatch raises ``KvtierError(DATA_LOSS)``.
         """
         ks = _check_keys(keys)
+        pool = self.data_plane()
+        if pool is not None:
+            (blocks, done), us = self._retrying(lambda t: self._wire_read(pool, namespace, ks, lease_id, t))
+            return self._read_result(blocks, ks, done, us)
         req = self._pb.v1.ReadRequest(namespace=namespace, keys=ks, lease_id=lease_id)
 
         def attempt(stub, t):
@@ -423,6 +463,40 @@ class Client:
             return blocks, done
 
         (blocks, done), us = self._call(attempt)
+        return self._read_result(blocks, ks, done, us)
+
+    def _wire_read(self, pool: _wire.WirePool, namespace: str, ks: list[bytes], lease_id: int, timeout: float):
+        """A data-plane read; replies that end at their size limit (reason
+        ``size``) are continued from the first key not returned, within
+        ``timeout``. Returns the blocks and a ``ReadDone`` for all of them
+        (server timings summed)."""
+        pb = self._pb.v1
+        end = time.monotonic() + timeout
+        blocks: list[ReadBlock] = []
+        timing = pb.ServerTiming()
+        while True:
+            start = len(blocks)
+            reply, data = pool.read(namespace, ks[start:], lease_id, max(1e-3, end - time.monotonic()))
+            for rb, payload in zip(reply.blocks, data):
+                rb.index += start
+                blocks.append(self._to_read_block(rb, payload))
+            done = reply.done if reply.HasField("done") else pb.ReadDone()
+            for f in ("queue_us", "service_us", "storage_memory_us", "storage_disk_us", "storage_object_us", "total_us"):
+                setattr(timing, f, getattr(timing, f) + getattr(done.timing, f))
+            if done.reason != _wire.SIZE or len(blocks) >= len(ks):
+                break
+            if len(blocks) == start:
+                raise KvtierError(grpc.StatusCode.UNAVAILABLE, f"data plane {pool!r}: a reply ended for size without a block")
+        return blocks, pb.ReadDone(
+            returned=len(blocks),
+            requested=len(ks),
+            partial=len(blocks) < len(ks),
+            reason=done.reason,
+            timing=timing,
+        )
+
+    @staticmethod
+    def _read_result(blocks: list[ReadBlock], ks: list[bytes], done, us: int) -> ReadResult:
         if done is None:
             # The server always ends with ReadDone; be lenient but honest.
             return ReadResult(blocks, len(ks), len(blocks) < len(ks), "", ServerTiming(elapsed_us=us))
@@ -435,11 +509,13 @@ class Client:
         )
 
     @staticmethod
-    def _to_read_block(rb) -> ReadBlock:
+    def _to_read_block(rb, payload: bytes | None = None) -> ReadBlock:
+        """A verified :class:`ReadBlock`; ``payload`` replaces the message's (data plane)."""
         if not rb.HasField("block"):
             raise KvtierError(grpc.StatusCode.INTERNAL, "server sent a ReadBlock without a block")
         b = rb.block
-        payload = b.payload
+        if payload is None:
+            payload = b.payload
         actual = crc32c(payload)
         if actual != b.crc32c:
             raise KvtierError(
@@ -455,20 +531,25 @@ class Client:
             tier=Tier.of(rb.tier),
         )
 
-    def _pb_blocks(self, blocks: Iterable[Block]) -> list:
+    def _pb_blocks(self, blocks: Iterable[Block], payloads: list | None = None) -> list:
+        """Protobuf blocks with checksums computed here. With ``payloads`` (a
+        list to fill) the payloads are collected there and left out of the
+        messages (data plane)."""
         pb = self._pb.v1
         out = []
         for b in blocks:
             if not isinstance(b, Block):
                 raise TypeError(f"expected kvtier.Block, got {type(b).__name__}")
-            payload = bytes(b.payload)
+            payload = b.payload if isinstance(b.payload, bytes) else bytes(b.payload)
+            if payloads is not None:
+                payloads.append(payload)
             out.append(
                 pb.Block(
                     key=bytes(b.key),
                     parent_key=bytes(b.parent) if b.parent else b"",
                     token_count=b.token_count,
                     crc32c=crc32c(payload),
-                    payload=payload,
+                    payload=b"" if payloads is not None else payload,
                     ttl_ms=b.ttl_ms,
                 )
             )
@@ -479,6 +560,12 @@ class Client:
 
         The server verifies every block before storing any of them.
         """
+        pool = self.data_plane()
+        if pool is not None:
+            payloads: list[bytes] = []
+            pbs = self._pb_blocks(blocks, payloads)
+            r, us = self._retrying(lambda t: pool.write(namespace, pbs, payloads, t))
+            return WriteResult(r.stored, r.existing, ServerTiming._from_pb(r.timing if r.HasField("timing") else None, us))
         req = self._pb.v1.WriteRequest(namespace=namespace, blocks=self._pb_blocks(blocks))
         r, us = self._call(lambda s, t: s.Write(req, timeout=t))
         return WriteResult(r.stored, r.existing, ServerTiming._from_pb(r.timing if r.HasField("timing") else None, us))
@@ -561,4 +648,17 @@ class Client:
             expired_blocks=r.expired_blocks,
             version=r.version,
             timing=ServerTiming._from_pb(r.timing if r.HasField("timing") else None, us),
+            data_listen=r.data_listen,
         )
+
+
+def _data_plane_addr(target: str, advertised: str) -> tuple[str, int]:
+    """Where to dial the data plane: the advertised address, with an
+    unspecified host (``0.0.0.0``, ``::``) replaced by the gRPC target's host."""
+    host, port = _wire.parse_addr(advertised)
+    if host in ("0.0.0.0", "::", ""):
+        try:
+            host = _wire.parse_addr(target)[0]
+        except ValueError:
+            host = "127.0.0.1"
+    return host, port

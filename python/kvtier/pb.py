@@ -1,6 +1,7 @@
 """The generated protobuf/gRPC modules (generated on first import, see ``_proto``).
 
-``v1`` holds the ``kvtier.v1`` messages (``v1.LookupRequest``, ``v1.Block``, ...),
+``v1`` holds the ``kvtier.v1`` messages (``v1.LookupRequest``, ``v1.Block``, ...), ``wire``
+the data plane's metadata messages (``wire.WireReadRequest``, ...),
 ``v1_grpc`` the ``KvTierStub``; ``kvstore`` / ``kvstore_grpc`` the seed-compatible
 ``kvstore.KVStoreService`` API.
 """
@@ -9,7 +10,8 @@ from ._proto import load as _load
 _m = _load()
 v1 = _m.v1
 v1_grpc = _m.v1_grpc
+wire = _m.wire
 kvstore = _m.kvstore
 kvstore_grpc = _m.kvstore_grpc
 
-__all__ = ["v1", "v1_grpc", "kvstore", "kvstore_grpc"]
+__all__ = ["v1", "v1_grpc", "wire", "kvstore", "kvstore_grpc"]

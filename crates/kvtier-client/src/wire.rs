@@ -73,25 +73,35 @@ impl WireClient {
         self.addr
     }
 
-    /// One request/response exchange on a pooled connection.
-    async fn call(&self, kind: Kind, meta: Vec<u8>, data: &[Bytes]) -> Result<Frame> {
-        let _slot = self.slots.acquire().await.expect("never closed");
-        let conn = self.idle.lock().pop();
-        let mut sock = match conn {
-            Some(s) => s,
-            None => dial(self.addr, self.congestion.as_deref()).await?,
-        };
-        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let deadline = Instant::now() + self.timeout;
-        let r = tokio::time::timeout_at(deadline.into(), exchange(&mut sock, kind, id, meta, data))
-            .await;
-        match r {
-            Ok(Ok(x)) => {
-                self.idle.lock().push(sock);
-                Ok(x)
+    /// One request/response exchange on a pooled connection, all of it
+    /// (waiting for a connection included) before `deadline`.
+    async fn call(
+        &self,
+        kind: Kind,
+        meta: Vec<u8>,
+        data: &[Bytes],
+        deadline: Instant,
+    ) -> Result<Frame> {
+        let r = tokio::time::timeout_at(deadline.into(), async {
+            let _slot = self.slots.acquire().await.expect("never closed");
+            let conn = self.idle.lock().pop();
+            let mut sock = match conn {
+                Some(s) => s,
+                None => dial(self.addr, self.congestion.as_deref()).await?,
+            };
+            let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+            match exchange(&mut sock, kind, id, meta, data).await {
+                Ok(f) => {
+                    self.idle.lock().push(sock);
+                    Ok(f)
+                }
+                // The connection's state is unknown after an error: drop it.
+                Err(e) => Err(transport(e, self.addr)),
             }
-            // The connection's state is unknown after an error: drop it.
-            Ok(Err(e)) => Err(transport(e, self.addr)),
+        })
+        .await;
+        match r {
+            Ok(r) => r,
             Err(_) => Err(ClientError::Status(tonic::Status::deadline_exceeded(
                 format!(
                     "data plane {}: no answer within {:?}",
@@ -102,18 +112,57 @@ impl WireClient {
     }
 
     /// Reads `keys` in order, stopping at the first missing block.
+    ///
+    /// A reply that reaches its size limit (reason `size`, docs/wire.md) is
+    /// continued with a new request for the keys after it, within the same
+    /// deadline; the result is the concatenation, with the server timings summed.
     pub async fn read(&self, ns: &str, keys: &[Key], lease_id: u64) -> Result<ReadResult> {
+        let deadline = Instant::now() + self.timeout;
+        let mut out = self.read_once(ns, keys, lease_id, deadline).await?;
+        while out.reason == SIZE && out.blocks.len() < keys.len() {
+            let from = out.blocks.len();
+            let more = self
+                .read_once(ns, &keys[from..], lease_id, deadline)
+                .await?;
+            if more.blocks.is_empty() && more.reason == SIZE {
+                return Err(transport(
+                    "a reply ended for size without a block",
+                    self.addr,
+                ));
+            }
+            out.blocks.extend(more.blocks.into_iter().map(|mut b| {
+                b.index += from;
+                b
+            }));
+            add_timing(&mut out.timing, &more.timing);
+            out.reason = more.reason;
+        }
+        out.partial = out.blocks.len() < keys.len();
+        Ok(out)
+    }
+
+    /// One Read request (one reply frame).
+    async fn read_once(
+        &self,
+        ns: &str,
+        keys: &[Key],
+        lease_id: u64,
+        deadline: Instant,
+    ) -> Result<ReadResult> {
         let req = pb::WireReadRequest {
             request: Some(pb::ReadRequest {
                 namespace: ns.to_string(),
                 keys: keys.iter().map(Key::bytes).collect(),
                 lease_id,
             }),
-            // The server stops at 90% of our deadline so its partial answer
+            // The server stops at 90% of the time left so its partial answer
             // arrives before we give up waiting.
-            timeout_ms: (self.timeout.as_millis() * 9 / 10).clamp(1, u32::MAX as u128) as u32,
+            timeout_ms: server_timeout_ms(deadline),
+            max_reply_bytes: MAX_REPLY,
         };
-        let f = self.call(Kind::Read, req.encode_to_vec(), &[]).await?;
+        let f = self
+            .call(Kind::Read, req.encode_to_vec(), &[], deadline)
+            .await?;
         expect(f.header.kind, Kind::ReadReply, &f.meta)?;
         let reply = f
             .read_reply
@@ -150,16 +199,26 @@ impl WireClient {
 
     /// Writes blocks (checksums computed here, verified by the server).
     pub async fn write(&self, ns: &str, blocks: &[WriteBlock]) -> Result<WriteResult> {
+        let total: u64 = blocks.iter().map(|b| b.payload.len() as u64).sum();
+        if total > u64::from(u32::MAX) {
+            return Err(ClientError::Invalid(format!(
+                "a data-plane write carries at most {} bytes, this one {total}: split the batch",
+                u32::MAX
+            )));
+        }
+        let deadline = Instant::now() + self.timeout;
         let req = pb::WireWriteRequest {
             request: Some(pb::WriteRequest {
                 namespace: ns.to_string(),
                 blocks: blocks.iter().map(|b| b.to_pb(Bytes::new())).collect(),
             }),
             payload_lengths: blocks.iter().map(|b| b.payload.len() as u64).collect(),
-            timeout_ms: (self.timeout.as_millis() * 9 / 10).clamp(1, u32::MAX as u128) as u32,
+            timeout_ms: server_timeout_ms(deadline),
         };
         let data: Vec<Bytes> = blocks.iter().map(|b| b.payload.clone()).collect();
-        let f = self.call(Kind::Write, req.encode_to_vec(), &data).await?;
+        let f = self
+            .call(Kind::Write, req.encode_to_vec(), &data, deadline)
+            .await?;
         expect(f.header.kind, Kind::WriteReply, &f.meta)?;
         let r = pb::WriteResponse::decode(f.meta).map_err(|e| transport(e, self.addr))?;
         Ok(WriteResult {
@@ -168,6 +227,28 @@ impl WireClient {
             timing: r.timing.unwrap_or_default(),
         })
     }
+}
+
+/// `ReadDone.reason` of a reply that reached its size limit.
+const SIZE: &str = "size";
+
+/// Largest read reply accepted (as the gRPC clients' message limit).
+const MAX_REPLY: u64 = 512 << 20;
+
+/// 90% of the time left until `deadline`, in ms (at least 1).
+fn server_timeout_ms(deadline: Instant) -> u32 {
+    let left = deadline.saturating_duration_since(Instant::now());
+    (left.as_millis() * 9 / 10).clamp(1, u32::MAX as u128) as u32
+}
+
+/// Adds `b`'s server timing to `a` (a read continued over several replies).
+fn add_timing(a: &mut pb::ServerTiming, b: &pb::ServerTiming) {
+    a.queue_us += b.queue_us;
+    a.service_us += b.service_us;
+    a.storage_memory_us += b.storage_memory_us;
+    a.storage_disk_us += b.storage_disk_us;
+    a.storage_object_us += b.storage_object_us;
+    a.total_us += b.total_us;
 }
 
 /// Turns an `Error` frame into the status it carries.

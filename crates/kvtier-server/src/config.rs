@@ -387,6 +387,12 @@ impl Config {
         if e.max_block_size.bytes() == 0 {
             anyhow::bail!("engine.max_block_size must be > 0");
         }
+        if self.server.max_message_size.bytes() > u64::from(u32::MAX) {
+            anyhow::bail!(
+                "server.max_message_size ({}) must be below 4 GiB: data-plane frames carry a 32-bit length",
+                self.server.max_message_size
+            );
+        }
         if self.server.max_message_size < e.max_block_size {
             anyhow::bail!(
                 "server.max_message_size ({}) must be at least engine.max_block_size ({})",
@@ -504,6 +510,12 @@ mod tests {
                 .to_string();
             assert!(e.contains("data_tcp_congestion"), "{e}");
         }
+        // Data-plane frames carry 32-bit lengths.
+        let e = Config::parse("[server]\nmax_message_size = \"4GiB\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("below 4 GiB"), "{e}");
+        assert!(Config::parse("[server]\nmax_message_size = \"3GiB\"\n").is_ok());
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! The prefix read that both transports of `Read` share (gRPC stream in
 //! `grpc::v1`, data plane in `wire`): validate the request, then read the keys
 //! in order, stopping at the first missing block or at the deadline, handing
-//! each block to a transport-specific sink.
+//! each block to a transport-specific sink (which counts the bytes it sends).
 use crate::grpc::v1::{check_count, tier_of};
 use crate::state::{self, Shared};
 use crate::status::to_status;
@@ -30,7 +30,7 @@ pub struct Outcome {
     pub returned: u32,
     /// Keys asked for.
     pub requested: u32,
-    /// `missing`, `deadline` or empty.
+    /// `missing`, `deadline`, `size` (data plane: the reply is full) or empty.
     pub reason: &'static str,
 }
 
@@ -125,7 +125,6 @@ impl PrefixReader {
         };
         match got.map_err(to_status)? {
             Some((b, t)) => {
-                shared.metrics.bytes_out.inc_by(b.payload.len() as u64);
                 let i = self.next_index;
                 self.next_index += 1;
                 self.out.returned += 1;
@@ -136,6 +135,14 @@ impl PrefixReader {
                 Ok(None)
             }
         }
+    }
+
+    /// Takes back the block `next` just returned and ends the read with
+    /// `reason` (the data plane's reply had no room left for it).
+    pub fn put_back(&mut self, reason: &'static str) {
+        self.out.returned -= 1;
+        self.next_index -= 1;
+        self.out.reason = reason;
     }
 
     /// How the read ended (meaningful once `next` returned `None`).

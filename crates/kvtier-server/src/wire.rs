@@ -135,7 +135,7 @@ async fn connection(
         let reply = match header.kind {
             Kind::Read => {
                 discard(&mut sock, header.data_len.into()).await?;
-                read(&shared, meta, arrived).await
+                read(&shared, meta, arrived, max_frame).await
             }
             Kind::Write => match pb::WireWriteRequest::decode(meta) {
                 Ok(req) => match check_lengths(&req.payload_lengths, header.data_len.into()) {
@@ -190,10 +190,10 @@ fn status_reply(s: tonic::Status) -> Reply {
     error_reply(s.code(), s.message())
 }
 
-async fn read(shared: &Shared, meta: Bytes, arrived: Instant) -> Reply {
+async fn read(shared: &Shared, meta: Bytes, arrived: Instant, max_frame: u64) -> Reply {
     let adm = shared.admit(Some(arrived)).await;
     let mut clock = adm.clock;
-    let r = read_inner(shared, meta, arrived, &mut clock).await;
+    let r = read_inner(shared, meta, arrived, max_frame, &mut clock).await;
     let code = match &r {
         Ok(_) => "ok",
         Err(s) => state::code_name(s.code()),
@@ -202,26 +202,50 @@ async fn read(shared: &Shared, meta: Bytes, arrived: Instant) -> Reply {
     r.unwrap_or_else(status_reply)
 }
 
+/// Room a block takes in a `WireReadReply` besides its payload: its
+/// `ReadBlock` plus field tags, length prefixes and its `payload_lengths`
+/// entry (generous, so the encoded reply never exceeds the budget).
+fn reply_overhead(rb: &pb::ReadBlock) -> u64 {
+    rb.encoded_len() as u64 + 32
+}
+
 async fn read_inner(
     shared: &Shared,
     meta: Bytes,
     arrived: Instant,
+    max_frame: u64,
     clock: &mut Clock,
 ) -> Result<Reply, tonic::Status> {
     let req = pb::WireReadRequest::decode(meta)
         .map_err(|e| tonic::Status::invalid_argument(format!("bad read request: {e}")))?;
     let timeout = req.timeout_ms;
+    // The reply must fit the frame format (u32 data length), this server's
+    // frame limit and what the client said it accepts; it always carries at
+    // least one block, so a client that continues from `returned` progresses.
+    let budget = [max_frame, u64::from(u32::MAX), req.max_reply_bytes]
+        .into_iter()
+        .filter(|&b| b > 0)
+        .min()
+        .unwrap_or(u64::from(u32::MAX))
+        .saturating_sub(1024); // room for ReadDone and the reply's own framing
     let req = req.request.unwrap_or_default();
     let (ns, keys) = crate::read::prepare(shared, &req)?;
     let deadline = (timeout > 0).then(|| arrived + Duration::from_millis(timeout as u64));
     let mut reply = pb::WireReadReply::default();
     let mut data = Vec::with_capacity(keys.len());
+    let mut used = 0u64;
     let mut reader = crate::read::PrefixReader::new(ns, keys, deadline);
     while let Some((i, b, t)) = reader.next(shared, clock).await? {
+        let rb = crate::read::read_block(i, &b, t, Bytes::new());
+        let size = b.payload.len() as u64 + reply_overhead(&rb);
+        if !data.is_empty() && used + size > budget {
+            reader.put_back("size");
+            break;
+        }
+        used += size;
+        shared.metrics.bytes_out.inc_by(b.payload.len() as u64);
         reply.payload_lengths.push(b.payload.len() as u64);
-        reply
-            .blocks
-            .push(crate::read::read_block(i, &b, t, Bytes::new()));
+        reply.blocks.push(rb);
         data.push(b.payload);
     }
     let out = reader.outcome();

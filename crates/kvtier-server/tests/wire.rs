@@ -312,6 +312,7 @@ async fn rejected_frames_leave_the_connection_in_step_and_store_nothing() {
             lease_id: 0,
         }),
         timeout_ms: 0,
+        max_reply_bytes: 0,
     }
     .encode_to_vec();
     let (h, _) = raw.send(Kind::Read, 4, &rq, b"stray").await;
@@ -401,4 +402,110 @@ async fn the_client_verifies_read_payloads_as_they_arrive() {
     let err = w.read("n", &k, 0).await.unwrap_err();
     assert_eq!(err.code(), Some(Code::DataLoss), "{err}");
     srv.await.unwrap();
+}
+
+/// A read bigger than one reply may carry: the server ends each reply at its
+/// frame limit (or the client's `max_reply_bytes`) with reason `size` and at
+/// least one block; the client continues transparently.
+#[tokio::test]
+async fn large_reads_are_split_into_replies_and_reassembled() {
+    let mut cfg = common::test_config();
+    cfg.engine.max_block_size = kvtier_core::ByteSize(1 << 20);
+    cfg.server.max_message_size = kvtier_core::ByteSize(3 << 20);
+    let (server, c) = common::start(cfg).await;
+    let payloads: Vec<Bytes> = (0..8u8).map(|i| Bytes::from(vec![i; 1_000_000])).collect();
+    let blocks: Vec<WriteBlock> = payloads
+        .iter()
+        .enumerate()
+        .map(|(i, p)| blk(format!("k{i}").as_bytes(), p.clone()))
+        .collect();
+    for b in &blocks {
+        c.write("big", std::slice::from_ref(b)).await.unwrap();
+    }
+    let mut keys: Vec<Key> = blocks.iter().map(|b| b.key.clone()).collect();
+    keys.push(Key::new(&b"absent"[..]).unwrap());
+
+    // Raw: the first reply holds what fits under 3 MiB (three 1 MB blocks), reason "size".
+    let addr = server.data_addr.unwrap();
+    let read_meta = |max_reply_bytes: u64, keys: &[Key]| {
+        pb::WireReadRequest {
+            request: Some(pb::ReadRequest {
+                namespace: "big".into(),
+                keys: keys.iter().map(Key::bytes).collect(),
+                lease_id: 0,
+            }),
+            timeout_ms: 0,
+            max_reply_bytes,
+        }
+        .encode_to_vec()
+    };
+    let mut raw = Raw::connect(addr).await;
+    let (h, m) = raw.send(Kind::Read, 1, &read_meta(0, &keys), &[]).await;
+    assert_eq!(h.kind, Kind::ReadReply);
+    let r = pb::WireReadReply::decode(m).unwrap();
+    let done = r.done.unwrap();
+    assert_eq!((r.blocks.len(), done.reason.as_str()), (3, "size"));
+    assert!(done.partial);
+    assert!(h.data_len as u64 + h.meta_len as u64 <= 3 << 20);
+    // The client's own, smaller limit wins, but a reply never comes back empty.
+    let (h, m) = raw.send(Kind::Read, 2, &read_meta(10, &keys), &[]).await;
+    let r = pb::WireReadReply::decode(m).unwrap();
+    assert_eq!(
+        (r.blocks.len(), r.done.unwrap().reason.as_str()),
+        (1, "size")
+    );
+    assert_eq!(h.data_len, 1_000_000);
+
+    // The client reassembles: every block, indices in request order, then "missing".
+    let rd = c.read("big", &keys, 0).await.unwrap();
+    assert_eq!(rd.blocks.len(), 8);
+    for (i, b) in rd.blocks.iter().enumerate() {
+        assert_eq!(b.index, i);
+        assert_eq!(b.payload, payloads[i]);
+    }
+    assert!(rd.partial);
+    assert_eq!(rd.reason, "missing");
+    assert!(rd.timing.total_us > 0);
+    let all = c.read("big", &keys[..8], 0).await.unwrap();
+    assert_eq!(
+        (all.blocks.len(), all.partial, all.reason.as_str()),
+        (8, false, "")
+    );
+    // Bytes counted once each, even for blocks read and put back.
+    let m = reqwest::get(format!("http://{}/metrics", server.http_addr.unwrap()))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let out: f64 = m
+        .lines()
+        .find_map(|l| l.strip_prefix("kvtier_read_payload_bytes_total "))
+        .expect("bytes out metric")
+        .parse()
+        .unwrap();
+    assert_eq!(out, (3 + 1 + 8 + 8) as f64 * 1e6, "{m}");
+    server.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn writes_too_big_for_one_frame_are_refused_before_sending() {
+    let (server, c) = common::start(common::test_config()).await;
+    // 5 × 1 GiB sharing one zeroed, never-touched allocation: no memory used.
+    let gib = Bytes::from(vec![0u8; 1 << 30]);
+    let blocks: Vec<WriteBlock> = (0..5)
+        .map(|i| blk(format!("g{i}").as_bytes(), gib.clone()))
+        .collect();
+    let err = c
+        .data_plane()
+        .unwrap()
+        .write("w", &blocks)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, kvtier_client::ClientError::Invalid(_)),
+        "{err}"
+    );
+    assert!(err.to_string().contains("split the batch"), "{err}");
+    server.shutdown().await.unwrap();
 }

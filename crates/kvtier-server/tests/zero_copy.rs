@@ -74,6 +74,7 @@ fn a_data_plane_read_allocates_far_less_than_its_payload() {
             lease_id: 0,
         }),
         timeout_ms: 0,
+        max_reply_bytes: 0,
     }
     .encode_to_vec();
     let read = common::frame(Kind::Read, 1, &read, &[]);

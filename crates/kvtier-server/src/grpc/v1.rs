@@ -235,6 +235,7 @@ impl KvTier for V1Service {
                             shared.observe(API, "read", "cancelled", &clock);
                             return;
                         }
+                        shared.metrics.bytes_out.inc_by(b.payload.len() as u64);
                     }
                     Ok(None) => break,
                     Err(st) => {

@@ -1,0 +1,337 @@
+"""Client of kvtier's bulk data plane (``docs/wire.md``), mirroring crates/kvtier-client/src/wire.rs.
+
+``Read`` and ``Write`` payloads travel as raw bytes after a 24-byte header and
+a small protobuf, over a pool of plain TCP connections with one request in
+flight each. :class:`kvtier.Client` uses it automatically when the server
+advertises a data-plane address (``Stats.data_listen``).
+
+How the bytes move, and why:
+
+* Sockets are *blocking*, with the call's remaining time set as
+  ``SO_RCVTIMEO`` / ``SO_SNDTIMEO`` before every system call. A payload is
+  then received with one ``recv(n, MSG_WAITALL)`` straight into a new
+  ``bytes`` object: one kernel copy, no Python-level reassembly, no second
+  copy from a ``bytearray``. (Python's own ``settimeout`` makes the socket
+  non-blocking, and ``MSG_WAITALL`` means nothing there.)
+* A request goes out with ``sendmsg`` of header, metadata and the callers'
+  payload buffers: no concatenation.
+* TCP congestion control ``reno`` by default, as the Rust client and the
+  server do (BBR paces a 1.2 MB burst into slices; ``notes/006-data-plane.md``).
+
+Errors: transport failures and protocol violations raise
+``KvtierError(UNAVAILABLE)`` (the client retries those) and the connection is
+dropped; the server's Error frames raise its status; a call past its deadline
+raises ``DEADLINE_EXCEEDED``.
+"""
+from __future__ import annotations
+
+import itertools
+import os
+import socket
+import struct
+import threading
+import time
+from dataclasses import dataclass
+from typing import Sequence
+
+import grpc
+
+from .errors import KvtierError, status_code
+
+__all__ = ["WirePool", "HEADER", "MAGIC", "SIZE", "Kind", "parse_addr"]
+
+#: magic, kind, flags, reserved, request id, meta_len, data_len (little-endian).
+HEADER = struct.Struct("<4sBBHQII")
+MAGIC = b"KVW1"
+#: ``ReadDone.reason`` of a read reply that reached its size limit (the client continues).
+SIZE = "size"
+_U32_MAX = 0xFFFF_FFFF
+_TIMEVAL = struct.Struct("@ll")
+_TCP_CONGESTION = getattr(socket, "TCP_CONGESTION", 13)
+try:
+    _IOV_MAX = max(16, os.sysconf("SC_IOV_MAX"))
+except (ValueError, OSError, AttributeError):  # pragma: no cover
+    _IOV_MAX = 1024
+
+
+class Kind:
+    """Frame kinds."""
+
+    READ = 1
+    WRITE = 2
+    READ_REPLY = 0x81
+    WRITE_REPLY = 0x82
+    ERROR = 0xFF
+
+
+def parse_addr(addr: str) -> tuple[str, int]:
+    """``host:port`` or ``[v6]:port`` into ``(host, port)``; ``ValueError`` otherwise."""
+    host, sep, port = addr.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"{addr!r} is not host:port")
+    return host.strip("[]"), int(port)
+
+
+class _Deadline:
+    __slots__ = ("at",)
+
+    def __init__(self, seconds: float):
+        self.at = time.monotonic() + seconds
+
+    def remaining(self) -> float:
+        return self.at - time.monotonic()
+
+
+class _Expired(Exception):
+    """The call's deadline passed during a socket operation."""
+
+
+class WirePool:
+    """A thread-safe pool of data-plane connections to ``addr``.
+
+    :param addr: ``(host, port)`` of the server's data plane.
+    :param connections: at most this many requests in flight (one per connection).
+    :param congestion: TCP congestion control for new connections (``None`` or
+        ``""``: the system default). A name the kernel refuses is ignored.
+    :param max_reply: largest reply frame accepted (metadata + payloads).
+    """
+
+    def __init__(
+        self,
+        addr: tuple[str, int],
+        connections: int = 4,
+        congestion: str | None = "reno",
+        max_reply: int = 512 << 20,
+    ):
+        if connections < 1:
+            raise ValueError("connections must be >= 1")
+        from ._proto import load
+
+        m = load()
+        self._v1, self._w = m.v1, m.wire
+        self.addr = addr
+        self.congestion = congestion or None
+        self.max_reply = max_reply
+        self._slots = threading.BoundedSemaphore(connections)
+        self._idle: list[socket.socket] = []
+        self._lock = threading.Lock()
+        self._ids = itertools.count(1)
+        self._closed = False
+        self.connections = connections
+        #: Connections opened so far (a test and diagnostics aid).
+        self.dials = 0
+
+    def __repr__(self) -> str:
+        return f"WirePool({self.addr[0]}:{self.addr[1]}, connections={self.connections})"
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            idle, self._idle = self._idle, []
+        for s in idle:
+            s.close()
+
+    # -- calls --------------------------------------------------------------
+
+    def read(self, namespace: str, keys: Sequence[bytes], lease_id: int, timeout: float):
+        """One Read: returns ``(WireReadReply, payloads)``; payload i belongs to block i.
+
+        Checksums are the caller's to verify (``Block.crc32c`` of each block).
+        The reply is at most ``max_reply`` bytes: a longer read ends early with
+        reason :data:`SIZE` (see :meth:`kvtier.Client.read`, which continues it).
+        """
+        req = self._w.WireReadRequest(
+            request=self._v1.ReadRequest(namespace=namespace, keys=keys, lease_id=lease_id),
+            # The server stops at 90% of our deadline so that its partial
+            # answer arrives before we give up.
+            timeout_ms=_server_ms(timeout),
+            max_reply_bytes=self.max_reply,
+        )
+        f = self._call(Kind.READ, req.SerializeToString(), (), timeout, Kind.READ_REPLY)
+        return f.read_reply, f.payloads
+
+    def write(self, namespace: str, blocks: Sequence, payloads: Sequence, timeout: float):
+        """One Write of ``blocks`` (protobuf ``Block``s without payloads) and their ``payloads``."""
+        total = sum(len(memoryview(p)) for p in payloads)
+        if total > _U32_MAX:
+            raise KvtierError(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"a data-plane write carries at most {_U32_MAX} bytes, this one {total}: split the batch",
+            )
+        req = self._w.WireWriteRequest(
+            request=self._v1.WriteRequest(namespace=namespace, blocks=blocks),
+            payload_lengths=[len(memoryview(p)) for p in payloads],
+            timeout_ms=_server_ms(timeout),
+        )
+        f = self._call(Kind.WRITE, req.SerializeToString(), payloads, timeout, Kind.WRITE_REPLY)
+        return self._v1.WriteResponse.FromString(f.meta)
+
+    # -- plumbing -------------------------------------------------------------
+
+    def _call(self, kind: int, meta: bytes, payloads: Sequence, timeout: float, reply_kind: int) -> "_Frame":
+        deadline = _Deadline(timeout)
+        if not self._slots.acquire(timeout=max(0.0, deadline.remaining())):
+            raise self._deadline_error(timeout)
+        try:
+            sock = self._take(deadline, timeout)
+            rid = next(self._ids) & 0xFFFF_FFFF_FFFF_FFFF
+            try:
+                reply = self._exchange(sock, kind, rid, meta, payloads, deadline)
+            except _Expired:
+                sock.close()
+                raise self._deadline_error(timeout) from None
+            except (OSError, ValueError) as e:
+                # The connection's state is unknown: drop it.
+                sock.close()
+                raise KvtierError(grpc.StatusCode.UNAVAILABLE, f"data plane {self._name()}: {e}") from e
+            except BaseException:
+                sock.close()
+                raise
+            if reply.kind == Kind.ERROR:
+                # Some Error frames close the connection on the server's side
+                # (bad framing); errors are rare, so never reuse after one.
+                sock.close()
+                e = self._w.WireError.FromString(reply.meta)
+                raise KvtierError(status_code(e.code), e.message)
+            self._give_back(sock)
+            if reply.kind != reply_kind:
+                raise KvtierError(
+                    grpc.StatusCode.INTERNAL,
+                    f"data plane {self._name()} answered frame kind {reply.kind:#04x}, expected {reply_kind:#04x}",
+                )
+            return reply
+        finally:
+            self._slots.release()
+
+    def _name(self) -> str:
+        return f"{self.addr[0]}:{self.addr[1]}"
+
+    def _deadline_error(self, timeout: float) -> KvtierError:
+        return KvtierError(
+            grpc.StatusCode.DEADLINE_EXCEEDED, f"data plane {self._name()}: no answer within {timeout:g}s"
+        )
+
+    def _take(self, deadline: _Deadline, timeout: float) -> socket.socket:
+        with self._lock:
+            if self._closed:
+                raise ValueError("client is closed")
+            if self._idle:
+                return self._idle.pop()
+        remaining = deadline.remaining()
+        if remaining <= 0:
+            raise self._deadline_error(timeout)
+        try:
+            s = socket.create_connection(self.addr, timeout=remaining)
+        except socket.timeout:
+            raise self._deadline_error(timeout) from None
+        except OSError as e:
+            raise KvtierError(grpc.StatusCode.UNAVAILABLE, f"data plane {self._name()}: {e}") from e
+        s.settimeout(None)  # blocking; deadlines via SO_RCVTIMEO / SO_SNDTIMEO
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if self.congestion:
+            try:
+                s.setsockopt(socket.IPPROTO_TCP, _TCP_CONGESTION, self.congestion.encode())
+            except OSError:
+                pass  # best effort: only the pacing differs
+        with self._lock:
+            self.dials += 1
+        return s
+
+    def _give_back(self, sock: socket.socket) -> None:
+        with self._lock:
+            if not self._closed:
+                self._idle.append(sock)
+                return
+        sock.close()
+
+    def _exchange(self, sock, kind, rid, meta, payloads, deadline) -> "_Frame":
+        header = HEADER.pack(MAGIC, kind, 0, 0, rid, len(meta), sum(len(memoryview(p)) for p in payloads))
+        _send_all(sock, [header, meta, *payloads], deadline)
+        raw = _recv_exact(sock, HEADER.size, deadline)
+        magic, rkind, _flags, _res, reply_id, meta_len, data_len = HEADER.unpack(raw)
+        if magic != MAGIC:
+            raise ValueError(f"bad frame magic {magic!r}: not a kvtier data-plane peer")
+        if reply_id != rid and rkind != Kind.ERROR:
+            raise ValueError(f"reply to request {reply_id} while waiting for {rid}")
+        if meta_len + data_len > self.max_reply:
+            raise ValueError(f"reply of {meta_len + data_len} bytes exceeds the {self.max_reply}-byte limit")
+        m = _recv_exact(sock, meta_len, deadline)
+        read_reply = None
+        lengths = [data_len]
+        if rkind == Kind.READ_REPLY:
+            try:
+                read_reply = self._w.WireReadReply.FromString(m)
+            except Exception as e:  # protobuf's DecodeError
+                raise ValueError(f"bad read reply: {e}") from e
+            lengths = list(read_reply.payload_lengths)
+            if len(lengths) != len(read_reply.blocks):
+                raise ValueError(f"read reply has {len(read_reply.blocks)} blocks but {len(lengths)} payloads")
+        if sum(lengths) != data_len:
+            raise ValueError(f"payload lengths add up to {sum(lengths)} bytes but the frame carries {data_len}")
+        out = [_recv_exact(sock, n, deadline) for n in lengths] if data_len else [b"" for _ in lengths]
+        return _Frame(rkind, m, out, read_reply)
+
+
+@dataclass
+class _Frame:
+    kind: int
+    meta: bytes
+    payloads: list[bytes]
+    read_reply: object | None
+
+
+def _server_ms(timeout: float) -> int:
+    return max(1, min(_U32_MAX, int(timeout * 900)))
+
+
+def _arm(sock: socket.socket, opt: int, deadline: _Deadline) -> None:
+    """Sets ``opt`` (SO_RCVTIMEO / SO_SNDTIMEO) to the time left; raises ``_Expired`` if none is."""
+    left = deadline.remaining()
+    if left <= 0:
+        raise _Expired()
+    sec = int(left)
+    usec = int((left - sec) * 1e6)
+    if sec == 0 and usec == 0:
+        usec = 1  # {0, 0} would mean "wait forever"
+    sock.setsockopt(socket.SOL_SOCKET, opt, _TIMEVAL.pack(sec, usec))
+
+
+def _recv_exact(sock: socket.socket, n: int, deadline: _Deadline) -> bytes:
+    """Exactly ``n`` bytes, usually with a single ``recv(n, MSG_WAITALL)``."""
+    if n == 0:
+        return b""
+    parts = []
+    left = n
+    while left:
+        _arm(sock, socket.SO_RCVTIMEO, deadline)
+        try:
+            b = sock.recv(left, socket.MSG_WAITALL)
+        except BlockingIOError:  # SO_RCVTIMEO fired with nothing received
+            continue  # _arm raises _Expired if the deadline is really gone
+        if not b:
+            raise ConnectionError(f"connection closed with {left} of {n} bytes still to come")
+        if len(b) == n:
+            return b
+        parts.append(b)
+        left -= len(b)
+    return b"".join(parts)
+
+
+def _send_all(sock: socket.socket, buffers: list, deadline: _Deadline) -> None:
+    """Sends every buffer with vectored writes (``sendmsg``), resuming after partial sends."""
+    views = [memoryview(b).cast("B") for b in buffers if len(memoryview(b))]
+    i = 0
+    while i < len(views):
+        _arm(sock, socket.SO_SNDTIMEO, deadline)
+        try:
+            sent = sock.sendmsg(views[i : i + _IOV_MAX])
+        except BlockingIOError:
+            continue
+        while sent:
+            n = len(views[i])
+            if sent >= n:
+                sent -= n
+                i += 1
+            else:
+                views[i] = views[i][sent:]
+                sent = 0

@@ -1,0 +1,362 @@
+"""The Python client's data plane (kvtier.wire) against the real server, and
+against misbehaving peers (a Python socket server speaking the frame format)."""
+from __future__ import annotations
+
+import mmap
+import os
+import socket
+import struct
+import threading
+import time
+import urllib.request
+
+import grpc
+import pytest
+
+from kvtier import Block, Client, KvtierError, keys
+from kvtier._crc import crc32c
+from kvtier.pb import v1 as pb
+from kvtier.pb import wire as wpb
+from kvtier.wire import HEADER, MAGIC, Kind, WirePool, parse_addr
+
+BS = 128
+PAYLOAD = 1_200_000
+
+
+def chain_blocks(n: int, seed: int = 1, size: int = PAYLOAD) -> list[Block]:
+    ks = keys.chain(list(range(seed, seed + n * BS)))
+    return [
+        Block(k, os.urandom(size), parent=ks[i - 1] if i else None, token_count=BS) for i, k in enumerate(ks)
+    ]
+
+
+def wire_requests(server, op: str) -> float:
+    """``kvtier_requests_total{api="wire",op=op,code="ok"}`` from /metrics."""
+    text = urllib.request.urlopen(f"http://{server.http}/metrics", timeout=10).read().decode()
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith("kvtier_requests_total{") and 'api="wire"' in line and f'op="{op}"' in line:
+            if 'code="ok"' in line:
+                total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def test_read_and_write_go_over_the_data_plane(server, client, ns):
+    pool = client.data_plane()
+    assert pool is not None
+    assert parse_addr(client.stats().data_listen)[1] == pool.addr[1]
+    reads, writes = wire_requests(server, "read"), wire_requests(server, "write")
+    blocks = chain_blocks(3)
+    w = client.write(ns, blocks)
+    assert (w.stored, w.existing) == (3, 0)
+    assert w.timing.total_us > 0 and w.timing.elapsed_us >= w.timing.total_us
+    r = client.read(ns, [b.key for b in blocks])
+    assert r.payloads == [b.payload for b in blocks]
+    assert [b.parent for b in r.blocks] == [None, blocks[0].key, blocks[1].key]
+    assert [b.index for b in r.blocks] == [0, 1, 2]
+    assert not r.partial and r.timing.total_us > 0
+    assert wire_requests(server, "write") == writes + 1
+    assert wire_requests(server, "read") == reads + 1
+    # Idempotent re-write.
+    assert client.write(ns, blocks[:1]).existing == 1
+
+
+def test_data_plane_and_grpc_see_the_same_blocks(server, ns):
+    blocks = chain_blocks(2, seed=7, size=100_000)
+    with Client(server.grpc, connections=1, data_plane=False) as g, Client(server.grpc, connections=1) as d:
+        assert g.data_plane() is None and d.data_plane() is not None
+        g.write(ns, blocks[:1])
+        d.write(ns, blocks[1:])
+        ks = [b.key for b in blocks]
+        assert g.read(ns, ks).payloads == d.read(ns, ks).payloads == [b.payload for b in blocks]
+
+
+def test_partial_read_and_empty_payloads(client, ns):
+    blocks = chain_blocks(2, seed=11, size=0)
+    assert client.write(ns, blocks).stored == 2
+    r = client.read(ns, [blocks[0].key, b"missing", blocks[1].key])
+    assert r.payloads == [b""] and r.partial and r.reason == "missing" and r.requested == 3
+    assert client.read(ns, [b"missing"]).blocks == []
+
+
+def test_server_errors_keep_their_status(client, ns):
+    pool = client.data_plane()
+    with pytest.raises(KvtierError) as ei:
+        client.read("bad namespace", [b"k"])
+    assert ei.value.code == grpc.StatusCode.INVALID_ARGUMENT
+    # A bad checksum: DATA_LOSS, nothing of the batch stored.
+    good, bad = os.urandom(4096), os.urandom(4096)
+    ks = keys.chain(list(range(BS * 2)))
+    pbs = [
+        pb.Block(key=ks[0], token_count=BS, crc32c=crc32c(good)),
+        pb.Block(key=ks[1], parent_key=ks[0], token_count=BS, crc32c=crc32c(bad) ^ 1),
+    ]
+    with pytest.raises(KvtierError) as ei:
+        pool.write(ns, pbs, [good, bad], timeout=10)
+    assert ei.value.code == grpc.StatusCode.DATA_LOSS
+    assert "blocks[1]" in ei.value.message
+    assert client.lookup(ns, keys=ks).found == 0
+    # The pool keeps working afterwards.
+    assert client.write(ns, [Block(ks[0], good, token_count=BS)]).stored == 1
+
+
+def test_oversized_write_is_refused_before_sending(client, ns, tmp_path):
+    pool = client.data_plane()
+    dials = pool.dials
+    f = tmp_path / "sparse"
+    with open(f, "wb") as fh:
+        fh.truncate((1 << 32) + 1)  # sparse: no disk, no memory
+    with open(f, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as big:
+        with pytest.raises(KvtierError) as ei:
+            pool.write(ns, [pb.Block(key=b"k")], [big], timeout=10)
+    assert ei.value.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert "split the batch" in ei.value.message
+    assert pool.dials == dials
+
+
+def test_congestion_control_is_set(server, ns):
+    with Client(server.grpc, connections=1) as c:
+        c.write(ns, chain_blocks(1, size=10))
+        (sock,) = c.data_plane()._idle
+        cc = sock.getsockopt(socket.IPPROTO_TCP, getattr(socket, "TCP_CONGESTION", 13), 16)
+        assert cc.rstrip(b"\0") == b"reno"
+    with Client(server.grpc, connections=1, data_tcp_congestion="nosuchcc") as c:
+        assert c.write(ns, chain_blocks(1, seed=3, size=10)).stored == 1  # refused name: system default
+
+
+def test_broken_connections_are_replaced(client, ns):
+    blocks = chain_blocks(1, seed=5, size=50_000)
+    client.write(ns, blocks)
+    pool = client.data_plane()
+    before = pool.dials
+    for s in list(pool._idle):
+        s.shutdown(socket.SHUT_RDWR)  # as if the server had gone away meanwhile
+    assert client.read(ns, [blocks[0].key]).payloads == [blocks[0].payload]
+    assert pool.dials > before
+
+
+def test_concurrent_callers_share_the_pool(server, ns):
+    with Client(server.grpc, connections=2, data_connections=3) as c:
+        errors: list[BaseException] = []
+
+        def work(i: int) -> None:
+            try:
+                blocks = chain_blocks(2, seed=1000 * i, size=200_000)
+                for _ in range(5):
+                    c.write(ns, blocks)
+                    assert c.read(ns, [b.key for b in blocks]).payloads == [b.payload for b in blocks]
+            except BaseException as e:  # noqa: BLE001 - reported below
+                errors.append(e)
+
+        threads = [threading.Thread(target=work, args=(i,)) for i in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert not errors, errors
+        assert 1 <= c.data_plane().dials <= 3, "at most data_connections connections, reused"
+
+
+def test_data_plane_off_makes_no_discovery_call(server, monkeypatch):
+    with Client(server.grpc, connections=1, data_plane=False) as c:
+        monkeypatch.setattr(c, "stats", lambda: pytest.fail("discovery must not run"))
+        assert c.data_plane() is None
+
+
+def test_discovery_failure_propagates():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with Client(f"127.0.0.1:{port}", connections=1, timeout=3, retries=0) as c:
+        with pytest.raises(KvtierError) as ei:
+            c.read("ns", [b"k"])
+        assert ei.value.code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+        assert not c._wire_known  # tried again next time
+
+
+# -- misbehaving peers ---------------------------------------------------------
+
+
+class FakePeer:
+    """A one-thread TCP server answering each frame with ``reply(header, meta, data, conn)``."""
+
+    def __init__(self, reply):
+        self.reply = reply
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.addr = self.sock.getsockname()
+        self.requests = 0
+        self._stop = False
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _recv(self, conn, n):
+        buf = b""
+        while len(buf) < n:
+            b = conn.recv(n - len(buf))
+            if not b:
+                raise ConnectionError("closed")
+            buf += b
+        return buf
+
+    def _serve(self):
+        while not self._stop:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            with conn:
+                try:
+                    while True:
+                        h = HEADER.unpack(self._recv(conn, HEADER.size))
+                        meta = self._recv(conn, h[5])
+                        data = self._recv(conn, h[6])
+                        self.requests += 1
+                        if self.reply(h, meta, data, conn) is False:
+                            break
+                except (ConnectionError, OSError):
+                    pass
+
+    def close(self):
+        self._stop = True
+        self.sock.close()
+
+
+def frame(kind: int, rid: int, meta: bytes, data: bytes = b"", magic: bytes = MAGIC) -> bytes:
+    return HEADER.pack(magic, kind, 0, 0, rid, len(meta), len(data)) + meta + data
+
+
+def read_reply(rid: int, payload: bytes, crc: int) -> bytes:
+    meta = wpb.WireReadReply(
+        blocks=[pb.ReadBlock(index=0, tier=1, block=pb.Block(key=b"k", crc32c=crc))],
+        payload_lengths=[len(payload)],
+        done=pb.ReadDone(requested=1),
+    ).SerializeToString()
+    return frame(Kind.READ_REPLY, rid, meta, payload)
+
+
+@pytest.fixture
+def fake_client():
+    """A client whose data plane is ``peer`` (its gRPC side is never used)."""
+    made = []
+
+    def make(reply, timeout=3.0, retries=1):
+        peer = FakePeer(reply)
+        c = Client("127.0.0.1:1", connections=1, timeout=timeout, retries=retries)
+        c._wire = WirePool(peer.addr, connections=1)
+        c._wire_known = True
+        made.append((peer, c))
+        return peer, c
+
+    yield make
+    for peer, c in made:
+        c.close()
+        peer.close()
+
+
+def test_a_lying_server_is_caught(fake_client):
+    payload = os.urandom(100_000)
+
+    def lie(h, meta, data, conn):
+        conn.sendall(read_reply(h[4], payload, crc32c(payload) ^ 1))
+
+    peer, c = fake_client(lie)
+    with pytest.raises(KvtierError) as ei:
+        c.read("ns", [b"k"])
+    assert ei.value.code == grpc.StatusCode.DATA_LOSS
+    assert peer.requests == 1, "DATA_LOSS is not retried"
+
+    # The honest answer goes through, payload intact.
+    peer.reply = lambda h, m, d, conn: conn.sendall(read_reply(h[4], payload, crc32c(payload)))
+    r = c.read("ns", [b"k"])
+    assert r.payloads == [payload] and r.blocks[0].key == b"k"
+
+
+@pytest.mark.parametrize(
+    "answer, expect",
+    [
+        (lambda rid: frame(Kind.READ_REPLY, rid, b"", magic=b"HTTP"), "not a kvtier data-plane peer"),
+        (lambda rid: frame(Kind.READ_REPLY, rid + 1, b""), "while waiting for"),
+        (
+            lambda rid: frame(
+                Kind.READ_REPLY,
+                rid,
+                wpb.WireReadReply(blocks=[pb.ReadBlock(block=pb.Block(key=b"k"))], payload_lengths=[10]).SerializeToString(),
+                b"x" * 4,
+            ),
+            "add up to",
+        ),
+        (lambda rid: frame(Kind.READ_REPLY, rid, b"\xff\xff\xff"), "bad read reply"),
+        (lambda rid: frame(Kind.WRITE_REPLY, rid, b"", b"x" * 10)[:30], "connection closed"),
+    ],
+    ids=["magic", "request-id", "lengths", "metadata", "truncated"],
+)
+def test_protocol_violations_are_unavailable_and_retried(fake_client, answer, expect):
+    def reply(h, meta, data, conn):
+        conn.sendall(answer(h[4]))
+        return False  # close the connection after answering
+
+    peer, c = fake_client(reply, retries=1)
+    with pytest.raises(KvtierError) as ei:
+        c.read("ns", [b"k"])
+    assert ei.value.code == grpc.StatusCode.UNAVAILABLE
+    assert expect in ei.value.message
+    assert peer.requests == 2, "retried once on a fresh connection"
+
+
+def test_error_frames_carry_the_servers_status(fake_client):
+    def reply(h, meta, data, conn):
+        e = wpb.WireError(code=grpc.StatusCode.RESOURCE_EXHAUSTED.value[0], message="no room").SerializeToString()
+        conn.sendall(frame(Kind.ERROR, 0, e))
+
+    peer, c = fake_client(reply)
+    with pytest.raises(KvtierError) as ei:
+        c.write("ns", [Block(b"k", b"v")])
+    assert ei.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert ei.value.message == "no room"
+
+
+def test_a_silent_server_hits_the_deadline(fake_client):
+    release = threading.Event()
+    peer, c = fake_client(lambda h, m, d, conn: release.wait(10), timeout=0.5, retries=0)
+    t0 = time.monotonic()
+    with pytest.raises(KvtierError) as ei:
+        c.read("ns", [b"k"])
+    took = time.monotonic() - t0
+    release.set()
+    assert ei.value.code == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert 0.4 < took < 2.0, took
+    # The server is asked to give up at 90% of the deadline.
+    sent = []
+    peer.reply = lambda h, m, d, conn: sent.append(wpb.WireReadRequest.FromString(m).timeout_ms) or False
+    with pytest.raises(KvtierError):
+        c.read("ns", [b"k"])
+    assert sent and 300 <= sent[0] <= 450, sent
+
+
+def test_frame_layout_matches_docs():
+    # docs/wire.md: magic, kind u8, flags u8, reserved u16, id u64, meta_len u32, data_len u32 (LE).
+    raw = frame(Kind.WRITE, 0x0102030405060708, b"ab", b"cde")
+    assert raw[:4] == b"KVW1" and raw[4] == 2 and raw[5:8] == b"\0\0\0"
+    assert struct.unpack_from("<QII", raw, 8) == (0x0102030405060708, 2, 3)
+    assert HEADER.size == 24 and raw[24:] == b"abcde"
+    assert parse_addr("[::1]:5") == ("::1", 5)
+    with pytest.raises(ValueError):
+        parse_addr("nohost")
+
+
+def test_reads_larger_than_one_reply_are_continued(server, ns):
+    with Client(server.grpc, connections=1) as c:
+        blocks = chain_blocks(6, seed=77, size=500_000)
+        c.write(ns, blocks)
+        pool = c.data_plane()
+        pool.max_reply = 1_200_000  # two blocks per reply
+        before = wire_requests(server, "read")
+        ks = [b.key for b in blocks] + [b"absent"]
+        r = c.read(ns, ks)
+        assert r.payloads == [b.payload for b in blocks]
+        assert [b.index for b in r.blocks] == list(range(6))
+        assert (r.partial, r.reason, r.requested) == (True, "missing", 7)
+        assert r.timing.total_us > 0
+        assert wire_requests(server, "read") == before + 3, "2 + 2 + 2 blocks; the third reply also finds the gap"
+        full = c.read(ns, ks[:6])
+        assert (len(full.blocks), full.partial, full.reason) == (6, False, "")
