@@ -127,6 +127,10 @@ class WirePool:
     def close(self) -> None:
         with self._lock:
             self._closed = True
+        self._drop_idle()
+
+    def _drop_idle(self) -> None:
+        with self._lock:
             idle, self._idle = self._idle, []
         for s in idle:
             s.close()
@@ -181,8 +185,11 @@ class WirePool:
                 sock.close()
                 raise self._deadline_error(timeout) from None
             except (OSError, ValueError) as e:
-                # The connection's state is unknown: drop it.
+                # The connection's state is unknown: drop it. A transport
+                # failure usually means the server restarted or went away, so
+                # the idle connections are dropped too and a retry dials fresh.
                 sock.close()
+                self._drop_idle()
                 raise KvtierError(grpc.StatusCode.UNAVAILABLE, f"data plane {self._name()}: {e}") from e
             except BaseException:
                 sock.close()

@@ -17,6 +17,7 @@ from kvtier import Block, Client, KvtierError, keys
 from kvtier._crc import crc32c
 from kvtier.pb import v1 as pb
 from kvtier.pb import wire as wpb
+from kvtier import wire as kvtier_wire
 from kvtier.wire import HEADER, MAGIC, Kind, WirePool, parse_addr
 
 BS = 128
@@ -360,3 +361,21 @@ def test_reads_larger_than_one_reply_are_continued(server, ns):
         assert wire_requests(server, "read") == before + 3, "2 + 2 + 2 blocks; the third reply also finds the gap"
         full = c.read(ns, ks[:6])
         assert (len(full.blocks), full.partial, full.reason) == (6, False, "")
+
+
+def test_a_failure_flushes_the_idle_pool(server, ns):
+    # Four idle connections, all broken (as after a server restart): one retry
+    # is enough, because the first failure drops the other idle ones too.
+    with Client(server.grpc, connections=1, data_connections=4, retries=1) as c:
+        blocks = chain_blocks(1, seed=9, size=1000)
+        c.write(ns, blocks)
+        pool = c.data_plane()
+        socks = [pool._take(kvtier_wire._Deadline(5), 5) for _ in range(4)]
+        for s in socks:
+            pool._give_back(s)
+        assert len(pool._idle) == 4
+        for s in pool._idle:
+            s.shutdown(socket.SHUT_RDWR)
+        dials = pool.dials
+        assert c.read(ns, [blocks[0].key]).payloads == [blocks[0].payload]
+        assert pool.dials == dials + 1 and len(pool._idle) == 1

@@ -96,7 +96,12 @@ impl WireClient {
                     Ok(f)
                 }
                 // The connection's state is unknown after an error: drop it.
-                Err(e) => Err(transport(e, self.addr)),
+                // A transport failure usually means the server restarted or
+                // went away, so the idle connections go too and a retry dials fresh.
+                Err(e) => {
+                    self.idle.lock().clear();
+                    Err(transport(e, self.addr))
+                }
             }
         })
         .await;
@@ -347,6 +352,30 @@ async fn exchange(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn a_transport_failure_drops_the_idle_connections() {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        let accept = tokio::spawn(async move {
+            let mut socks = Vec::new();
+            for _ in 0..4 {
+                socks.push(l.accept().await.unwrap().0);
+            }
+            socks // dropped by the caller: every connection closes, as in a restart
+        });
+        let w = WireClient::connect(addr, 4, Duration::from_secs(5))
+            .await
+            .unwrap();
+        drop(accept.await.unwrap());
+        assert_eq!(w.idle.lock().len(), 4);
+        let err = w.read("n", &[Key::new(&b"k"[..]).unwrap()], 0).await;
+        assert_eq!(err.unwrap_err().code(), Some(tonic::Code::Unavailable));
+        assert!(
+            w.idle.lock().is_empty(),
+            "the other (equally dead) connections are not handed to the retry"
+        );
+    }
 
     #[tokio::test]
     async fn dial_sets_the_congestion_control_and_tolerates_unknown_names() {

@@ -179,12 +179,7 @@ async fn outage(mut em: Emulator) {
     ca.write(NS, &during).await.unwrap();
     let depth = a.engine.stats().object.unwrap().queue_depth;
     assert!(depth > 0, "uploads wait while the store is down");
-    let metrics = reqwest::get(format!("http://{}/metrics", a.http_addr.unwrap()))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = common::metrics(&a).await;
     assert!(
         metrics.contains("kvtier_object_writeback_queue_depth"),
         "{metrics}"
@@ -261,12 +256,7 @@ async fn corruption(em: Emulator) {
     assert_eq!(r.blocks.len(), 1, "the corrupt block is not served");
     assert_eq!(r.blocks[0].payload, blocks[0].payload);
     assert_eq!(r.reason, "missing");
-    let m = reqwest::get(format!("http://{}/metrics", b.http_addr.unwrap()))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let m = common::metrics(&b).await;
     assert!(m.contains("kvtier_object_corrupt_total 1"), "{m}");
     a.shutdown().await.unwrap();
     b.shutdown().await.unwrap();

@@ -329,12 +329,7 @@ async fn rejected_frames_leave_the_connection_in_step_and_store_nothing() {
         assert_eq!(&b.payload[..], &want[..]);
     }
     // Every refusal above is counted: three malformed, one checksum, one stored.
-    let text = reqwest::get(format!("http://{}/metrics", server.http_addr.unwrap()))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = common::metrics(&server).await;
     for series in [
         "kvtier_requests_total{api=\"wire\",op=\"write\",code=\"invalid_argument\"} 3",
         "kvtier_requests_total{api=\"wire\",op=\"write\",code=\"data_loss\"} 1",
@@ -472,12 +467,7 @@ async fn large_reads_are_split_into_replies_and_reassembled() {
         (8, false, "")
     );
     // Bytes counted once each, even for blocks read and put back.
-    let m = reqwest::get(format!("http://{}/metrics", server.http_addr.unwrap()))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let m = common::metrics(&server).await;
     let out: f64 = m
         .lines()
         .find_map(|l| l.strip_prefix("kvtier_read_payload_bytes_total "))

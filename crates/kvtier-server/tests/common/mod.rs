@@ -41,3 +41,14 @@ pub fn frame(kind: kvtier_proto::wire::Kind, id: u64, meta: &[u8], data: &[u8]) 
 pub fn raw_endpoint(server: &Server) -> String {
     format!("http://{}", server.grpc_addrs[0])
 }
+
+/// The server's `/metrics` text (its HTTP listener must be on).
+pub async fn metrics(server: &Server) -> String {
+    let addr = server.http_addr.expect("HTTP listener on");
+    reqwest::get(format!("http://{addr}/metrics"))
+        .await
+        .expect("GET /metrics")
+        .text()
+        .await
+        .expect("metrics text")
+}
