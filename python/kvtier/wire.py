@@ -112,14 +112,21 @@ class WirePool:
         self.addr = addr
         self.congestion = congestion or None
         self.max_reply = max_reply
-        self._slots = threading.BoundedSemaphore(connections)
-        self._idle: list[socket.socket] = []
-        self._lock = threading.Lock()
+        self.connections = connections
         self._ids = itertools.count(1)
         self._closed = False
-        self.connections = connections
+        self._reset()
         #: Connections opened so far (a test and diagnostics aid).
         self.dials = 0
+
+    def _reset(self) -> None:
+        """Fresh pool state for this process. After ``fork`` the child must not
+        share the parent's connections (their frames would interleave), and a
+        lock or slot a parent thread held at the fork would never be released."""
+        self._pid = os.getpid()
+        self._slots = threading.BoundedSemaphore(self.connections)
+        self._lock = threading.Lock()
+        self._idle: list[socket.socket] = []
 
     def __repr__(self) -> str:
         return f"WirePool({self.addr[0]}:{self.addr[1]}, connections={self.connections})"
@@ -174,6 +181,12 @@ class WirePool:
 
     def _call(self, kind: int, meta: bytes, payloads: Sequence, timeout: float, reply_kind: int) -> "_Frame":
         deadline = _Deadline(timeout)
+        if self._pid != os.getpid():
+            # A forked child: close its copies of the parent's descriptors
+            # (close, never shutdown: that would cut the parent's connections).
+            for s in self._idle:
+                s.close()
+            self._reset()
         if not self._slots.acquire(timeout=max(0.0, deadline.remaining())):
             raise self._deadline_error(timeout)
         try:

@@ -379,3 +379,35 @@ def test_a_failure_flushes_the_idle_pool(server, ns):
         dials = pool.dials
         assert c.read(ns, [blocks[0].key]).payloads == [blocks[0].payload]
         assert pool.dials == dials + 1 and len(pool._idle) == 1
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_forked_child_gets_its_own_connections(server, ns):
+    import multiprocessing as mp
+
+    blocks = chain_blocks(1, seed=21, size=300_000)
+    with Client(server.grpc, connections=1) as c:
+        c.write(ns, blocks)
+        pool = c.data_plane()
+        (parent_sock,) = pool._idle
+        parent_port = parent_sock.getsockname()[1]
+
+        def child(q):
+            try:
+                r = c.read(ns, [blocks[0].key])
+                (sock,) = c.data_plane()._idle
+                q.put((r.payloads == [blocks[0].payload], sock.getsockname()[1]))
+            except BaseException as e:  # noqa: BLE001 - reported to the parent
+                q.put((repr(e), None))
+
+        ctx = mp.get_context("fork")
+        q = ctx.Queue()
+        p = ctx.Process(target=child, args=(q,))
+        p.start()
+        ok, child_port = q.get(timeout=30)
+        p.join(30)
+        assert ok is True, ok
+        assert child_port != parent_port, "the child dialled its own connection"
+        # The parent's connection was not disturbed by the child.
+        assert c.read(ns, [blocks[0].key]).payloads == [blocks[0].payload]
+        assert pool._idle == [parent_sock]
