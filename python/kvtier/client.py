@@ -380,19 +380,16 @@ class Client:
                 r = fn(remaining)
                 return r, int((time.monotonic() - start) * 1e6)
             except grpc.RpcError as e:
-                err = KvtierError.from_rpc(e)
-                cause: BaseException = e
+                err = KvtierError.from_rpc(e)  # keeps e as its __cause__
             except KvtierError as e:
-                err, cause = e, e.__cause__ or e
+                err = e
             if err.code == grpc.StatusCode.UNAVAILABLE and attempt < self.retries:
                 pause = self._backoff(attempt)
                 if time.monotonic() + pause < deadline:
                     time.sleep(pause)
                     attempt += 1
                     continue
-            if err is cause:
-                raise err
-            raise err from cause
+            raise err
 
     # -- keys -------------------------------------------------------------
 
@@ -565,9 +562,9 @@ class Client:
             payloads: list[bytes] = []
             pbs = self._pb_blocks(blocks, payloads)
             r, us = self._retrying(lambda t: pool.write(namespace, pbs, payloads, t))
-            return WriteResult(r.stored, r.existing, ServerTiming._from_pb(r.timing if r.HasField("timing") else None, us))
-        req = self._pb.v1.WriteRequest(namespace=namespace, blocks=self._pb_blocks(blocks))
-        r, us = self._call(lambda s, t: s.Write(req, timeout=t))
+        else:
+            req = self._pb.v1.WriteRequest(namespace=namespace, blocks=self._pb_blocks(blocks))
+            r, us = self._call(lambda s, t: s.Write(req, timeout=t))
         return WriteResult(r.stored, r.existing, ServerTiming._from_pb(r.timing if r.HasField("timing") else None, us))
 
     def write_stream(self, namespace: str, blocks: Iterable[Block], batch_bytes: int = 16 << 20) -> WriteResult:

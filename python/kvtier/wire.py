@@ -158,12 +158,14 @@ class WirePool:
             timeout_ms=_server_ms(timeout),
             max_reply_bytes=self.max_reply,
         )
-        f = self._call(Kind.READ, req.SerializeToString(), (), timeout, Kind.READ_REPLY)
+        f = self._call(Kind.READ, req.SerializeToString(), (), 0, timeout, Kind.READ_REPLY)
         return f.read_reply, f.payloads
 
     def write(self, namespace: str, blocks: Sequence, payloads: Sequence, timeout: float):
-        """One Write of ``blocks`` (protobuf ``Block``s without payloads) and their ``payloads``."""
-        total = sum(len(memoryview(p)) for p in payloads)
+        """One Write of ``blocks`` (protobuf ``Block``s without payloads) and their ``payloads``
+        (any contiguous buffers; lengths are in bytes)."""
+        lengths = [memoryview(p).nbytes for p in payloads]
+        total = sum(lengths)
         if total > _U32_MAX:
             raise KvtierError(
                 grpc.StatusCode.INVALID_ARGUMENT,
@@ -171,15 +173,17 @@ class WirePool:
             )
         req = self._w.WireWriteRequest(
             request=self._v1.WriteRequest(namespace=namespace, blocks=blocks),
-            payload_lengths=[len(memoryview(p)) for p in payloads],
+            payload_lengths=lengths,
             timeout_ms=_server_ms(timeout),
         )
-        f = self._call(Kind.WRITE, req.SerializeToString(), payloads, timeout, Kind.WRITE_REPLY)
+        f = self._call(Kind.WRITE, req.SerializeToString(), payloads, total, timeout, Kind.WRITE_REPLY)
         return self._v1.WriteResponse.FromString(f.meta)
 
     # -- plumbing -------------------------------------------------------------
 
-    def _call(self, kind: int, meta: bytes, payloads: Sequence, timeout: float, reply_kind: int) -> "_Frame":
+    def _call(
+        self, kind: int, meta: bytes, payloads: Sequence, data_len: int, timeout: float, reply_kind: int
+    ) -> "_Frame":
         deadline = _Deadline(timeout)
         if self._pid != os.getpid():
             # A forked child: close its copies of the parent's descriptors
@@ -193,7 +197,7 @@ class WirePool:
             sock = self._take(deadline, timeout)
             rid = next(self._ids) & 0xFFFF_FFFF_FFFF_FFFF
             try:
-                reply = self._exchange(sock, kind, rid, meta, payloads, deadline)
+                reply = self._exchange(sock, kind, rid, meta, payloads, data_len, deadline)
             except _Expired:
                 sock.close()
                 raise self._deadline_error(timeout) from None
@@ -264,8 +268,8 @@ class WirePool:
                 return
         sock.close()
 
-    def _exchange(self, sock, kind, rid, meta, payloads, deadline) -> "_Frame":
-        header = HEADER.pack(MAGIC, kind, 0, 0, rid, len(meta), sum(len(memoryview(p)) for p in payloads))
+    def _exchange(self, sock, kind, rid, meta, payloads, data_len, deadline) -> "_Frame":
+        header = HEADER.pack(MAGIC, kind, 0, 0, rid, len(meta), data_len)
         _send_all(sock, [header, meta, *payloads], deadline)
         raw = _recv_exact(sock, HEADER.size, deadline)
         magic, rkind, _flags, _res, reply_id, meta_len, data_len = HEADER.unpack(raw)
@@ -288,8 +292,7 @@ class WirePool:
                 raise ValueError(f"read reply has {len(read_reply.blocks)} blocks but {len(lengths)} payloads")
         if sum(lengths) != data_len:
             raise ValueError(f"payload lengths add up to {sum(lengths)} bytes but the frame carries {data_len}")
-        out = [_recv_exact(sock, n, deadline) for n in lengths] if data_len else [b"" for _ in lengths]
-        return _Frame(rkind, m, out, read_reply)
+        return _Frame(rkind, m, [_recv_exact(sock, n, deadline) for n in lengths], read_reply)
 
 
 @dataclass
@@ -339,7 +342,7 @@ def _recv_exact(sock: socket.socket, n: int, deadline: _Deadline) -> bytes:
 
 def _send_all(sock: socket.socket, buffers: list, deadline: _Deadline) -> None:
     """Sends every buffer with vectored writes (``sendmsg``), resuming after partial sends."""
-    views = [memoryview(b).cast("B") for b in buffers if len(memoryview(b))]
+    views = [v for v in (memoryview(b).cast("B") for b in buffers) if len(v)]
     i = 0
     while i < len(views):
         _arm(sock, socket.SO_SNDTIMEO, deadline)

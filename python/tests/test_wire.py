@@ -411,3 +411,14 @@ def test_a_forked_child_gets_its_own_connections(server, ns):
         # The parent's connection was not disturbed by the child.
         assert c.read(ns, [blocks[0].key]).payloads == [blocks[0].payload]
         assert pool._idle == [parent_sock]
+
+
+def test_pool_writes_any_contiguous_buffer_by_its_byte_length(client, ns):
+    import array
+
+    values = array.array("H", range(5000))  # 2-byte items: 5,000 items, 10,000 bytes
+    raw = values.tobytes()
+    pool = client.data_plane()
+    w = pool.write(ns, [pb.Block(key=b"typed", crc32c=crc32c(raw))], [values], timeout=10)
+    assert w.stored == 1
+    assert client.read(ns, [b"typed"]).payloads == [raw]
