@@ -222,12 +222,11 @@ async fn read_inner(
     // The reply must fit the frame format (u32 data length), this server's
     // frame limit and what the client said it accepts; it always carries at
     // least one block, so a client that continues from `returned` progresses.
-    let budget = [max_frame, u64::from(u32::MAX), req.max_reply_bytes]
-        .into_iter()
-        .filter(|&b| b > 0)
-        .min()
-        .unwrap_or(u64::from(u32::MAX))
-        .saturating_sub(1024); // room for ReadDone and the reply's own framing
+    let mut budget = max_frame.min(u64::from(u32::MAX));
+    if req.max_reply_bytes > 0 {
+        budget = budget.min(req.max_reply_bytes);
+    }
+    let budget = budget.saturating_sub(1024); // room for ReadDone and the reply's own framing
     let req = req.request.unwrap_or_default();
     let (ns, keys) = crate::read::prepare(shared, &req)?;
     let deadline = (timeout > 0).then(|| arrived + Duration::from_millis(timeout as u64));
