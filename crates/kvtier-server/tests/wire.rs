@@ -92,6 +92,15 @@ async fn bad_blocks_get_statuses_over_the_data_plane() {
     server.shutdown().await.unwrap();
 }
 
+/// Decodes an Error reply, checking its kind (and its request id, when given).
+fn error_of(h: Header, meta: Bytes, id: Option<u64>) -> pb::WireError {
+    assert_eq!(h.kind, Kind::Error, "expected an Error frame");
+    if let Some(id) = id {
+        assert_eq!(h.request_id, id, "the Error frame answers request {id}");
+    }
+    pb::WireError::decode(meta).expect("WireError metadata")
+}
+
 /// Sends raw bytes on a fresh connection and reads one reply.
 async fn raw_exchange(addr: std::net::SocketAddr, frame: Vec<u8>) -> (Header, Bytes) {
     Raw::connect(addr).await.exchange(&frame).await
@@ -105,8 +114,7 @@ async fn malformed_frames_get_error_frames() {
     let addr = server.data_addr.unwrap();
     // Not our protocol at all.
     let (h, meta) = raw_exchange(addr, b"GET / HTTP/1.1\r\nHost: x\r\n\r\n".to_vec()).await;
-    assert_eq!(h.kind, Kind::Error);
-    let e = pb::WireError::decode(meta).unwrap();
+    let e = error_of(h, meta, None);
     assert_eq!(e.code, Code::InvalidArgument as i32);
     assert!(e.message.contains("magic"), "{}", e.message);
     // A frame claiming more than the maximum message size.
@@ -119,13 +127,8 @@ async fn malformed_frames_get_error_frames() {
     .encode()
     .to_vec();
     let (h, meta) = raw_exchange(addr, hdr).await;
-    assert_eq!((h.kind, h.request_id), (Kind::Error, 5));
-    assert!(
-        pb::WireError::decode(meta)
-            .unwrap()
-            .message
-            .contains("maximum message size")
-    );
+    let e = error_of(h, meta, Some(5));
+    assert!(e.message.contains("maximum message size"), "{}", e.message);
     // Payload lengths that do not add up.
     let w = pb::WireWriteRequest {
         request: Some(pb::WriteRequest {
@@ -150,13 +153,8 @@ async fn malformed_frames_get_error_frames() {
     frame.extend_from_slice(&w);
     frame.extend_from_slice(b"abcd");
     let (h, meta) = raw_exchange(addr, frame).await;
-    assert_eq!(h.kind, Kind::Error);
-    assert!(
-        pb::WireError::decode(meta)
-            .unwrap()
-            .message
-            .contains("add up")
-    );
+    let e = error_of(h, meta, None);
+    assert!(e.message.contains("add up"), "{}", e.message);
     // A wrong checksum: DATA_LOSS, nothing stored.
     let w = pb::WireWriteRequest {
         request: Some(pb::WriteRequest {
@@ -182,11 +180,7 @@ async fn malformed_frames_get_error_frames() {
     frame.extend_from_slice(&w);
     frame.extend_from_slice(b"abcd");
     let (h, meta) = raw_exchange(addr, frame).await;
-    assert_eq!(h.kind, Kind::Error);
-    assert_eq!(
-        pb::WireError::decode(meta).unwrap().code,
-        Code::DataLoss as i32
-    );
+    assert_eq!(error_of(h, meta, None).code, Code::DataLoss as i32);
     let l = _c
         .lookup("n", &[Key::new(&b"k"[..]).unwrap()], None)
         .await
@@ -266,37 +260,26 @@ async fn rejected_frames_leave_the_connection_in_step_and_store_nothing() {
             &data,
         )
         .await;
-    assert_eq!((h.kind, h.request_id), (Kind::Error, 1));
-    assert!(pb::WireError::decode(m).unwrap().message.contains("add up"));
+    let e = error_of(h, m, Some(1));
+    assert!(e.message.contains("add up"), "{}", e.message);
     // Lengths that overflow when summed (and would wrap to the data size): error, not a panic.
     let wrap = vec![u64::MAX, data.len() as u64 + 1];
     let (h, m) = raw
         .send(Kind::Write, 11, &write_meta(&good[..2], Some(wrap)), &data)
         .await;
-    assert_eq!((h.kind, h.request_id), (Kind::Error, 11));
-    assert!(
-        pb::WireError::decode(m)
-            .unwrap()
-            .message
-            .contains("overflow")
-    );
+    let e = error_of(h, m, Some(11));
+    assert!(e.message.contains("overflow"), "{}", e.message);
     // Undecodable metadata: error, data drained.
     let (h, m) = raw.send(Kind::Write, 2, b"\xff\xff\xff", &data).await;
-    assert_eq!((h.kind, h.request_id), (Kind::Error, 2));
-    assert!(
-        pb::WireError::decode(m)
-            .unwrap()
-            .message
-            .contains("bad write request")
-    );
+    let e = error_of(h, m, Some(2));
+    assert!(e.message.contains("bad write request"), "{}", e.message);
     // The middle block's checksum is wrong: DATA_LOSS and none of the three is stored.
     let mut bad = good.clone();
     bad[1].2 ^= 0x8000_0000;
     let (h, m) = raw
         .send(Kind::Write, 3, &write_meta(&bad, None), &data)
         .await;
-    assert_eq!((h.kind, h.request_id), (Kind::Error, 3));
-    let e = pb::WireError::decode(m).unwrap();
+    let e = error_of(h, m, Some(3));
     assert_eq!(e.code, Code::DataLoss as i32, "{}", e.message);
     assert!(e.message.contains("blocks[1]"), "{}", e.message);
     let all: Vec<Key> = keys.iter().map(|k| Key::new(&k[..]).unwrap()).collect();
