@@ -286,6 +286,11 @@ class Client:
             ("grpc.enable_retries", 0),
             ("grpc.keepalive_time_ms", 30_000),
             ("grpc.keepalive_timeout_ms", 20_000),
+            # gRPC's default reconnect back-off grows to 120 s: a restarted
+            # server would stay unused for up to two minutes.
+            ("grpc.initial_reconnect_backoff_ms", 100),
+            ("grpc.min_reconnect_backoff_ms", 100),
+            ("grpc.max_reconnect_backoff_ms", 2_000),
         ]
         self._channels = [grpc.insecure_channel(self.target, options=options) for _ in range(connections)]
         self._stubs = [self._pb.v1_grpc.KvTierStub(ch) for ch in self._channels]
@@ -360,22 +365,26 @@ class Client:
         base = 0.020 * (1 << min(attempt, 6))
         return base / 2 + random.uniform(0, base / 2)
 
-    def _call(self, fn: Callable[[object, float], T]) -> tuple[T, int]:
+    def _call(self, fn: Callable[[object, float], T], timeout: float | None = None) -> tuple[T, int]:
         """Runs ``fn(stub, remaining_seconds)`` with retries on UNAVAILABLE.
 
         Returns the result and the end-to-end time in microseconds.
         """
-        return self._retrying(lambda remaining: fn(self.stub(), remaining))
+        return self._retrying(lambda remaining: fn(self.stub(), remaining), timeout)
 
-    def _retrying(self, fn: Callable[[float], T]) -> tuple[T, int]:
-        """Runs ``fn(remaining_seconds)``, retrying ``UNAVAILABLE`` (gRPC or data plane) within the deadline."""
+    def _retrying(self, fn: Callable[[float], T], timeout: float | None = None) -> tuple[T, int]:
+        """Runs ``fn(remaining_seconds)``, retrying ``UNAVAILABLE`` (gRPC or data plane) within
+        the deadline (``timeout`` seconds, default the client's)."""
+        budget = self.timeout if timeout is None else float(timeout)
+        if budget <= 0:
+            raise ValueError("timeout must be > 0")
         start = time.monotonic()
-        deadline = start + self.timeout
+        deadline = start + budget
         attempt = 0
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                raise KvtierError(grpc.StatusCode.DEADLINE_EXCEEDED, f"no answer within {self.timeout}s")
+                raise KvtierError(grpc.StatusCode.DEADLINE_EXCEEDED, f"no answer within {budget}s")
             try:
                 r = fn(remaining)
                 return r, int((time.monotonic() - start) * 1e6)
@@ -406,6 +415,7 @@ class Client:
         tokens: Sequence[int] | None = None,
         lease_ms: int = 0,
         hash_on_server: bool = False,
+        timeout: float | None = None,
     ) -> LookupResult:
         """How many leading blocks are stored, given either ``keys`` or ``tokens``.
 
@@ -413,6 +423,7 @@ class Client:
         ``hash_on_server=True`` sends the tokens instead and lets the server hash
         them (with this client's block size and hash), returning its keys.
         ``lease_ms > 0`` pins the found prefix; the result carries the lease id.
+        ``timeout`` (seconds) overrides the client's deadline for this call.
         """
         if (keys is None) == (tokens is None):
             raise ValueError("give exactly one of keys or tokens")
@@ -426,7 +437,7 @@ class Client:
         else:
             checked = self.keys_for(tokens) if tokens is not None else _check_keys(keys)
             req = pb.LookupRequest(namespace=namespace, keys=checked, lease_ms=lease_ms)
-        r, us = self._call(lambda s, t: s.Lookup(req, timeout=t))
+        r, us = self._call(lambda s, t: s.Lookup(req, timeout=t), timeout)
         return LookupResult(
             found=r.found_blocks,
             tiers=[Tier.of(t) for t in r.tiers],
@@ -436,15 +447,18 @@ class Client:
             timing=ServerTiming._from_pb(r.timing if r.HasField("timing") else None, us),
         )
 
-    def read(self, namespace: str, keys: Sequence[bytes], lease_id: int = 0) -> ReadResult:
+    def read(
+        self, namespace: str, keys: Sequence[bytes], lease_id: int = 0, timeout: float | None = None
+    ) -> ReadResult:
         """Reads ``keys`` in order; the server stops at the first missing block.
 
         Each payload's CRC32C is verified; a mismatch raises ``KvtierError(DATA_LOSS)``.
+        ``timeout`` (seconds) overrides the client's deadline for this call.
         """
         ks = _check_keys(keys)
         pool = self.data_plane()
         if pool is not None:
-            (blocks, done), us = self._retrying(lambda t: self._wire_read(pool, namespace, ks, lease_id, t))
+            (blocks, done), us = self._retrying(lambda t: self._wire_read(pool, namespace, ks, lease_id, t), timeout)
             return self._read_result(blocks, ks, done, us)
         req = self._pb.v1.ReadRequest(namespace=namespace, keys=ks, lease_id=lease_id)
 
@@ -459,7 +473,7 @@ class Client:
                     done = msg.done
             return blocks, done
 
-        (blocks, done), us = self._call(attempt)
+        (blocks, done), us = self._call(attempt, timeout)
         return self._read_result(blocks, ks, done, us)
 
     def _wire_read(self, pool: _wire.WirePool, namespace: str, ks: list[bytes], lease_id: int, timeout: float):
@@ -537,9 +551,12 @@ class Client:
         for b in blocks:
             if not isinstance(b, Block):
                 raise TypeError(f"expected kvtier.Block, got {type(b).__name__}")
-            payload = b.payload if isinstance(b.payload, bytes) else bytes(b.payload)
             if payloads is not None:
+                # Data plane: the caller's buffer goes to sendmsg as is.
+                payload = b.payload if isinstance(b.payload, bytes) else memoryview(b.payload).cast("B")
                 payloads.append(payload)
+            else:
+                payload = b.payload if isinstance(b.payload, bytes) else bytes(b.payload)
             out.append(
                 pb.Block(
                     key=bytes(b.key),
@@ -552,19 +569,22 @@ class Client:
             )
         return out
 
-    def write(self, namespace: str, blocks: Iterable[Block]) -> WriteResult:
+    def write(self, namespace: str, blocks: Iterable[Block], timeout: float | None = None) -> WriteResult:
         """Stores a batch of blocks in one request (checksums computed here).
 
-        The server verifies every block before storing any of them.
+        The server verifies every block before storing any of them. Payloads
+        may be any bytes-like object (``bytes``, ``memoryview``, a tensor's
+        buffer); over the data plane they are sent without a copy.
+        ``timeout`` (seconds) overrides the client's deadline for this call.
         """
         pool = self.data_plane()
         if pool is not None:
             payloads: list[bytes] = []
             pbs = self._pb_blocks(blocks, payloads)
-            r, us = self._retrying(lambda t: pool.write(namespace, pbs, payloads, t))
+            r, us = self._retrying(lambda t: pool.write(namespace, pbs, payloads, t), timeout)
         else:
             req = self._pb.v1.WriteRequest(namespace=namespace, blocks=self._pb_blocks(blocks))
-            r, us = self._call(lambda s, t: s.Write(req, timeout=t))
+            r, us = self._call(lambda s, t: s.Write(req, timeout=t), timeout)
         return WriteResult(r.stored, r.existing, ServerTiming._from_pb(r.timing if r.HasField("timing") else None, us))
 
     def write_stream(self, namespace: str, blocks: Iterable[Block], batch_bytes: int = 16 << 20) -> WriteResult:
@@ -608,10 +628,10 @@ class Client:
         ]
         return self.write(namespace, blocks)
 
-    def delete(self, namespace: str, keys: Sequence[bytes]) -> DeleteResult:
+    def delete(self, namespace: str, keys: Sequence[bytes], timeout: float | None = None) -> DeleteResult:
         """Deletes blocks (and their descendants)."""
         req = self._pb.v1.DeleteRequest(namespace=namespace, keys=_check_keys(keys))
-        r, us = self._call(lambda s, t: s.Delete(req, timeout=t))
+        r, us = self._call(lambda s, t: s.Delete(req, timeout=t), timeout)
         return DeleteResult(r.deleted, ServerTiming._from_pb(r.timing if r.HasField("timing") else None, us))
 
     def lease(self, namespace: str, keys: Sequence[bytes], lease_ms: int) -> LeaseResult:
@@ -622,12 +642,12 @@ class Client:
             r.lease_id, r.lease_expires_unix_ms, ServerTiming._from_pb(r.timing if r.HasField("timing") else None, us)
         )
 
-    def release(self, lease_id: int) -> LeaseResult:
+    def release(self, lease_id: int, timeout: float | None = None) -> LeaseResult:
         """Ends a lease early."""
         if lease_id == 0:
             raise ValueError("lease id 0 is not a lease")
         req = self._pb.v1.LeaseRequest(release_lease_id=lease_id)
-        r, us = self._call(lambda s, t: s.Lease(req, timeout=t))
+        r, us = self._call(lambda s, t: s.Lease(req, timeout=t), timeout)
         return LeaseResult(
             r.lease_id, r.lease_expires_unix_ms, ServerTiming._from_pb(r.timing if r.HasField("timing") else None, us)
         )

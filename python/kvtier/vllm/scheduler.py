@@ -1,0 +1,247 @@
+"""The scheduler half of the connector: how much of a prompt kvtier holds,
+what to load where, and which newly computed blocks to store.
+
+Per request it keeps one Lookup result (one kvtier Lookup per request and
+preemption; see ``_State``) and the number of leading blocks known to be in
+kvtier or already handed to a worker for storing. Each step,
+``build_connector_meta`` turns that into ``LoadSpec``/``SaveSpec`` lists for the
+workers. Nothing here blocks for long: the Lookup has its own short deadline
+and a circuit breaker, and a failure means "0 external tokens".
+"""
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from .common import Breaker, LoadSpec, SaveSpec, StatsLog, chain_keys, is_outage, log
+from .config import ConnectorConfig
+from .identity import EngineIdentity
+
+__all__ = ["SchedulerSide", "KvtierMetadataBase"]
+
+
+@dataclass
+class _State:
+    """What the scheduler knows about one request."""
+
+    epoch: int
+    """``request.num_preemptions`` at lookup: a preempted request is looked up again."""
+    keys: list[bytes]
+    """Chain keys of the full blocks seen so far (extended as decoding fills blocks)."""
+    found: int = 0
+    """Leading blocks present in kvtier (every rank) at lookup."""
+    leases: dict[str, int] = field(default_factory=dict)
+    lease_deadline: float = 0.0
+    local: int = 0
+    """vLLM's own prefix-cache hit (tokens) passed to the last get_num_new_matched_tokens."""
+    saved: int = 0
+    """Leading blocks stored in kvtier or handed to a worker for storing."""
+    cacheable: bool = True
+    """False for requests whose KV is not a function of their tokens alone (LoRA, multimodal, embeddings)."""
+    salt: str | None = None
+    loading: bool = False
+
+
+def _uncacheable(request) -> str:
+    if getattr(request, "lora_request", None) is not None:
+        return "LoRA adapter"
+    if getattr(request, "mm_features", None):
+        return "multimodal inputs"
+    if getattr(request, "prompt_embeds", None) is not None:
+        return "prompt embeddings"
+    return ""
+
+
+class SchedulerSide:
+    """Scheduler-role logic of :class:`kvtier.vllm.KvtierConnector`."""
+
+    def __init__(self, cfg: ConnectorConfig, identity: EngineIdentity, client, can_load: bool, can_save: bool,
+                 block_size: int, stats: StatsLog):
+        self.cfg = cfg
+        self.identity = identity
+        self.namespaces = identity.namespaces()
+        self.client = client
+        self.can_load = can_load
+        self.can_save = can_save
+        self.block_size = block_size
+        self.stats = stats
+        self.breaker = Breaker(cfg.url, cfg.retry_initial_ms / 1000, cfg.retry_max_ms / 1000)
+        self._states: dict[str, _State] = {}
+        self._requests: dict[str, object] = {}
+        self._loads: list[LoadSpec] = []
+        self._kv_cache_manager = None
+        # Lease releases are fire-and-forget: never on the scheduler's path.
+        self._releaser = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvtier-release")
+        self._lock = threading.Lock()
+        self.lookups = 0
+        self.hit_blocks = 0
+
+    def bind_kv_cache_manager(self, manager) -> None:
+        self._kv_cache_manager = manager
+
+    # -- lookup -----------------------------------------------------------
+
+    def _lookup(self, request, st: _State, want_lease: bool) -> None:
+        """One Lookup per rank namespace; ``st.found`` is the smallest count."""
+        if not st.keys or not self.breaker.allow():
+            st.found = 0
+            return
+        t0 = time.perf_counter()
+        timeout = self.cfg.lookup_timeout_ms / 1000
+        lease_ms = self.cfg.lease_ms if want_lease else 0
+        found = len(st.keys)
+        leases: dict[str, int] = {}
+        try:
+            for ns in self.namespaces:
+                r = self.client.lookup(ns, keys=st.keys[:found], lease_ms=lease_ms, timeout=timeout)
+                found = min(found, r.found)
+                if r.lease_id:
+                    leases[ns] = r.lease_id
+                if found == 0:
+                    break
+        except Exception as e:  # noqa: BLE001 - any failure is a miss
+            if is_outage(e):
+                self.breaker.failure(e)
+            else:
+                log.warning("kvtier lookup for request %s failed: %s", request.request_id, e)
+            self._release(leases)
+            st.found = 0
+            self.stats("lookup", req=request.request_id, blocks=len(st.keys), found=0, error=str(e),
+                       us=int((time.perf_counter() - t0) * 1e6))
+            return
+        self.breaker.success()
+        st.found = found
+        st.leases = leases if found else {}
+        if leases and not found:
+            self._release(leases)
+        st.lease_deadline = time.monotonic() + lease_ms / 1000 * 0.8
+        self.lookups += 1
+        self.stats("lookup", req=request.request_id, blocks=len(st.keys), found=found,
+                   us=int((time.perf_counter() - t0) * 1e6))
+
+    def _release(self, leases: dict[str, int]) -> None:
+        if not leases:
+            return
+
+        def go():
+            for ns, lease_id in leases.items():
+                try:
+                    self.client.release(lease_id, timeout=self.cfg.lookup_timeout_ms / 1000)
+                except Exception as e:  # noqa: BLE001 - the lease expires anyway
+                    log.debug("kvtier lease %d release failed: %s", lease_id, e)
+
+        self._releaser.submit(go)
+
+    def get_num_new_matched_tokens(self, request, num_computed_tokens: int) -> tuple[int, bool]:
+        req_id = request.request_id
+        st = self._states.get(req_id)
+        epoch = getattr(request, "num_preemptions", 0)
+        if st is None or st.epoch != epoch:
+            reason = _uncacheable(request)
+            salt = getattr(request, "cache_salt", None)
+            keys = chain_keys(list(request.all_token_ids), self.block_size, salt) if not reason else []
+            st = _State(epoch=epoch, keys=keys, cacheable=not reason, salt=salt)
+            self._states[req_id] = st
+            self._requests[req_id] = request
+            want_lease = self.can_load and not getattr(request, "skip_reading_prefix_cache", False)
+            self._lookup(request, st, want_lease)
+            st.saved = st.found
+        elif st.leases and time.monotonic() > st.lease_deadline and not st.loading:
+            # Still waiting to be scheduled and the lease is about to lapse: look again.
+            self._release(st.leases)
+            st.leases = {}
+            self._lookup(request, st, True)
+            st.saved = max(st.saved, st.found)
+        st.local = num_computed_tokens
+        if not self.can_load or not st.found:
+            return 0, False
+        hit = st.found * self.block_size
+        if hit >= request.num_tokens:
+            hit = request.num_tokens - 1  # vLLM must compute at least the last token
+        ext = max(0, hit - num_computed_tokens)
+        return ext, ext > 0 and self.cfg.load_mode == "async"
+
+    def update_state_after_alloc(self, request, blocks, num_external_tokens: int) -> None:
+        if num_external_tokens <= 0:
+            return
+        st = self._states[request.request_id]
+        block_ids = blocks.get_block_ids()[0]
+        bs = self.block_size
+        first = st.local // bs
+        last = -(-(st.local + num_external_tokens) // bs)
+        spec = LoadSpec(
+            req_id=request.request_id,
+            keys=st.keys[first:last],
+            block_ids=list(block_ids[first:last]),
+            leases=dict(st.leases),
+            is_async=self.cfg.load_mode == "async",
+        )
+        st.leases = {}  # the worker releases them once read
+        st.loading = True
+        self.hit_blocks += len(spec.keys)
+        self._loads.append(spec)
+
+    # -- per step ---------------------------------------------------------
+
+    def build(self, scheduler_output) -> tuple[list[LoadSpec], list[SaveSpec]]:
+        loads, self._loads = self._loads, []
+        saves: list[SaveSpec] = []
+        if self.can_save:
+            spec_tokens = scheduler_output.scheduled_spec_decode_tokens or {}
+            for new in scheduler_output.scheduled_new_reqs:
+                self._plan_save(saves, new.req_id, new.num_computed_tokens,
+                                scheduler_output.num_scheduled_tokens.get(new.req_id, 0)
+                                - len(spec_tokens.get(new.req_id, ())))
+            cached = scheduler_output.scheduled_cached_reqs
+            for i, req_id in enumerate(cached.req_ids):
+                self._plan_save(saves, req_id, cached.num_computed_tokens[i],
+                                scheduler_output.num_scheduled_tokens.get(req_id, 0)
+                                - len(spec_tokens.get(req_id, ())))
+        return loads, saves
+
+    def _plan_save(self, saves: list[SaveSpec], req_id: str, computed: int, scheduled: int) -> None:
+        st = self._states.get(req_id)
+        request = self._requests.get(req_id)
+        if st is None or request is None or not st.cacheable:
+            return
+        tokens = request.all_token_ids
+        known = len(tokens)
+        if not self.cfg.save_decode_blocks:
+            known = min(known, request.num_prompt_tokens)
+        full = min(computed + max(0, scheduled), known) // self.block_size
+        if full <= st.saved:
+            return
+        if full > len(st.keys):
+            prev = st.keys[-1] if st.keys else None
+            st.keys.extend(chain_keys(list(tokens[:full * self.block_size]), self.block_size, st.salt,
+                                      start=len(st.keys), prev=prev))
+        if self._kv_cache_manager is None:
+            return
+        block_ids = self._kv_cache_manager.get_block_ids(req_id)[0]
+        if len(block_ids) < full:
+            return
+        first = st.saved
+        saves.append(SaveSpec(
+            req_id=req_id,
+            keys=st.keys[first:full],
+            block_ids=list(block_ids[first:full]),
+            parent=st.keys[first - 1] if first else None,
+        ))
+        st.saved = full
+
+    def request_finished(self, request) -> None:
+        st = self._states.pop(request.request_id, None)
+        self._requests.pop(request.request_id, None)
+        if st is not None and st.leases:
+            self._release(st.leases)
+
+    def update_connector_output(self, finished_recving) -> None:
+        for req_id in finished_recving or ():
+            st = self._states.get(req_id)
+            if st is not None:
+                st.loading = False
+
+    def shutdown(self) -> None:
+        self._releaser.shutdown(wait=False)

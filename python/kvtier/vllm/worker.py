@@ -1,0 +1,284 @@
+"""The worker half of the connector: reads found blocks into the block ids vLLM
+allocated, and stores newly computed blocks without stalling the forward pass.
+
+Loads (``LoadSpec``) arrive with each step's metadata:
+
+* ``sync``: read and copy before the forward pass (``start_load_kv``);
+* ``layerwise``: the read starts in ``start_load_kv`` on a thread, and each
+  layer is copied in ``wait_for_layer_load`` just before its attention;
+* ``async``: a thread reads and copies while the request waits off the batch;
+  ``get_finished`` reports it done.
+
+Every block that could not be loaded (kvtier gone mid-read, a lapsed lease, a
+payload of the wrong size, a checksum mismatch) is reported through
+``get_block_ids_with_load_errors``, so vLLM recomputes it: the output stays
+correct, only slower.
+
+Saves (``SaveSpec``) are copied out of vLLM's cache at the end of the step
+(``wait_for_save``: a memcpy, so the blocks may be reused right after) and sent
+by one background thread in order (parents before children). If more than
+``max_pending_save_mib`` wait, or kvtier is down, new saves are dropped:
+a later miss, never a stall.
+"""
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+
+from ..client import Block
+from .common import Breaker, LoadSpec, SaveSpec, StatsLog, is_outage, log
+from .config import ConnectorConfig
+from .layout import PayloadLayout
+
+__all__ = ["WorkerSide"]
+
+
+class WorkerSide:
+    """Worker-role logic of :class:`kvtier.vllm.KvtierConnector`."""
+
+    def __init__(self, cfg: ConnectorConfig, namespace: str, client, layer_names: list[str], block_size: int,
+                 stats: StatsLog):
+        self.cfg = cfg
+        self.namespace = namespace
+        self.client = client
+        self.layer_names = layer_names
+        self.layer_index = {n: i for i, n in enumerate(layer_names)}
+        self.block_size = block_size
+        self.stats = stats
+        self.breaker = Breaker(cfg.url, cfg.retry_initial_ms / 1000, cfg.retry_max_ms / 1000)
+        self.layout: PayloadLayout | None = None
+        self._errors: set[int] = set()
+        self._lock = threading.Lock()
+        # async loads
+        self._loader = ThreadPoolExecutor(max_workers=2, thread_name_prefix="kvtier-load")
+        self._async: dict[str, Future] = {}
+        self._done_recving: set[str] = set()
+        # layer-wise loads of the current step: [(spec, future of payloads)]
+        self._layerwise: list[tuple[LoadSpec, Future]] = []
+        self._layers_done: set[int] = set()
+        # saves
+        self._pending = 0  # bytes of queued writes
+        self._pending_cap = cfg.max_pending_save_mib << 20
+        self._outstanding = 0  # queued background operations not yet finished
+        self._idle = threading.Condition(self._lock)
+        self._queue: queue.Queue = queue.Queue()
+        self._sender = threading.Thread(target=self._send_loop, name="kvtier-save", daemon=True)
+        self._sender.start()
+        self.counters = {"loaded_blocks": 0, "failed_blocks": 0, "saved_blocks": 0, "dropped_blocks": 0}
+
+    def register(self, kv_caches) -> None:
+        self.layout = PayloadLayout(kv_caches, self.layer_names, self.block_size)
+        log.info("kvtier connector: namespace %s, %d-byte payload per %d-token block (%s)",
+                 self.namespace, self.layout.nbytes, self.block_size, self.layout.describe())
+        self.stats("init", namespace=self.namespace, **self.layout.describe())
+
+    # -- loading ----------------------------------------------------------
+
+    def _fail(self, spec: LoadSpec, start: int, why: str) -> None:
+        bad = spec.block_ids[start:]
+        if not bad:
+            return
+        with self._lock:
+            self._errors.update(bad)
+        self.counters["failed_blocks"] += len(bad)
+        log.warning("kvtier: %d of %d blocks of request %s not loaded (%s); vLLM recomputes them",
+                    len(bad), len(spec.block_ids), spec.req_id, why)
+
+    def _read(self, spec: LoadSpec):
+        """Reads the blocks of ``spec``: (payloads of the leading blocks read and
+        checked, why the rest are missing or "")."""
+        if not self.breaker.allow():
+            return [], "kvtier unreachable"
+        lease = spec.leases.get(self.namespace, 0)
+        try:
+            r = self.client.read(self.namespace, spec.keys, lease_id=lease, timeout=self.cfg.load_timeout_ms / 1000)
+        except Exception as e:  # noqa: BLE001 - every failure is a recompute
+            if is_outage(e):
+                self.breaker.failure(e)
+            return [], str(e)
+        finally:
+            if lease:
+                self._submit("release", lease)
+        self.breaker.success()
+        payloads = []
+        why = ""
+        for b in r.blocks:
+            if len(b.payload) != self.layout.nbytes:
+                why = (f"block {b.key.hex()} has {len(b.payload)} bytes, expected {self.layout.nbytes}: "
+                       "not this model's KV; deleted so it can be stored again")
+                self._submit("delete", [b.key])
+                break
+            payloads.append(b.payload)
+        if not why and len(payloads) < len(spec.keys):
+            why = f"kvtier returned {len(payloads)} of {len(spec.keys)} blocks ({r.reason or 'missing'})"
+        return payloads, why
+
+    def _load_now(self, spec: LoadSpec) -> None:
+        t0 = time.perf_counter()
+        payloads, why = self._read(spec)
+        t1 = time.perf_counter()
+        for bid, p in zip(spec.block_ids, payloads):
+            self.layout.scatter(bid, p)
+        t2 = time.perf_counter()
+        self._fail(spec, len(payloads), why)
+        self.counters["loaded_blocks"] += len(payloads)
+        self.stats("load", req=spec.req_id, mode="async" if spec.is_async else "sync", blocks=len(spec.keys),
+                   loaded=len(payloads), error=why, read_us=int((t1 - t0) * 1e6), copy_us=int((t2 - t1) * 1e6),
+                   bytes=len(payloads) * self.layout.nbytes)
+
+    def start_load(self, loads: list[LoadSpec]) -> None:
+        if self.layout is None:
+            for spec in loads:
+                self._fail(spec, 0, "KV caches not registered")
+            return
+        for spec in loads:
+            if spec.is_async:
+                self._async[spec.req_id] = self._loader.submit(self._load_async, spec)
+            elif self.cfg.load_mode == "layerwise":
+                self._layerwise.append((spec, self._loader.submit(self._read_timed, spec)))
+            else:
+                self._load_now(spec)
+        self._layers_done = set()
+
+    def _load_async(self, spec: LoadSpec) -> None:
+        try:
+            self._load_now(spec)
+        except Exception as e:  # noqa: BLE001
+            self._fail(spec, 0, f"load failed: {e}")
+        finally:
+            with self._lock:
+                self._done_recving.add(spec.req_id)
+
+    def _read_timed(self, spec: LoadSpec):
+        t0 = time.perf_counter()
+        payloads, why = self._read(spec)
+        return payloads, why, int((time.perf_counter() - t0) * 1e6)
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        if not self._layerwise:
+            return
+        layer = self.layer_index.get(layer_name)
+        if layer is None or layer in self._layers_done:
+            return
+        for spec, fut in self._layerwise:
+            payloads, _, _ = fut.result()
+            for bid, p in zip(spec.block_ids, payloads):
+                self.layout.scatter_layer(layer, bid, p)
+        self._layers_done.add(layer)
+
+    def _finish_layerwise(self) -> None:
+        """End of a step with layer-wise loads: report what failed; a layer that
+        was never copied in means its attention read stale KV, so the whole load
+        counts as failed."""
+        all_layers = len(self._layers_done) == len(self.layer_names)
+        for spec, fut in self._layerwise:
+            payloads, why, read_us = fut.result()
+            if not all_layers and payloads:
+                payloads, why = [], f"{len(self.layer_names) - len(self._layers_done)} layers were not copied in time"
+            self._fail(spec, len(payloads), why)
+            self.counters["loaded_blocks"] += len(payloads)
+            self.stats("load", req=spec.req_id, mode="layerwise", blocks=len(spec.keys), loaded=len(payloads),
+                       error=why, read_us=read_us, bytes=len(payloads) * self.layout.nbytes)
+        self._layerwise = []
+
+    def get_finished(self) -> set[str]:
+        with self._lock:
+            done, self._done_recving = self._done_recving, set()
+        for req_id in done:
+            self._async.pop(req_id, None)
+        return done
+
+    def take_errors(self) -> set[int]:
+        with self._lock:
+            errors, self._errors = self._errors, set()
+        return errors
+
+    # -- saving -----------------------------------------------------------
+
+    def save(self, saves: list[SaveSpec]) -> None:
+        """End of step: copy the saved blocks out of vLLM's cache, queue the writes."""
+        if self._layerwise:
+            self._finish_layerwise()
+        if not saves or self.layout is None:
+            return
+        n = sum(len(s.block_ids) for s in saves)
+        size = n * self.layout.nbytes
+        if not self.breaker.allow() or self._pending + size > self._pending_cap:
+            self.counters["dropped_blocks"] += n
+            self.stats("save_dropped", blocks=n, why="kvtier unreachable" if self.breaker.down else "queue full")
+            return
+        t0 = time.perf_counter()
+        block_ids = [b for s in saves for b in s.block_ids]
+        data = self.layout.gather(block_ids)
+        gather_us = int((time.perf_counter() - t0) * 1e6)
+        blocks = []
+        row = 0
+        for s in saves:
+            for i, key in enumerate(s.keys):
+                parent = s.keys[i - 1] if i else s.parent
+                blocks.append(Block(key=key, payload=memoryview(data[row].numpy()), parent=parent,
+                                    token_count=self.block_size))
+                row += 1
+        self._submit("write", blocks, size)
+        self.stats("save", blocks=n, gather_us=gather_us, bytes=size)
+
+    def _submit(self, op: str, arg, size: int = 0) -> None:
+        with self._lock:
+            self._pending += size
+            self._outstanding += 1
+        self._queue.put((op, arg, size))
+
+    def _send_loop(self) -> None:
+        """Background sender: writes in submission order, plus lease releases and deletes."""
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            op, arg, size = item
+            try:
+                if op == "write":
+                    self._write(arg)
+                elif op == "release":
+                    self.client.release(arg, timeout=self.cfg.save_timeout_ms / 1000)
+                elif op == "delete":
+                    self.client.delete(self.namespace, arg, timeout=self.cfg.save_timeout_ms / 1000)
+            except Exception as e:  # noqa: BLE001
+                log.debug("kvtier background %s failed: %s", op, e)
+            finally:
+                with self._lock:
+                    self._pending -= size
+                    self._outstanding -= 1
+                    self._idle.notify_all()
+
+    def _write(self, blocks: list[Block]) -> None:
+        if not self.breaker.allow():
+            self.counters["dropped_blocks"] += len(blocks)
+            return
+        t0 = time.perf_counter()
+        try:
+            r = self.client.write(self.namespace, blocks, timeout=self.cfg.save_timeout_ms / 1000)
+        except Exception as e:  # noqa: BLE001
+            if is_outage(e):
+                self.breaker.failure(e)
+            else:
+                log.warning("kvtier: storing %d blocks failed: %s", len(blocks), e)
+            self.counters["dropped_blocks"] += len(blocks)
+            self.stats("write", blocks=len(blocks), error=str(e), us=int((time.perf_counter() - t0) * 1e6))
+            return
+        self.breaker.success()
+        self.counters["saved_blocks"] += r.stored
+        self.stats("write", blocks=len(blocks), stored=r.stored, existing=r.existing,
+                   us=int((time.perf_counter() - t0) * 1e6))
+
+    def flush(self, timeout: float = 30.0) -> bool:
+        """Waits until every queued save was sent (tests, shutdown)."""
+        with self._idle:
+            return self._idle.wait_for(lambda: self._outstanding == 0, timeout)
+
+    def shutdown(self) -> None:
+        self.flush(timeout=self.cfg.save_timeout_ms / 1000)
+        self._queue.put(None)
+        self._loader.shutdown(wait=False)
+
