@@ -80,15 +80,17 @@ class Server:
         args: Sequence[str] = (),
         timeout: float = 60.0,
         env: dict | None = None,
+        listen: str = "127.0.0.1:0",
     ) -> "Server":
         """Starts the server and waits (at most ``timeout`` seconds) until it is listening.
 
-        ``args`` are extra ``serve`` flags, e.g. ``["--max-block-size", "1MiB"]``.
+        ``args`` are extra ``serve`` flags, e.g. ``["--max-block-size", "1MiB"]``;
+        ``listen`` the gRPC address (default: an ephemeral loopback port).
         """
         bin_path = Path(binary) if binary is not None else find_binary()
         cmd = [
             str(bin_path), "serve",
-            "--listen", "127.0.0.1:0",
+            "--listen", listen,
             "--http-listen", "127.0.0.1:0",
             "--ready-json",
             *map(str, args),

@@ -47,7 +47,10 @@ def _client(cfg: ConnectorConfig, timeout_ms: int) -> Client:
         cfg.url,
         connections=cfg.connections,
         timeout=timeout_ms / 1000,
-        retries=0,
+        # One retry, on the next connection of the pool: after kvtier restarts,
+        # a gRPC channel still in its reconnect back-off fails fast while
+        # another already reconnected.
+        retries=1,
         data_plane=cfg.data_plane,
     )
 
@@ -184,7 +187,9 @@ class KvtierConnector(KVConnectorBase_V1):
 
     def update_connector_output(self, connector_output) -> None:
         if self._scheduler is not None:
-            self._scheduler.update_connector_output(connector_output.finished_recving)
+            self._scheduler.update_connector_output(
+                connector_output.finished_recving, getattr(connector_output, "invalid_block_ids", None)
+            )
 
     def request_finished(self, request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
         if self._scheduler is not None:

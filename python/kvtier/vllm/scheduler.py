@@ -42,6 +42,9 @@ class _State:
     """False for requests whose KV is not a function of their tokens alone (LoRA, multimodal, embeddings)."""
     salt: str | None = None
     loading: bool = False
+    load_first: int = 0
+    """Chain index of the first block of the pending load."""
+    load_block_ids: list[int] = field(default_factory=list)
 
 
 def _uncacheable(request) -> str:
@@ -180,6 +183,8 @@ class SchedulerSide:
         )
         st.leases = {}  # the worker releases them once read
         st.loading = True
+        st.load_first = first
+        st.load_block_ids = spec.block_ids
         self.hit_blocks += len(spec.keys)
         self._loads.append(spec)
 
@@ -237,7 +242,16 @@ class SchedulerSide:
         if st is not None and st.leases:
             self._release(st.leases)
 
-    def update_connector_output(self, finished_recving) -> None:
+    def update_connector_output(self, finished_recving, invalid_block_ids) -> None:
+        """Worker results of the last step. Blocks that failed to load are
+        recomputed by vLLM; storing restarts at the first of them, so kvtier
+        gets the recomputed blocks (the worker deleted a bad one)."""
+        if invalid_block_ids:
+            for st in self._states.values():
+                bad = [i for i, b in enumerate(st.load_block_ids) if b in invalid_block_ids]
+                if bad:
+                    st.saved = min(st.saved, st.load_first + bad[0])
+                    st.found = min(st.found, st.load_first + bad[0])
         for req_id in finished_recving or ():
             st = self._states.get(req_id)
             if st is not None:

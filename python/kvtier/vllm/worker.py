@@ -27,7 +27,10 @@ import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 
+import grpc
+
 from ..client import Block
+from ..errors import KvtierError
 from .common import Breaker, LoadSpec, SaveSpec, StatsLog, is_outage, log
 from .config import ConnectorConfig
 from .layout import PayloadLayout
@@ -257,19 +260,38 @@ class WorkerSide:
             self.counters["dropped_blocks"] += len(blocks)
             return
         t0 = time.perf_counter()
+        timeout = self.cfg.save_timeout_ms / 1000
+        stored = existing = conflicts = 0
         try:
-            r = self.client.write(self.namespace, blocks, timeout=self.cfg.save_timeout_ms / 1000)
+            try:
+                r = self.client.write(self.namespace, blocks, timeout=timeout)
+                stored, existing = r.stored, r.existing
+            except KvtierError as e:
+                if e.code != grpc.StatusCode.FAILED_PRECONDITION or len(blocks) == 1:
+                    raise
+                # A block is already stored with other bytes (another engine
+                # computed the same prefix: GPU kernels need not be bit-exact).
+                # The first writer wins; store the others one by one.
+                for b in blocks:
+                    try:
+                        r = self.client.write(self.namespace, [b], timeout=timeout)
+                        stored += r.stored
+                        existing += r.existing
+                    except KvtierError as e1:
+                        if e1.code != grpc.StatusCode.FAILED_PRECONDITION:
+                            raise
+                        conflicts += 1
         except Exception as e:  # noqa: BLE001
             if is_outage(e):
                 self.breaker.failure(e)
             else:
                 log.warning("kvtier: storing %d blocks failed: %s", len(blocks), e)
-            self.counters["dropped_blocks"] += len(blocks)
+            self.counters["dropped_blocks"] += len(blocks) - stored - existing
             self.stats("write", blocks=len(blocks), error=str(e), us=int((time.perf_counter() - t0) * 1e6))
             return
         self.breaker.success()
-        self.counters["saved_blocks"] += r.stored
-        self.stats("write", blocks=len(blocks), stored=r.stored, existing=r.existing,
+        self.counters["saved_blocks"] += stored
+        self.stats("write", blocks=len(blocks), stored=stored, existing=existing, conflicts=conflicts,
                    us=int((time.perf_counter() - t0) * 1e6))
 
     def flush(self, timeout: float = 30.0) -> bool:

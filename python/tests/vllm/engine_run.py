@@ -1,9 +1,12 @@
-"""Runs a real vLLM engine (CPU build) on a spec and prints its outputs as JSON.
+"""Runs a real vLLM engine (CPU build) on a spec and writes its outputs as JSON.
 
 Each connector test starts this in a fresh process, as a user's engine would
 be: ``python engine_run.py SPEC.json OUT.json``. The spec names the model, the
 KV-transfer config (or none for the baseline) and phases of prompts, run one
-``generate`` call after another in the same engine.
+``generate`` call after another in the same engine. A phase may first wait for
+a file the test creates (``wait_for``: the test changes something outside,
+e.g. starts kvtier) and clear vLLM's own prefix cache (``reset_prefix_cache``);
+after it, ``done`` names a file this script creates with the phase's outputs.
 """
 from __future__ import annotations
 
@@ -43,11 +46,27 @@ def main(spec_path: str, out_path: str) -> None:
     )
     out = {"load_s": time.monotonic() - t0, "phases": []}
     for phase in spec["phases"]:
+        if phase.get("wait_for"):
+            end = time.monotonic() + 300
+            while not os.path.exists(phase["wait_for"]):
+                if time.monotonic() > end:
+                    raise SystemExit(f"{phase['wait_for']} did not appear within 300 s")
+                time.sleep(0.05)
         params = SamplingParams(max_tokens=phase.get("max_tokens", 4), temperature=0.0,
                                 logprobs=phase.get("logprobs", 5), seed=0)
-        t = time.monotonic()
-        results = llm.generate([{"prompt_token_ids": p} for p in phase["prompts"]], params, use_tqdm=False)
-        elapsed = time.monotonic() - t
+        # ``until``: repeat the phase until the test creates that file (it probes
+        # something outside, e.g. that kvtier received the blocks).
+        end = time.monotonic() + 300
+        while True:
+            if phase.get("reset_prefix_cache"):
+                assert llm.reset_prefix_cache(), "vLLM refused to reset its prefix cache"
+            t = time.monotonic()
+            results = llm.generate([{"prompt_token_ids": p} for p in phase["prompts"]], params, use_tqdm=False)
+            elapsed = time.monotonic() - t
+            if not phase.get("until") or os.path.exists(phase["until"]):
+                break
+            if time.monotonic() > end:
+                raise SystemExit(f"{phase['until']} did not appear within 300 s")
         out["phases"].append({
             "elapsed_s": elapsed,
             "outputs": [
@@ -59,6 +78,10 @@ def main(spec_path: str, out_path: str) -> None:
                 for r in results
             ],
         })
+        if phase.get("done"):
+            with open(phase["done"] + ".tmp", "w") as f:
+                json.dump(out["phases"][-1], f)
+            os.rename(phase["done"] + ".tmp", phase["done"])
     json.dump(out, open(out_path, "w"))
 
 
