@@ -1,6 +1,6 @@
 # kvtier: the two set-up commands are `make demo` and `make test`; both install
 # what they need (scripts/setup.sh) on a fresh machine.
-.PHONY: demo test setup setup-test build release fmt clippy rust-test py-test bench clean
+.PHONY: demo test setup setup-test setup-vllm build release fmt clippy rust-test py-test vllm-test bench clean
 
 CARGO ?= cargo
 
@@ -26,9 +26,17 @@ rust-test:
 	$(CARGO) test --workspace
 
 py-test:
-	.venv/bin/python -m pytest -q python/tests
+	.venv/bin/python -m pytest -q python/tests --ignore=python/tests/vllm
 
-test: setup-test fmt clippy rust-test py-test
+# vLLM's CPU build lives in its own venv (.tools/vllm, ~6.5 GB, kept between runs).
+setup-vllm:
+	@scripts/setup-vllm.sh
+
+vllm-test: setup-vllm
+	cargo build -p kvtier
+	.tools/vllm/bin/python -m pytest -q python/tests/vllm
+
+test: setup-test fmt clippy rust-test py-test vllm-test
 
 bench:
 	scripts/bench-engine.sh

@@ -113,7 +113,7 @@ class Breaker:
                 self._pause = self.initial
                 log.warning(
                     "kvtier at %s is unreachable (%s); the engine serves without it (every prefix is "
-                    "recomputed) and retries in %.1f s, backing off to %.0f s",
+                    "recomputed) and retries in %.3g s, backing off to %.3g s",
                     self.what, err, self._pause, self.maximum,
                 )
             else:
