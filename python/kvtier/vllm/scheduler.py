@@ -96,10 +96,13 @@ class SchedulerSide:
         lease_ms = self.cfg.lease_ms if want_lease else 0
         found = len(st.keys)
         leases: dict[str, int] = {}
+        tiers: dict[str, int] = {}
         try:
             for ns in self.namespaces:
                 r = self.client.lookup(ns, keys=st.keys[:found], lease_ms=lease_ms, timeout=timeout)
                 found = min(found, r.found)
+                for t in r.tiers[:found]:
+                    tiers[t.name.lower()] = tiers.get(t.name.lower(), 0) + 1
                 if r.lease_id:
                     leases[ns] = r.lease_id
                 if found == 0:
@@ -121,7 +124,7 @@ class SchedulerSide:
             self._release(leases)
         st.lease_deadline = time.monotonic() + lease_ms / 1000 * 0.8
         self.lookups += 1
-        self.stats("lookup", req=request.request_id, blocks=len(st.keys), found=found,
+        self.stats("lookup", req=request.request_id, blocks=len(st.keys), found=found, tiers=tiers,
                    us=int((time.perf_counter() - t0) * 1e6))
 
     def _release(self, leases: dict[str, int]) -> None:

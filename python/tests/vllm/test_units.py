@@ -207,7 +207,7 @@ class FakeClient:
         n = 0
         while n < len(keys) and keys[n] in self.stored:
             n += 1
-        return SimpleNamespace(found=n, lease_id=7 if (n and lease_ms) else 0)
+        return SimpleNamespace(found=n, lease_id=7 if (n and lease_ms) else 0, tiers=[])
 
     def release(self, lease_id, timeout=None):
         self.released.append(lease_id)

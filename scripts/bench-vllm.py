@@ -1,0 +1,350 @@
+#!/usr/bin/env python3
+"""Time to first token of a real vLLM engine with and without kvtier.
+
+Re-runs notes/009-vllm-ttft: a ~240M-parameter Llama with random weights,
+created locally (``kvtier.vllm.testing``), on vLLM's CPU build; prompts of
+1k, 4k and 16k tokens; the prefix served from kvtier's memory tier, its disk
+tier (kvtier restarted: memory empty) and the object store (Azurite; kvtier
+restarted with its disk wiped); load modes sync / async / layer-wise. For each
+cached run the connector's stats give the split (Lookup, read, copy into
+vLLM's cache), and the first token's logprobs are compared with the baseline.
+
+    .tools/vllm/bin/python scripts/bench-vllm.py [--out notes/009-vllm-ttft.json]
+        [--sizes 1024,4096,16384] [--repeats 3] [--modes sync,async,layerwise]
+        [--model-size base] [--dtype bfloat16]
+
+Needs: scripts/setup-vllm.sh (the venv), scripts/setup.sh --test (Azurite),
+cargo (builds target/release/kvtier). Each engine runs in its own process
+(this script with --engine), as users run them.
+"""
+from __future__ import annotations
+
+import argparse
+import base64
+import datetime
+import hashlib
+import hmac
+import json
+import os
+import platform
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "python"))
+
+AZ_ACCOUNT = "devstoreaccount1"
+AZ_KEY = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
+
+
+def free_port_pair() -> int:
+    for _ in range(100):
+        with socket.socket() as a:
+            a.bind(("127.0.0.1", 0))
+            port = a.getsockname()[1]
+            try:
+                with socket.socket() as b:
+                    b.bind(("127.0.0.1", port + 1))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port pair")
+
+
+# -- Azurite ------------------------------------------------------------------
+
+class Azurite:
+    def __init__(self, workdir: Path):
+        main = ROOT / ".tools/azurite/node_modules/azurite/dist/src/blob/main.js"
+        if not main.exists():
+            raise SystemExit(f"Azurite not found at {main}: run scripts/setup.sh --test")
+        self.dir = workdir / "azurite"
+        self.dir.mkdir(parents=True, exist_ok=True)
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.proc = subprocess.Popen(
+            ["node", str(main), "--blobHost", "127.0.0.1", "--blobPort", str(self.port), "--location", str(self.dir),
+             "--skipApiVersionCheck", "--loose", "--silent"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
+        )
+        end = time.monotonic() + 60
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
+                break
+            except OSError:
+                if self.proc.poll() is not None or time.monotonic() > end:
+                    raise SystemExit("Azurite did not start")
+                time.sleep(0.1)
+        self.create_container("kvtier")
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.port}/{AZ_ACCOUNT}"
+
+    def create_container(self, name: str) -> None:
+        date = datetime.datetime.now(datetime.timezone.utc).strftime("%a, %d %b %Y %H:%M:%S GMT")
+        path = f"/{AZ_ACCOUNT}/{name}"
+        sts = "PUT\n" + "\n" * 11 + f"x-ms-date:{date}\nx-ms-version:2021-08-06\n/{AZ_ACCOUNT}{path}\nrestype:container"
+        sig = base64.b64encode(hmac.new(base64.b64decode(AZ_KEY), sts.encode(), hashlib.sha256).digest()).decode()
+        req = (f"PUT {path}?restype=container HTTP/1.1\r\nHost: 127.0.0.1:{self.port}\r\nx-ms-date: {date}\r\n"
+               f"x-ms-version: 2021-08-06\r\nAuthorization: SharedKey {AZ_ACCOUNT}:{sig}\r\nContent-Length: 0\r\n"
+               "Connection: close\r\n\r\n")
+        with socket.create_connection(("127.0.0.1", self.port), timeout=10) as s:
+            s.sendall(req.encode())
+            status = s.recv(4096).split(b" ", 2)[1]
+        if status not in (b"201", b"409"):
+            raise SystemExit(f"Azurite refused to create container {name}: {status!r}")
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(timeout=30)
+
+
+def kvtier_config(path: Path, disk: Path, azurite: Azurite) -> Path:
+    path.write_text(f"""
+[engine]
+memory_capacity = "4GiB"
+[disk]
+dir = "{disk}"
+capacity = "8GiB"
+sync = "batch"
+[object_store]
+url = "az://kvtier/vllm-bench"
+write_policy = "write-through"
+[object_store.options]
+azure_storage_account_name = "{AZ_ACCOUNT}"
+azure_storage_account_key = "{AZ_KEY}"
+azure_storage_endpoint = "{azurite.endpoint}"
+azure_allow_http = "true"
+""")
+    return path
+
+
+# -- one engine (runs in its own process) -----------------------------------------
+
+def engine_main(spec_path: str) -> None:
+    spec = json.loads(Path(spec_path).read_text())
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "3")
+    from vllm import LLM, SamplingParams
+    from vllm.config import KVTransferConfig
+
+    from kvtier import Client
+    from kvtier.server import Server
+    from kvtier.vllm.common import chain_keys
+    from kvtier.vllm.testing import prompt_tokens
+
+    stats_path = Path(spec["workdir"]) / f"stats-{spec['name']}.jsonl"
+    server = None
+    kw = {}
+    if spec["mode"] != "baseline":
+        server = Server.start(binary=spec["kvtier_bin"], listen=spec["url"], args=["--config", spec["config"]])
+        kw["kv_transfer_config"] = KVTransferConfig(
+            kv_connector="KvtierConnector", kv_connector_module_path="kvtier.vllm", kv_role="kv_both",
+            kv_connector_extra_config={"url": spec["url"], "stats_file": str(stats_path), "load_mode": spec["mode"]},
+        )
+    t0 = time.monotonic()
+    llm = LLM(model=spec["model"], dtype=spec["dtype"], block_size=128, max_model_len=max(spec["sizes"]) + 256,
+              enforce_eager=True, gpu_memory_utilization=0.5, seed=0, **kw)
+    load_s = time.monotonic() - t0
+    params = SamplingParams(max_tokens=1, temperature=0.0, logprobs=5)
+
+    def stat_lines():
+        return [json.loads(l) for l in stats_path.read_text().splitlines()] if stats_path.exists() else []
+
+    def run(tokens):
+        llm.reset_prefix_cache()
+        mark = len(stat_lines())
+        t = time.monotonic()
+        r = llm.generate([{"prompt_token_ids": tokens}], params, use_tqdm=False)[0]
+        ttft = time.monotonic() - t
+        new = stat_lines()[mark:]
+        lookup = next((e for e in new if e["event"] == "lookup"), {})
+        load = next((e for e in new if e["event"] == "load"), {})
+        lp = {str(k): v.logprob for k, v in r.outputs[0].logprobs[0].items()}
+        return {"ttft_s": ttft, "cached_tokens": r.num_cached_tokens or 0, "logprobs": lp,
+                "token": r.outputs[0].token_ids[0], "lookup_us": lookup.get("us"), "tiers": lookup.get("tiers"),
+                "read_us": load.get("read_us"), "copy_us": load.get("copy_us"), "loaded": load.get("loaded"),
+                "load_error": load.get("error"), "bytes": load.get("bytes")}
+
+    def restart(wipe_disk: bool):
+        nonlocal server
+        server.stop()
+        if wipe_disk:
+            shutil.rmtree(spec["disk"])
+            os.makedirs(spec["disk"])
+        server = Server.start(binary=spec["kvtier_bin"], listen=spec["url"], args=["--config", spec["config"]])
+
+    warm = prompt_tokens(256, seed=999)
+    run(warm)  # the first generate of an engine pays one-off costs
+    results = {"name": spec["name"], "mode": spec["mode"], "load_s": load_s, "sizes": {}}
+    for size in spec["sizes"]:
+        prompt = prompt_tokens(size, seed=size)
+        entry = results["sizes"].setdefault(str(size), {})
+        if spec["mode"] == "baseline":
+            entry["recompute"] = [run(prompt) for _ in range(spec["repeats"])]
+            continue
+        first = run(prompt)  # stores the prompt's blocks (or finds them from an earlier engine)
+        entry["first"] = first
+        ns = next(e for e in stat_lines() if e["event"] == "init")["namespace"]
+        keys = chain_keys(prompt, 128)
+        with Client(spec["url"]) as c:
+            end = time.monotonic() + 600
+            while c.lookup(ns, keys=keys).found < len(keys):
+                if time.monotonic() > end:
+                    raise SystemExit("blocks never reached kvtier")
+                time.sleep(0.1)
+        for tier in spec["tiers"]:
+            runs = []
+            for _ in range(spec["repeats"]):
+                if tier in ("disk", "object"):
+                    restart(wipe_disk=tier == "object")
+                    run(warm)  # reconnects the engine's pooled connections after the restart
+                runs.append(run(prompt))
+            entry[tier] = runs
+    if server is not None:
+        server.stop()
+    Path(spec["out"]).write_text(json.dumps(results))
+
+
+# -- the whole measurement ---------------------------------------------------------
+
+def med(xs):
+    xs = [x for x in xs if x is not None]
+    return statistics.median(xs) if xs else None
+
+
+def max_diff(a: dict, b: dict):
+    common = set(a) & set(b)
+    return max(abs(a[k] - b[k]) for k in common) if common else None
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--engine", help=argparse.SUPPRESS)
+    ap.add_argument("--out", default="notes/009-vllm-ttft.json")
+    ap.add_argument("--workdir", default="out/bench-vllm")
+    ap.add_argument("--sizes", default="1024,4096,16384")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--modes", default="sync,async,layerwise")
+    ap.add_argument("--model-size", default="base")
+    ap.add_argument("--dtype", default="bfloat16")
+    args = ap.parse_args()
+    if args.engine:
+        return engine_main(args.engine)
+
+    from kvtier.vllm.testing import SIZES, make_model
+
+    work = (ROOT / args.workdir).resolve()
+    if work.exists():
+        shutil.rmtree(work)
+    work.mkdir(parents=True)
+    model_dir = ROOT / "out" / f"bench-vllm-model-{args.model_size}"
+    model = make_model(model_dir, args.model_size, seed=0)
+    import torch
+
+    n_params = sum(t.numel() for t in __import__("safetensors.torch", fromlist=["load_file"]).load_file(
+        str(model / "model.safetensors")).values())
+    kvtier_bin = ROOT / "target/release/kvtier"
+    subprocess.run(["cargo", "build", "--release", "-q", "-p", "kvtier"], cwd=ROOT, check=True)
+    azurite = Azurite(work)
+    sizes = [int(s) for s in args.sizes.split(",")]
+    modes = args.modes.split(",")
+    port = free_port_pair()
+    disk = work / "disk"
+    disk.mkdir()
+    config = kvtier_config(work / "kvtier.toml", disk, azurite)
+    cmd = " ".join([".tools/vllm/bin/python", "scripts/bench-vllm.py"] + sys.argv[1:])
+
+    runs = {}
+    plan = [("baseline", "baseline", [])] + [(m, m, ["memory", "disk", "object"] if m == "sync" else ["memory"])
+                                              for m in modes]
+    try:
+        for name, mode, tiers in plan:
+            spec = {"name": name, "mode": mode, "tiers": tiers, "sizes": sizes, "repeats": args.repeats,
+                    "model": str(model), "dtype": args.dtype, "url": f"127.0.0.1:{port}", "config": str(config),
+                    "disk": str(disk), "kvtier_bin": str(kvtier_bin), "workdir": str(work),
+                    "out": str(work / f"result-{name}.json")}
+            sp = work / f"spec-{name}.json"
+            sp.write_text(json.dumps(spec))
+            print(f"== engine {name} ({mode}, tiers {tiers})", flush=True)
+            with open(work / f"engine-{name}.log", "w") as log:
+                subprocess.run([sys.executable, __file__, "--engine", str(sp)], stdout=log, stderr=subprocess.STDOUT,
+                               check=True, cwd=ROOT)
+            runs[name] = json.loads((work / f"result-{name}.json").read_text())
+    finally:
+        azurite.stop()
+
+    # -- the record ------------------------------------------------------------
+    base = runs["baseline"]["sizes"]
+    rows = []
+    for name, r in runs.items():
+        if name == "baseline":
+            continue
+        for size, entry in r["sizes"].items():
+            recompute = med([x["ttft_s"] for x in base[size]["recompute"]])
+            ref_lp = base[size]["recompute"][0]["logprobs"]
+            for tier in ("memory", "disk", "object"):
+                xs = entry.get(tier)
+                if not xs:
+                    continue
+                ttft = med([x["ttft_s"] for x in xs])
+                rows.append({
+                    "mode": r["mode"], "tier": tier, "prompt_tokens": int(size),
+                    "ttft_s_median": ttft, "ttft_s_repeats": [x["ttft_s"] for x in xs],
+                    "recompute_ttft_s_median": recompute, "ratio": ttft / recompute,
+                    "lookup_ms_median": (med([x["lookup_us"] for x in xs]) or 0) / 1000,
+                    "read_ms_median": (med([x["read_us"] for x in xs]) or 0) / 1000,
+                    "copy_ms_median": (med([x["copy_us"] for x in xs]) or 0) / 1000,
+                    "cached_tokens": [x["cached_tokens"] for x in xs],
+                    "tiers_seen": [x["tiers"] for x in xs],
+                    "load_errors": [x["load_error"] for x in xs if x["load_error"]],
+                    "bytes_loaded": med([x["bytes"] for x in xs]),
+                    "first_token_equal": all(x["token"] == base[size]["recompute"][0]["token"] for x in xs),
+                    "max_logprob_diff": max((max_diff(x["logprobs"], ref_lp) or 0) for x in xs),
+                    "store_run_ttft_s": entry["first"]["ttft_s"] if r["mode"] == "sync" and tier == "memory" else None,
+                })
+    record = {
+        "note": "009-vllm-ttft",
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "commit": subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+        + ("" if subprocess.run(["git", "diff", "--quiet"], cwd=ROOT).returncode == 0 else "-dirty"),
+        "machine": f"{platform.platform()}; {os.cpu_count()} CPUs",
+        "command": cmd,
+        "model": {"size": args.model_size, "shape": SIZES[args.model_size], "parameters": n_params, "dtype": args.dtype,
+                  "weights": "random (kvtier.vllm.testing.make_model, seed 0)"},
+        "engine_load_s": {k: v["load_s"] for k, v in runs.items()},
+        "recompute": {size: {"ttft_s_median": med([x["ttft_s"] for x in e["recompute"]]),
+                             "ttft_s_repeats": [x["ttft_s"] for x in e["recompute"]]} for size, e in base.items()},
+        "cached": rows,
+        "raw": runs,
+    }
+    out = ROOT / args.out
+    out.write_text(json.dumps(record, indent=1))
+    print(f"wrote {out}")
+    print(table(record))
+
+
+def table(record: dict) -> str:
+    lines = ["| mode | tier | prompt | TTFT cached (median) | recompute | ratio | lookup | read | copy | first token equal | max logprob diff |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in record["cached"]:
+        lines.append(
+            f"| {r['mode']} | {r['tier']} | {r['prompt_tokens']} | {r['ttft_s_median'] * 1000:.0f} ms | "
+            f"{r['recompute_ttft_s_median']:.2f} s | {r['ratio']:.3f}× | {r['lookup_ms_median']:.1f} ms | "
+            f"{r['read_ms_median']:.0f} ms | {r['copy_ms_median']:.0f} ms | {r['first_token_equal']} | "
+            f"{r['max_logprob_diff']:.2e} |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 3 and sys.argv[1] == "--table":
+        print(table(json.loads(Path(sys.argv[2]).read_text())))
+    else:
+        main()
