@@ -15,6 +15,7 @@ if $for_tests; then
   command -v redis-server >/dev/null || need_apt+=(redis-server)
   command -v redis-benchmark >/dev/null || need_apt+=(redis-tools)
   command -v chromium >/dev/null || need_apt+=(chromium)
+  command -v systemd-analyze >/dev/null || need_apt+=(systemd)
 fi
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "apt-get install ${need_apt[*]}"
@@ -22,7 +23,7 @@ if [ ${#need_apt[@]} -gt 0 ]; then
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need_apt[@]}" >/dev/null
 fi
-if [ ! -x .venv/bin/python ] || ! .venv/bin/python -c 'import grpc_tools, xxhash, pytest, crc32c' 2>/dev/null; then
+if [ ! -x .venv/bin/python ] || ! .venv/bin/python -c 'import grpc_tools, xxhash, pytest, crc32c, yaml, kubernetes_validate' 2>/dev/null; then
   python3 -m venv .venv
   .venv/bin/pip install -q --disable-pip-version-check -r python/requirements-dev.txt
 fi
