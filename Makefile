@@ -1,6 +1,6 @@
 # kvtier: the two set-up commands are `make demo` and `make test`; both install
 # what they need (scripts/setup.sh) on a fresh machine.
-.PHONY: demo test setup setup-test setup-vllm build release fmt clippy rust-test py-test vllm-test bench clean
+.PHONY: demo test install setup setup-test setup-vllm build release fmt clippy rust-test py-test vllm-test bench clean
 
 CARGO ?= cargo
 
@@ -15,6 +15,10 @@ release: setup
 
 demo: release
 	scripts/demo.sh
+
+# Puts `kvtier` on PATH (~/.cargo/bin); the Python SDK: pip install -e python
+install: setup
+	$(CARGO) install --locked --path crates/kvtier
 
 fmt:
 	$(CARGO) fmt --all -- --check

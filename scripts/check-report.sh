@@ -15,6 +15,8 @@ flags=(--headless --no-sandbox --disable-gpu --disable-quic --no-first-run --dis
        --disable-component-update --disable-sync --disable-dev-shm-usage --user-data-dir="$profile"
        --virtual-time-budget=5000 --enable-logging=stderr --v=0)
 dom="$(timeout 60 "$browser" "${flags[@]}" --dump-dom "file://$report" 2>"$log")"
+# DOM_OUT=FILE keeps the rendered DOM for further checks.
+if [ -n "${DOM_OUT:-}" ]; then printf '%s' "$dom" > "$DOM_OUT"; fi
 body="$(grep -o '<body[^>]*>' <<<"$dom" | head -1)"
 attr() { sed -n "s/.*$1=\"\([^\"]*\)\".*/\1/p" <<<"$body"; }
 expected="$(attr data-charts-expected)"

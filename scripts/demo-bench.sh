@@ -10,7 +10,4 @@ out=$2/bench
 "$BIN" bench --target "grpc://$addr" --workload mixed --value-size 1.2MB \
   --concurrency 1,4,16 --duration 2s --warmup 500ms --probe \
   --sla read.p99=50ms --out "$out"
-echo
-sed -n '1,40p' "$out/summary.md"
-echo
-echo "bench report: $out/report.html (summary: $out/summary.md, record: $out/record.json)"
+python3 scripts/demo-summary.py "$2"

@@ -27,4 +27,6 @@ http=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["http"])'
 echo "kvtier serving: gRPC $grpc, HTTP $http (pid $pid)"
 "$BIN" demo --server "http://$grpc" --out "$OUT"
 curl -fsS "http://$http/metrics" > "$OUT/metrics.txt" && echo "metrics snapshot: $OUT/metrics.txt"
-if [ -x scripts/demo-bench.sh ]; then scripts/demo-bench.sh "$grpc" "$OUT"; fi
+echo "running a short kvtier bench sweep (about 20 s; log: $OUT/bench.log)"
+scripts/demo-bench.sh "$grpc" "$OUT" > "$OUT/bench.log" 2>&1 || { cat "$OUT/bench.log"; exit 1; }
+sed -n '/== kvtier demo: summary ==/,$p' "$OUT/bench.log"

@@ -8,7 +8,11 @@ cd "$(dirname "$0")/.."
 for_tests=false
 [ "${1:-}" = "--test" ] && for_tests=true
 need_apt=()
-command -v cargo >/dev/null || { echo "cargo (Rust) is required: install rustup first"; exit 1; }
+# version_ge A B: A >= B for dotted versions.
+version_ge() { [ "$(printf '%s\n%s\n' "$2" "$1" | sort -V | head -n1)" = "$2" ]; }
+command -v cargo >/dev/null || { echo "Rust is required (>= 1.89): install it with rustup (https://rustup.rs); Debian's rustc is too old"; exit 1; }
+rust_v=$(rustc --version | awk '{print $2}')
+version_ge "$rust_v" 1.89 || { echo "Rust $rust_v is too old: kvtier needs >= 1.89 (rustup update)"; exit 1; }
 command -v python3 >/dev/null || need_apt+=(python3 python3-venv)
 command -v curl >/dev/null || need_apt+=(curl)
 if $for_tests; then
@@ -40,7 +44,9 @@ if [ ! -f .tools/azurite/node_modules/azurite/dist/src/blob/main.js ]; then
   npm install --silent --no-audit --no-fund --prefix .tools/azurite azurite@3 >/dev/null
 fi
 if [ ! -x .tools/bin/minio ] && ! command -v minio >/dev/null && [ ! -x "${HOME:-/root}/go/bin/minio" ]; then
-  command -v go >/dev/null || { echo "Go is required to build MinIO for the object-store tests (apt-get install golang-go or https://go.dev)"; exit 1; }
+  command -v go >/dev/null || { echo "Go >= 1.24 is required to build MinIO for the object-store tests: install it from https://go.dev/dl (Debian's golang-go is 1.19, too old)"; exit 1; }
+  go_v=$(go env GOVERSION | sed 's/^go//')
+  version_ge "$go_v" 1.24 || { echo "Go $go_v is too old to build MinIO: install Go >= 1.24 from https://go.dev/dl"; exit 1; }
   echo "go install github.com/minio/minio@latest -> .tools/bin (about 2 minutes)"
   GOBIN="$PWD/.tools/bin" go install github.com/minio/minio@latest
 fi

@@ -10,6 +10,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         println!("cargo:rerun-if-changed={root}/{f}");
     }
     let fds = protox::compile(files, [root])?;
+    // The encoded descriptors, for gRPC server reflection (grpcurl, grpcui, Postman).
+    let out = std::path::PathBuf::from(std::env::var("OUT_DIR")?);
+    std::fs::write(
+        out.join("kvtier_descriptor.bin"),
+        prost::Message::encode_to_vec(&fds),
+    )?;
     tonic_prost_build::configure()
         // Payloads are MB-sized: decode them as `bytes::Bytes` (zero-copy slices of
         // the receive buffer) instead of `Vec<u8>`.

@@ -5,6 +5,7 @@
   var A = R.analysis || {};
   var tip = document.getElementById("tip");
   var rendered = 0, failures = 0;
+  var DASHES = ["", "10 5", "3 4", "14 4 3 4", "1 3"];
   var COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#7f7f7f", "#bcbd22"];
 
   function esc(s) {
@@ -17,6 +18,8 @@
     var a = Math.abs(v);
     return a >= 1000 ? v.toFixed(0) : a >= 10 ? v.toFixed(1) : a >= 0.1 ? v.toFixed(2) : v.toPrecision(2);
   }
+  // Axis labels: counts (concurrency, rates) as integers, everything else by magnitude.
+  function tickFmt(v) { return Math.abs(v - Math.round(v)) < 1e-9 ? String(Math.round(v)) : fmt(v); }
   function closed(s) { return s.mode.kind === "closed"; }
   function load(s) { return closed(s) ? s.mode.concurrency * s.processes : s.mode.rate_per_s; }
   function label(s) {
@@ -62,8 +65,10 @@
     var hidden = {};
     function draw() {
       var W = 720, H = 340, L = 70, Rm = 20, T = 15, B = 45;
+      // The axes follow the measured points; fitted curves (line series) are
+      // cut at the plot's edge instead of stretching it.
       var pts = [];
-      spec.series.forEach(function (s, i) { if (!hidden[i]) pts = pts.concat(s.points); });
+      spec.series.forEach(function (s, i) { if (!hidden[i] && !s.line) pts = pts.concat(s.points); });
       if (!pts.length) spec.series.forEach(function (s) { pts = pts.concat(s.points); });
       var xs = pts.map(function (p) { return p[0]; }), ys = pts.map(function (p) { return p[1] + (spec.bars ? p[4] || 0 : 0); });
       var xlo = Math.min.apply(null, xs), xhi = Math.max.apply(null, xs);
@@ -81,7 +86,7 @@
       var xv = Object.keys(xt).map(Number).sort(function (a, b) { return a - b; });
       if (xv.length > 12) xv = ticks(xlo, xhi, logX);
       xv.forEach(function (v) {
-        h.push('<text class="tick" x="' + sx(v) + '" y="' + (H - B + 16) + '" text-anchor="middle">' + fmt(v) + "</text>");
+        h.push('<text class="tick xt" x="' + sx(v) + '" y="' + (H - B + 16) + '" text-anchor="middle">' + tickFmt(v) + "</text>");
       });
       h.push('<line class="axis" x1="' + L + '" x2="' + (W - Rm) + '" y1="' + (H - B) + '" y2="' + (H - B) + '"/>');
       h.push('<line class="axis" x1="' + L + '" x2="' + L + '" y1="' + T + '" y2="' + (H - B) + '"/>');
@@ -99,8 +104,12 @@
               '" fill="' + c + '" data-tip="' + esc(s.name + " @ " + p[2] + ": " + fmt(p[1])) + '"/>');
           });
         } else {
-          var d = s.points.map(function (p, k) { return (k ? "L" : "M") + sx(p[0]).toFixed(1) + "," + sy(p[1]).toFixed(1); }).join("");
-          if (d) h.push('<path d="' + d + '" fill="none" stroke="' + c + '" stroke-width="2"' + (s.dashed ? ' stroke-dasharray="6 4"' : "") + "/>");
+          var inside = s.line ? s.points.filter(function (p) { return p[1] >= ylo && p[1] <= yhi && p[0] >= xlo && p[0] <= xhi; }) : s.points;
+          var d = inside.map(function (p, k) { return (k ? "L" : "M") + sx(p[0]).toFixed(1) + "," + sy(p[1]).toFixed(1); }).join("");
+          // Series of one chart differ by colour and dash pattern, so lines that
+          // coincide (e.g. the three ops of the mixed workload) stay visible.
+          var dash = s.dashed ? "6 4" : DASHES[i % DASHES.length];
+          if (d) h.push('<path class="' + (s.line ? "fit" : "data") + '" d="' + d + '" fill="none" stroke="' + c + '" stroke-width="' + (s.line ? 1.5 : 2.5 - 0.4 * (i % 3)) + '"' + (dash ? ' stroke-dasharray="' + dash + '"' : "") + "/>");
           if (!s.line) {
             s.points.forEach(function (p) {
               h.push('<circle cx="' + sx(p[0]) + '" cy="' + sy(p[1]) + '" r="' + (p[3] ? 6 : 4) + '" fill="' + c + '"' +
@@ -173,7 +182,15 @@
       return { name: op + " ops/s", points: pointsOf(cs, function (s) { return s.ops[op] ? s.ops[op].throughput_ops_s : null; }) };
     });
     if (ops.length > 1) series.push({ name: "all ops/s", points: pointsOf(cs, function (s) { return Object.keys(s.ops).reduce(function (a, k) { return a + s.ops[k].throughput_ops_s; }, 0); }) });
-    (A.usl || []).forEach(function (u) {
+    var same = ops.length > 1 && cs.every(function (s) {
+      var v = ops.map(function (op) { return s.ops[op] ? s.ops[op].throughput_ops_s : null; });
+      return v.every(function (x) { return x !== null && Math.abs(x - v[0]) <= 0.01 * Math.max(v[0], 1e-9); });
+    });
+    var tnote = same ? "The " + ops.join(", ") + " lines coincide: each iteration of this workload issues one of each. " : "";
+    var fits = A.usl || [];
+    tnote += fits.length ? "Dashed: Universal Scalability Law fits (" + fits.map(function (u) { return u.op + " R² " + u.fit.r_squared.toFixed(3); }).join(", ") + ")."
+      : "No scalability fit: it needs more load steps (" + cs.length + ") than its 3 parameters.";
+    fits.forEach(function (u) {
       var f = u.fit, lo = load(cs[0]), hi = load(cs[cs.length - 1]), pts = [];
       for (var k = 0; k <= 60; k++) {
         var n = wide(cs) ? lo * Math.pow(hi / lo, k / 60) : lo + (hi - lo) * k / 60;
@@ -181,7 +198,7 @@
       }
       series.push({ name: "USL fit " + u.op + " (σ=" + f.sigma.toFixed(3) + ", κ=" + f.kappa.toExponential(2) + ")", points: pts, dashed: true, line: true });
     });
-    chart({ title: "Throughput vs concurrency (dashed: USL fit)", xLabel: "total concurrency", yLabel: "ops/s", logX: wide(cs), series: series });
+    chart({ title: "Throughput vs concurrency", xLabel: "total concurrency", yLabel: "ops/s", logX: wide(cs), series: series, note: tnote });
   }
 
   // 3. Stacked phase breakdown (means are additive; percentiles are not).
@@ -208,11 +225,15 @@
   if (steps.length) {
     var bws = ops.map(function (op) { return { name: op + " Gbit/s", points: pointsOf(steps, function (s) { return s.ops[op] ? s.ops[op].bytes_per_s * 8 / 1e9 : null; }) }; });
     bws.push({ name: "total Gbit/s", points: pointsOf(steps, function (s) { return Object.keys(s.ops).reduce(function (a, k) { return a + s.ops[k].bytes_per_s; }, 0) * 8 / 1e9; }) });
-    var note = "No link probe in this run.";
+    var note = "No TCP probe in this run.";
     if (R.link_probe) {
       var g = R.link_probe.gbit_per_s;
-      bws.push({ name: "link probe " + fmt(g) + " Gbit/s", points: pointsOf(steps, function () { return g; }), dashed: true, line: true, color: "#000" });
-      note = "Utilisation at the highest load: " + fmt(bws[bws.length - 2].points.slice(-1)[0][1] / g * 100) + "% of the probed link.";
+      var local = /^(grpc|http|redis):\/\/(127\.|localhost|\[::1\])/.test(R.target);
+      bws.push({ name: "raw TCP probe " + fmt(g) + " Gbit/s", points: pointsOf(steps, function () { return g; }), dashed: true, line: true, color: "#000" });
+      note = "Probe: " + R.link_probe.method + ". " + (local
+        ? "The target is on this host, so the probe measures the same loopback path: at the highest load kvtier moved " +
+          fmt(bws[bws.length - 2].points.slice(-1)[0][1] / g * 100) + "% of raw TCP's throughput."
+        : "The target is remote: the probe is not the client–server path, so no utilisation is given.");
     }
     chart({ title: "Bandwidth vs load", xLabel: cs.length ? "total concurrency" : "rate (req/s)", yLabel: "Gbit/s", logX: wide(steps), series: bws, note: note });
   }

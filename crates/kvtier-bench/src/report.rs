@@ -26,7 +26,9 @@ h1{font-size:22px}h3{margin:4px 0;font-size:15px}.meta td{padding:2px 12px 2px 0
 svg text{font-size:11px;fill:#444}.grid{stroke:#eee}.axis{stroke:#888}.lbl{font-size:12px;fill:#222}
 circle.flagged{stroke:#000;stroke-width:2}.note{font-size:12px;color:#666;margin:2px 0}.err{color:#b00}
 #tip{position:absolute;display:none;background:#222;color:#fff;padding:4px 8px;border-radius:4px;font-size:12px;pointer-events:none;white-space:nowrap}
-.flags li{color:#8a4b00}";
+.flags li{color:#8a4b00}
+table.t{border-collapse:collapse;margin:6px 0 14px}table.t td,table.t th{border:1px solid #ddd;padding:3px 8px;text-align:right}
+table.t th{background:#f5f5f5}table.t td:first-child{text-align:left}h2{font-size:18px;margin-top:22px}";
 
 fn esc(s: &str) -> String {
     s.replace('&', "&amp;")
@@ -109,9 +111,9 @@ pub fn render_report(r: &Record) -> anyhow::Result<String> {
         ("Target", r.target.clone()),
         ("Command", r.command_line.join(" ")),
         (
-            "Link probe",
+            "TCP probe",
             r.link_probe.as_ref().map_or("not measured".into(), |l| {
-                format!("{:.2} Gbit/s ({})", l.gbit_per_s, l.method)
+                format!("{:.2} Gbit/s — {}", l.gbit_per_s, l.method)
             }),
         ),
         (
@@ -135,16 +137,93 @@ pub fn render_report(r: &Record) -> anyhow::Result<String> {
     if flags.is_empty() {
         flags.push_str("<li>No step was flagged.</li>");
     }
+    let tables = tables_html(r);
     Ok(format!(
         "<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>kvtier bench — {title}</title>\n<style>{STYLE}</style></head>\n\
 <body data-charts-expected=\"{expected}\">\n<h1>kvtier bench — {title}</h1>\n<table class=\"meta\">{meta}</table>\n\
 <p>Latency percentiles come from HdrHistograms merged across processes and repeats. Large ringed points are flagged steps. \
 Click legend entries to hide series; hover points for values. The full record is embedded below and in <code>record.json</code>.</p>\n\
-<h2>Flags</h2><ul class=\"flags\">{flags}</ul>\n<div id=\"charts\"></div><div id=\"tip\"></div>\n\
+<h2>Summary</h2>\n{tables}\n<h2>Flags</h2><ul class=\"flags\">{flags}</ul>\n<h2>Charts</h2><div id=\"charts\"></div><div id=\"tip\"></div>\n\
 <script type=\"application/json\" id=\"record\">{json}</script>\n<script>{SCRIPT}</script>\n</body></html>\n",
         title = esc(&format!("{} ({})", r.workload, r.api)),
         expected = expected_charts(r),
     ))
+}
+
+/// The seeds' reports lead with tables: one per operation, a row per load
+/// step (throughput, end-to-end percentiles, errors, flags), plus the peer's
+/// numbers next to kvtier's when the run had one.
+fn tables_html(r: &Record) -> String {
+    let ms = |us: f64| format!("{:.2}", us / 1000.0);
+    let mut out = String::new();
+    let mut steps: Vec<&Step> = r.steps.iter().collect();
+    steps.sort_by(|a, b| {
+        a.total_concurrency()
+            .unwrap_or(0)
+            .cmp(&b.total_concurrency().unwrap_or(0))
+    });
+    for op in op_names(&r.steps) {
+        out.push_str(&format!(
+            "<h3>{}</h3><table class=\"t\"><tr><th>load</th><th>ops/s</th><th>MB/s</th><th>p50 ms</th>\
+             <th>p90 ms</th><th>p99 ms</th><th>p99.9 ms</th><th>errors</th><th>flags</th></tr>",
+            esc(&op)
+        ));
+        for s in &steps {
+            let Some(o) = s.ops.get(&op) else { continue };
+            let p = o.phase(Phase::E2e);
+            let cell = |f: fn(&crate::record::Percentiles) -> f64| p.map_or("–".into(), |p| ms(f(p)));
+            let flags: Vec<&str> = s.flags.iter().map(|f| f.kind.as_str()).collect();
+            out.push_str(&format!(
+                "<tr><td>{}</td><td>{:.0}</td><td>{:.1}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+                esc(&s.label()),
+                o.throughput_ops_s,
+                o.bytes_per_s / 1e6,
+                cell(|p| p.p50),
+                cell(|p| p.p90),
+                cell(|p| p.p99),
+                cell(|p| p.p999),
+                o.errors,
+                esc(&flags.join(", "))
+            ));
+        }
+        out.push_str("</table>");
+    }
+    if let Some(peer) = r.peer.as_ref().filter(|p| !p.steps.is_empty()) {
+        for (kop, pop) in &peer.op_map {
+            out.push_str(&format!(
+                "<h3>kvtier {} vs {} {}</h3><table class=\"t\"><tr><th>load</th><th>kvtier ops/s</th>\
+                 <th>{} ops/s</th><th>ratio</th><th>kvtier p99 ms</th><th>{} p99 ms</th></tr>",
+                esc(kop),
+                esc(&peer.name),
+                esc(pop),
+                esc(&peer.name),
+                esc(&peer.name)
+            ));
+            for s in &steps {
+                let Some(k) = s.ops.get(kop) else { continue };
+                let Some(ps) = peer
+                    .steps
+                    .iter()
+                    .find(|p| p.total_concurrency() == s.total_concurrency())
+                else {
+                    continue;
+                };
+                let Some(p) = ps.ops.get(pop) else { continue };
+                let p99 = |o: &crate::record::OpStats| o.phase(Phase::E2e).map_or("–".into(), |p| ms(p.p99));
+                out.push_str(&format!(
+                    "<tr><td>{}</td><td>{:.0}</td><td>{:.0}</td><td>{:.2}×</td><td>{}</td><td>{}</td></tr>",
+                    esc(&s.label()),
+                    k.throughput_ops_s,
+                    p.throughput_ops_s,
+                    k.throughput_ops_s / p.throughput_ops_s.max(1e-9),
+                    p99(k),
+                    p99(p)
+                ));
+            }
+            out.push_str("</table>");
+        }
+    }
+    out
 }
 
 /// Extracts the embedded record JSON from a rendered report (for tests and tools).

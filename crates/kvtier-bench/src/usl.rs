@@ -55,15 +55,16 @@ fn lambda_sse(points: &[(f64, f64)], sigma: f64, kappa: f64) -> (f64, f64) {
     (lambda, sse)
 }
 
-/// Fits the USL to `(concurrency, throughput)` points. Needs ≥ 3 points with
-/// positive concurrency; returns `None` otherwise.
+/// Fits the USL to `(concurrency, throughput)` points. Needs more points with
+/// positive concurrency than the model's 3 parameters (λ, σ, κ): with 3, any
+/// curve fits exactly (R² = 1) and says nothing. Returns `None` otherwise.
 pub fn fit_usl(points: &[(f64, f64)]) -> Option<UslFit> {
     let pts: Vec<(f64, f64)> = points
         .iter()
         .copied()
         .filter(|&(n, x)| n > 0.0 && x.is_finite())
         .collect();
-    if pts.len() < 3 {
+    if pts.len() <= 3 {
         return None;
     }
     // Coarse grid: σ in [0, 1], κ in {0} ∪ 10^[-8, 0].

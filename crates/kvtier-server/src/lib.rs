@@ -286,6 +286,14 @@ fn grpc_router(cfg: &Config, shared: Shared) -> anyhow::Result<GrpcRouter> {
             .set_serving::<KvStoreServiceServer<grpc::compat::CompatService>>()
             .await;
     });
+    // Server reflection (v1 and the older v1alpha that some tools still ask for).
+    let reflection = || {
+        tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(kvtier_proto::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+    };
+    let reflection_v1 = reflection().build_v1()?;
+    let reflection_v1alpha = reflection().build_v1alpha()?;
     Ok(tonic::transport::Server::builder()
         .initial_stream_window_size(Some(cfg.server.stream_window.bytes() as u32))
         .initial_connection_window_size(Some(cfg.server.connection_window.bytes() as u32))
@@ -295,6 +303,8 @@ fn grpc_router(cfg: &Config, shared: Shared) -> anyhow::Result<GrpcRouter> {
         .tcp_nodelay(true)
         .layer(timing::ArrivalLayer)
         .add_service(health)
+        .add_service(reflection_v1)
+        .add_service(reflection_v1alpha)
         .add_service(v1)
         .add_service(compat))
 }

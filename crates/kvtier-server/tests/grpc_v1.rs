@@ -341,3 +341,58 @@ async fn write_stream_delete_stats_and_health() {
     assert_eq!(rd.blocks[0].parent.as_ref(), Some(&keys[4]));
     server.shutdown().await.unwrap();
 }
+
+/// Standard tools (grpcurl, grpcui, Postman) discover the services through
+/// server reflection: every service is listed and its descriptor resolves.
+#[tokio::test]
+async fn server_reflection_lists_and_describes_every_service() {
+    use tonic_reflection::pb::v1::server_reflection_client::ServerReflectionClient;
+    use tonic_reflection::pb::v1::server_reflection_request::MessageRequest;
+    use tonic_reflection::pb::v1::server_reflection_response::MessageResponse;
+    use tonic_reflection::pb::v1::ServerReflectionRequest;
+
+    let (server, _c) = common::start(common::test_config()).await;
+    let mut refl = ServerReflectionClient::connect(common::raw_endpoint(&server))
+        .await
+        .unwrap();
+    let ask = |m: MessageRequest| ServerReflectionRequest {
+        host: String::new(),
+        message_request: Some(m),
+    };
+    let reqs = vec![
+        ask(MessageRequest::ListServices(String::new())),
+        ask(MessageRequest::FileContainingSymbol("kvtier.v1.KvTier".into())),
+        ask(MessageRequest::FileContainingSymbol("kvstore.KVStoreService".into())),
+        ask(MessageRequest::FileContainingSymbol("kvtier.v1.NoSuchService".into())),
+    ];
+    let mut answers = refl
+        .server_reflection_info(tokio_stream::iter(reqs))
+        .await
+        .unwrap()
+        .into_inner();
+    let mut got = Vec::new();
+    while let Some(a) = answers.message().await.unwrap() {
+        got.push(a.message_response.unwrap());
+    }
+    let MessageResponse::ListServicesResponse(list) = &got[0] else {
+        panic!("not a service list: {:?}", got[0])
+    };
+    let names: Vec<&str> = list.service.iter().map(|s| s.name.as_str()).collect();
+    for want in [
+        "kvtier.v1.KvTier",
+        "kvstore.KVStoreService",
+        "grpc.health.v1.Health",
+    ] {
+        assert!(names.contains(&want), "{want} not in {names:?}");
+    }
+    for i in [1, 2] {
+        let MessageResponse::FileDescriptorResponse(f) = &got[i] else {
+            panic!("no descriptor: {:?}", got[i])
+        };
+        assert!(!f.file_descriptor_proto.is_empty());
+    }
+    let MessageResponse::ErrorResponse(e) = &got[3] else {
+        panic!("an unknown symbol must be an error: {:?}", got[3])
+    };
+    assert_eq!(e.error_code, tonic::Code::NotFound as i32);
+}

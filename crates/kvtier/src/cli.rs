@@ -120,7 +120,7 @@ async fn client(c: &CommonArgs) -> anyhow::Result<Client> {
     cfg.timeout = std::time::Duration::from_millis(c.timeout_ms);
     Client::connect(cfg)
         .await
-        .with_context(|| format!("connecting to {}", c.server))
+        .with_context(|| format!("cannot connect to {}", c.server))
 }
 
 /// `kvtier put`
@@ -199,7 +199,13 @@ pub async fn lookup(a: LookupArgs) -> anyhow::Result<()> {
         hash.chain(&a.tokens, a.block_size)?
     };
     if keys.is_empty() {
-        anyhow::bail!("nothing to look up: give --tokens (at least one full block) or --keys");
+        anyhow::bail!(
+            "nothing to look up: {} token(s) do not fill one block of {} tokens (--block-size); \
+             give at least {} --tokens, or --keys",
+            a.tokens.len(),
+            a.block_size,
+            a.block_size
+        );
     }
     let c = client(&a.common).await?;
     let r = c.lookup(&a.namespace, &keys, a.lease_ms).await?;

@@ -42,14 +42,47 @@ enum Cmd {
     Bench(bench::BenchArgs),
 }
 
-fn main() -> anyhow::Result<()> {
+fn main() -> std::process::ExitCode {
     let args = Args::parse();
+    use std::io::IsTerminal as _;
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
         )
         .with_writer(std::io::stderr)
+        // Colour codes only for a terminal, never in files, pipes or journald.
+        .with_ansi(std::io::stderr().is_terminal())
         .init();
+    match run(args) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("{}", report(&e));
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+/// One readable error: the message, the root cause if it adds something, and
+/// a hint for the mistakes people make (no server running, a wrong address).
+fn report(e: &anyhow::Error) -> String {
+    let mut out = format!("error: {e}");
+    let root = e.root_cause().to_string();
+    if !out.contains(&root) {
+        out.push_str(&format!(": {root}"));
+    }
+    let text = format!("{e:#}");
+    if text.contains("Connection refused") || text.contains("tcp connect error") {
+        out.push_str(
+            "\nhint: no kvtier server answers at that address; start one with `kvtier serve` \
+             or point the CLI at yours with --server URL (or KVTIER_SERVER)",
+        );
+    } else if text.contains("dns error") || text.contains("failed to lookup address") {
+        out.push_str("\nhint: the server's host name does not resolve; check --server / KVTIER_SERVER");
+    }
+    out
+}
+
+fn run(args: Args) -> anyhow::Result<()> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;

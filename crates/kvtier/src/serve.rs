@@ -14,53 +14,53 @@ pub struct ServeArgs {
     /// Print the effective configuration as TOML and exit.
     #[arg(long)]
     print_config: bool,
-    /// gRPC listen address, repeatable; `ADDR@CPUSET` pins [server.listen].
+    /// gRPC listen address, repeatable; `ADDR@CPUSET` pins [server.listen, default 127.0.0.1:50051].
     #[arg(long = "listen")]
     listen: Vec<String>,
-    /// Bulk data-plane address, "auto" (gRPC port + 1) or "" to disable [server.data_listen].
+    /// Bulk data-plane address, "auto" (gRPC port + 1) or "" to disable [server.data_listen, default auto].
     #[arg(long)]
     data_listen: Option<String>,
-    /// TCP congestion control of data-plane connections, "" = system default [server.data_tcp_congestion].
+    /// TCP congestion control of data-plane connections, "" = system default [server.data_tcp_congestion, default reno].
     #[arg(long)]
     data_tcp_congestion: Option<String>,
-    /// One gRPC listener per NUMA node (port + node), pinned to its CPUs [server.numa].
+    /// One gRPC listener per NUMA node (port + node), pinned to its CPUs [server.numa, default false].
     #[arg(long)]
     numa: bool,
-    /// HTTP listen address; "" disables HTTP [server.http_listen].
+    /// HTTP listen address; "" disables HTTP [server.http_listen, default 127.0.0.1:8080].
     #[arg(long)]
     http_listen: Option<String>,
-    /// Memory-tier budget, e.g. 2GiB [engine.memory_capacity].
+    /// Memory-tier budget [engine.memory_capacity, default 2GiB].
     #[arg(long)]
     memory_capacity: Option<ByteSize>,
-    /// Largest block/value payload, e.g. 64MiB [engine.max_block_size].
+    /// Largest block/value payload [engine.max_block_size, default 64MiB].
     #[arg(long)]
     max_block_size: Option<ByteSize>,
-    /// Default tokens per block [engine.block_size].
+    /// Default tokens per block [engine.block_size, default 128].
     #[arg(long)]
     block_size: Option<usize>,
-    /// Requests served at once [server.max_inflight].
+    /// Requests served at once [server.max_inflight, default 1024].
     #[arg(long)]
     max_inflight: Option<usize>,
-    /// Largest gRPC message [server.max_message_size].
+    /// Largest gRPC message [server.max_message_size, default 256MiB].
     #[arg(long)]
     max_message_size: Option<ByteSize>,
-    /// Disk-tier directory; enables the disk tier [disk.dir].
+    /// Disk-tier directory; enables the disk tier [disk.dir, default "" (no disk tier)].
     #[arg(long)]
     disk_dir: Option<String>,
-    /// Disk-tier budget, e.g. 100GiB [disk.capacity].
+    /// Disk-tier budget [disk.capacity, default 10GiB].
     #[arg(long)]
     disk_capacity: Option<ByteSize>,
-    /// always | batch | never [disk.sync].
+    /// When the disk tier fsyncs: always | batch | never [disk.sync, default always].
     #[arg(long)]
     disk_sync: Option<kvtier_core::SyncMode>,
-    /// write-through | write-back [disk.write_policy].
+    /// write-through | write-back [disk.write_policy, default write-through].
     #[arg(long)]
     write_policy: Option<String>,
     /// Shared object store: az://container/prefix, s3://bucket/prefix,
-    /// file:///dir; credentials and endpoints from AZURE_* / AWS_* [object_store.url].
+    /// file:///dir; credentials and endpoints from AZURE_* / AWS_* [object_store.url, default "" (none)].
     #[arg(long)]
     object_store: Option<String>,
-    /// write-back | write-through towards the object store [object_store.write_policy].
+    /// write-back | write-through towards the object store [object_store.write_policy, default write-back].
     #[arg(long)]
     object_write_policy: Option<String>,
     /// Print the bound addresses as one JSON line on stdout once listening.
@@ -134,7 +134,9 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         print!("{}", cfg.to_toml());
         return Ok(());
     }
-    let mut server = Server::start(cfg).await?;
+    check_disk_space(&cfg);
+    let mut server = Server::start(cfg.clone()).await?;
+    describe(&cfg, &server);
     if args.ready_json {
         let grpc: Vec<String> = server.grpc_addrs.iter().map(|a| a.to_string()).collect();
         println!(
@@ -156,4 +158,147 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     server.shutdown().await?;
     tracing::info!("stopped");
     Ok(())
+}
+
+/// One start-up summary an operator can read: what listens where and which
+/// tiers hold the data.
+fn describe(cfg: &Config, server: &Server) {
+    let grpc: Vec<String> = server.grpc_addrs.iter().map(|a| a.to_string()).collect();
+    let http = server
+        .http_addr
+        .map_or("off".to_string(), |a| format!("{a} (/v1/kv, /healthz, /metrics)"));
+    let data = server.data_addr.map_or("off".to_string(), |a| a.to_string());
+    tracing::info!(
+        "kvtier {} listening: gRPC {} (kvtier.v1, kvstore.KVStoreService, health, reflection); data plane {}; HTTP {}",
+        env!("CARGO_PKG_VERSION"),
+        grpc.join(", "),
+        data,
+        http
+    );
+    let mut tiers = vec![format!("memory {}", cfg.engine.memory_capacity)];
+    if cfg.disk.dir.is_empty() {
+        tiers.push("no disk tier (--disk-dir to add one)".into());
+    } else {
+        tiers.push(format!(
+            "disk {} at {} (sync {:?}, {})",
+            cfg.disk.capacity, cfg.disk.dir, cfg.disk.sync, cfg.disk.write_policy
+        ));
+    }
+    if cfg.object_store.url.is_empty() {
+        tiers.push("no object store (--object-store to add one)".into());
+    } else {
+        tiers.push(format!(
+            "object store {} ({})",
+            cfg.object_store.url, cfg.object_store.write_policy
+        ));
+    }
+    tracing::info!("tiers: {}", tiers.join(" -> "));
+    let exposed = server
+        .grpc_addrs
+        .iter()
+        .chain(server.http_addr.iter())
+        .chain(server.data_addr.iter())
+        .any(|a| !a.ip().is_loopback());
+    if exposed {
+        tracing::warn!(
+            "listening beyond loopback without authentication or TLS: anyone who can reach these \
+             ports can read, write and delete every namespace; keep them on a trusted network"
+        );
+    }
+}
+
+/// Warns when the disk tier's budget is larger than the free space of its
+/// filesystem: writes would then fail with "disk full" before eviction starts.
+fn check_disk_space(cfg: &Config) {
+    if cfg.disk.dir.is_empty() {
+        return;
+    }
+    let mut dir = std::path::Path::new(&cfg.disk.dir);
+    while !dir.exists() {
+        match dir.parent() {
+            Some(p) if !p.as_os_str().is_empty() => dir = p,
+            _ => return,
+        }
+    }
+    let Ok(st) = nix::sys::statvfs::statvfs(dir) else {
+        return;
+    };
+    let free = st.blocks_available() as u64 * st.fragment_size() as u64;
+    let held = dir_bytes(std::path::Path::new(&cfg.disk.dir));
+    let budget = cfg.disk.capacity.bytes();
+    if budget > free + held {
+        tracing::warn!(
+            "disk.capacity {} is more than the disk tier can get: {} free on the filesystem of {} \
+             plus {} it already holds; writes will fail with disk full before eviction makes room \
+             (lower --disk-capacity)",
+            cfg.disk.capacity,
+            human(free),
+            dir.display(),
+            human(held)
+        );
+    }
+}
+
+fn human(b: u64) -> String {
+    format!("{:.1} GiB", b as f64 / (1u64 << 30) as f64)
+}
+
+/// Bytes of the files under `dir` (what the disk tier holds from a previous run).
+fn dir_bytes(dir: &std::path::Path) -> u64 {
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    rd.flatten()
+        .map(|e| match e.file_type() {
+            Ok(t) if t.is_dir() => dir_bytes(&e.path()),
+            Ok(_) => e.metadata().map_or(0, |m| m.len()),
+            Err(_) => 0,
+        })
+        .sum()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory as _;
+
+    #[derive(clap::Parser)]
+    struct Wrap {
+        #[command(flatten)]
+        serve: ServeArgs,
+    }
+
+    /// Every "[key, default X]" in `serve --help` is the real default of that key.
+    #[test]
+    fn help_defaults_match_the_config_defaults() {
+        let defaults: toml::Value = toml::from_str(&Config::default().to_toml()).unwrap();
+        let mut cmd = Wrap::command();
+        let help = cmd.render_long_help().to_string();
+        let mut checked = 0;
+        for part in help.split('[').skip(1) {
+            let Some((name, rest)) = part.split_once(", default ") else {
+                continue;
+            };
+            let Some((section, key)) = name.split_once('.') else {
+                continue;
+            };
+            // Help text wraps long lines: rejoin before comparing.
+            let shown = rest.split(']').next().unwrap().split_whitespace().collect::<Vec<_>>().join(" ");
+            let v = &defaults[section][key];
+            let real = match v {
+                toml::Value::String(s) if s.is_empty() => "\"\"".to_string(),
+                toml::Value::String(s) => s.clone(),
+                toml::Value::Array(a) => a
+                    .iter()
+                    .map(|x| x.as_str().unwrap_or_default().to_string())
+                    .collect::<Vec<_>>()
+                    .join(","),
+                other => other.to_string(),
+            };
+            let shown = shown.split(" (").next().unwrap();
+            assert_eq!(shown, real, "help says {section}.{key} defaults to {shown}");
+            checked += 1;
+        }
+        assert!(checked >= 15, "only {checked} defaults found in:\n{help}");
+    }
 }

@@ -148,16 +148,13 @@ fn compat_conversation_counts_tokens_of_reads_and_writes() {
 
 #[test]
 fn redis_peer_runs_interleaved() {
-    if Command::new("redis-server")
-        .arg("--version")
-        .output()
-        .is_err()
-    {
-        eprintln!(
-            "SKIPPED redis_peer_runs_interleaved: redis-server is not installed (scripts/setup.sh installs it)"
-        );
-        return;
-    }
+    assert!(
+        Command::new("redis-server")
+            .arg("--version")
+            .output()
+            .is_ok(),
+        "redis-server is not installed (scripts/setup.sh --test installs it)"
+    );
     let out = tmp("peer");
     let r = bench(
         &out,
@@ -277,10 +274,7 @@ fn report_renders_in_headless_chromium() {
         .iter()
         .any(|b| has(b))
     {
-        eprintln!(
-            "SKIPPED report_renders_in_headless_chromium: chromium is not installed (scripts/setup.sh installs it)"
-        );
-        return;
+        panic!("chromium is not installed (scripts/setup.sh --test installs it)");
     }
     let out = tmp("html");
     bench(
@@ -299,9 +293,11 @@ fn report_renders_in_headless_chromium() {
         ],
     );
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/check-report.sh");
+    let dom_path = out.join("dom.html");
     let o = Command::new("bash")
         .arg(script)
         .arg(out.join("report.html"))
+        .env("DOM_OUT", &dom_path)
         .output()
         .unwrap();
     assert!(
@@ -310,5 +306,22 @@ fn report_renders_in_headless_chromium() {
         String::from_utf8_lossy(&o.stdout),
         String::from_utf8_lossy(&o.stderr)
     );
+    // What a reader sees: summary tables with a row per step and operation,
+    // concurrency axes labelled 1 / 2 / 4 (not 1.00 / 2.00 / 4.00), and no
+    // scalability fit from 3 steps (3 parameters fit 3 points exactly).
+    let dom = std::fs::read_to_string(&dom_path).unwrap();
+    assert_eq!(dom.matches("<table class=\"t\">").count(), 3, "one table per op");
+    assert_eq!(dom.matches("<tr><td>c=").count(), 9, "3 ops x 3 steps");
+    let xt: Vec<&str> = dom
+        .split("class=\"tick xt\"")
+        .skip(1)
+        .map(|s| s.split('>').nth(1).unwrap().split('<').next().unwrap())
+        .collect();
+    assert!(!xt.is_empty());
+    for t in &xt {
+        assert!(t.parse::<u64>().is_ok(), "x tick {t:?} is not an integer: {xt:?}");
+    }
+    assert!(dom.contains("No scalability fit"), "3 steps must not be fitted");
+    assert!(!dom.contains("class=\"fit\""));
     let _ = std::fs::remove_dir_all(&out);
 }

@@ -166,3 +166,124 @@ fn config_file_flags_and_print_config() {
         .unwrap();
     assert!(!out.status.success());
 }
+
+/// Starts `serve` with stderr captured to a file; returns (child, grpc address, stderr file).
+fn serve_logged(extra: &[&str]) -> (Child, String, tempfile::TempPath) {
+    let log = tempfile::NamedTempFile::new().unwrap().into_temp_path();
+    let err = std::fs::File::create(&log).unwrap();
+    let mut child = Command::new(BIN)
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--http-listen",
+            "127.0.0.1:0",
+            "--ready-json",
+        ])
+        .args(extra)
+        .env_remove("RUST_LOG")
+        .stdout(Stdio::piped())
+        .stderr(err)
+        .spawn()
+        .expect("spawn kvtier serve");
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .expect("ready line");
+    let v: serde_json::Value = serde_json::from_str(&line).expect("ready json");
+    (child, v["grpc"][0].as_str().unwrap().to_string(), log)
+}
+
+fn stop_child(mut child: Child) {
+    Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while child.try_wait().unwrap().is_none() {
+        assert!(Instant::now() < deadline, "server did not stop on SIGTERM");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Start-up says what listens where and which tiers are on, in plain text
+/// (no colour codes when stderr is a file or pipe).
+#[test]
+fn start_up_log_names_listeners_and_tiers_without_colour_codes() {
+    let dir = tempfile::tempdir().unwrap();
+    let disk = dir.path().join("disk");
+    let (child, grpc, log) = serve_logged(&[
+        "--disk-dir",
+        disk.to_str().unwrap(),
+        "--disk-capacity",
+        "64MiB",
+    ]);
+    stop_child(child);
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(!text.contains('\u{1b}'), "ANSI escape codes in a log file:\n{text}");
+    assert!(text.contains(&format!("gRPC {grpc}")), "{text}");
+    assert!(text.contains("data plane 127.0.0.1:"), "{text}");
+    assert!(
+        text.contains(&format!(
+            "tiers: memory 2GiB -> disk 64MiB at {}",
+            disk.display()
+        )),
+        "{text}"
+    );
+    assert!(text.contains("no object store"), "{text}");
+    assert!(
+        !text.contains("more than the disk tier can get"),
+        "64 MiB fits: {text}"
+    );
+}
+
+/// A disk budget larger than the filesystem's free space is called out.
+#[test]
+fn disk_capacity_beyond_free_space_is_warned_about() {
+    let dir = tempfile::tempdir().unwrap();
+    let (child, _, log) = serve_logged(&[
+        "--disk-dir",
+        dir.path().to_str().unwrap(),
+        "--disk-capacity",
+        "4096TiB",
+    ]);
+    stop_child(child);
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        text.contains("disk.capacity 4096TiB is more than the disk tier can get"),
+        "{text}"
+    );
+}
+
+/// With no server, the CLI says so once, with a hint, and no backtrace.
+#[test]
+fn cli_without_a_server_explains_and_suggests_starting_one() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let out = Command::new(BIN)
+        .args(["stats", "--server", &format!("http://127.0.0.1:{port}")])
+        .env("RUST_BACKTRACE", "1")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(err.matches("error:").count(), 1, "{err}");
+    assert!(err.contains("Connection refused"), "{err}");
+    assert!(err.contains("hint: no kvtier server answers") && err.contains("kvtier serve"), "{err}");
+    assert!(!err.contains("backtrace") && !err.contains("transport error"), "{err}");
+}
+
+/// Too few tokens for one block: the message says how many a block needs.
+#[test]
+fn lookup_with_less_than_a_block_says_the_block_size() {
+    let out = Command::new(BIN)
+        .args(["lookup", "--tokens", "1,2,3", "--server", "http://127.0.0.1:1"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("3 token(s) do not fill one block of 128 tokens"), "{err}");
+}

@@ -102,8 +102,9 @@ class EngineIdentity:
                 "weights": weights_fingerprint(mc.model),
             }
         hf = mc.hf_config.to_dict() if hasattr(mc.hf_config, "to_dict") else {}
-        hf.pop("_name_or_path", None)
-        hf.pop("transformers_version", None)
+        # Private keys ("_name_or_path", "_attn_implementation...") are set at
+        # run time and differ between entry points for the same model.
+        hf = {k: v for k, v in hf.items() if not k.startswith("_") and k != "transformers_version"}
         self.facts: dict[str, Any] = {
             "format": PAYLOAD_FORMAT,
             **model,

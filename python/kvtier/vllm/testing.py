@@ -22,7 +22,7 @@ from pathlib import Path
 
 __all__ = ["SIZES", "make_model", "prompt_tokens"]
 
-#: Named shapes. ``small`` loads in seconds (tests); ``base`` is ~240M
+#: Named shapes. ``small`` loads in seconds (tests); ``base`` is 184.6M
 #: parameters, the size the TTFT benchmark uses (notes/*-vllm-ttft.md).
 SIZES = {
     "tiny": dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2),
