@@ -1,8 +1,11 @@
 """Every shell command and Python snippet in README.md and python/README.md
 runs as written against a real server.
 
-Code blocks are run in order, per file, in a scratch directory inside the
-repository (so `cargo run -p ...` finds the workspace), with `kvtier` on PATH.
+Code blocks are run in order, per file, with `kvtier` on PATH, in a scratch
+directory that stands in for the repository root: it is inside the checkout
+(so `cargo run -p ...` finds the workspace and its build) and links the
+repository's `configs/`, `deploy/` and `python/`, while the files the
+snippets write stay out of the checkout.
 What is rewritten, and why:
 
 * the default addresses 127.0.0.1:50051 / 127.0.0.1:8080 become the test
@@ -56,6 +59,8 @@ def test_snippets_run_as_written(doc, kvtier_bin, tmp_path):
     work = REPO_ROOT / "out" / "readme-test" / doc.parent.name
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
+    for d in ("configs", "deploy", "python"):
+        (work / d).symlink_to(REPO_ROOT / d)
     bindir = tmp_path / "bin"
     bindir.mkdir()
     (bindir / "kvtier").symlink_to(kvtier_bin)

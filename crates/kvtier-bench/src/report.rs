@@ -171,7 +171,8 @@ fn tables_html(r: &Record) -> String {
         for s in &steps {
             let Some(o) = s.ops.get(&op) else { continue };
             let p = o.phase(Phase::E2e);
-            let cell = |f: fn(&crate::record::Percentiles) -> f64| p.map_or("–".into(), |p| ms(f(p)));
+            let cell =
+                |f: fn(&crate::record::Percentiles) -> f64| p.map_or("–".into(), |p| ms(f(p)));
             let flags: Vec<&str> = s.flags.iter().map(|f| f.kind.as_str()).collect();
             out.push_str(&format!(
                 "<tr><td>{}</td><td>{:.0}</td><td>{:.1}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
@@ -209,7 +210,9 @@ fn tables_html(r: &Record) -> String {
                     continue;
                 };
                 let Some(p) = ps.ops.get(pop) else { continue };
-                let p99 = |o: &crate::record::OpStats| o.phase(Phase::E2e).map_or("–".into(), |p| ms(p.p99));
+                let p99 = |o: &crate::record::OpStats| {
+                    o.phase(Phase::E2e).map_or("–".into(), |p| ms(p.p99))
+                };
                 out.push_str(&format!(
                     "<tr><td>{}</td><td>{:.0}</td><td>{:.0}</td><td>{:.2}×</td><td>{}</td><td>{}</td></tr>",
                     esc(&s.label()),

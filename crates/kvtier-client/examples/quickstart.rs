@@ -16,9 +16,17 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let tokens: Vec<u32> = (0..256).collect(); // two 128-token blocks
     let kv: Vec<Bytes> = vec![Bytes::from(vec![1u8; 4096]), Bytes::from(vec![2u8; 4096])];
     client.write_tokens("quickstart", &tokens, &kv).await?; // one payload per full block
-    let hit = client.lookup_tokens("quickstart", &tokens, Some(5_000)).await?; // pin 5 s
-    let read = client.read("quickstart", &hit.keys[..hit.found], hit.lease_id).await?;
-    println!("{} of {} blocks cached; read back {} bytes", hit.found, hit.keys.len(),
-             read.blocks.iter().map(|b| b.payload.len()).sum::<usize>());
+    let hit = client
+        .lookup_tokens("quickstart", &tokens, Some(5_000))
+        .await?; // pin 5 s
+    let read = client
+        .read("quickstart", &hit.keys[..hit.found], hit.lease_id)
+        .await?;
+    println!(
+        "{} of {} blocks cached; read back {} bytes",
+        hit.found,
+        hit.keys.len(),
+        read.blocks.iter().map(|b| b.payload.len()).sum::<usize>()
+    );
     Ok(())
 }

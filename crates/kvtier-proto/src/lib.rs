@@ -21,4 +21,5 @@ pub mod wire;
 /// The encoded `FileDescriptorSet` of every proto above, served by gRPC
 /// server reflection so standard tools (grpcurl, grpcui, Postman, ghz) can
 /// list and call the services without the `.proto` files.
-pub const FILE_DESCRIPTOR_SET: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/kvtier_descriptor.bin"));
+pub const FILE_DESCRIPTOR_SET: &[u8] =
+    include_bytes!(concat!(env!("OUT_DIR"), "/kvtier_descriptor.bin"));

@@ -77,7 +77,9 @@ fn report(e: &anyhow::Error) -> String {
              or point the CLI at yours with --server URL (or KVTIER_SERVER)",
         );
     } else if text.contains("dns error") || text.contains("failed to lookup address") {
-        out.push_str("\nhint: the server's host name does not resolve; check --server / KVTIER_SERVER");
+        out.push_str(
+            "\nhint: the server's host name does not resolve; check --server / KVTIER_SERVER",
+        );
     }
     out
 }

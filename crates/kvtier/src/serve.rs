@@ -164,10 +164,12 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
 /// tiers hold the data.
 fn describe(cfg: &Config, server: &Server) {
     let grpc: Vec<String> = server.grpc_addrs.iter().map(|a| a.to_string()).collect();
-    let http = server
-        .http_addr
-        .map_or("off".to_string(), |a| format!("{a} (/v1/kv, /healthz, /metrics)"));
-    let data = server.data_addr.map_or("off".to_string(), |a| a.to_string());
+    let http = server.http_addr.map_or("off".to_string(), |a| {
+        format!("{a} (/v1/kv, /healthz, /metrics)")
+    });
+    let data = server
+        .data_addr
+        .map_or("off".to_string(), |a| a.to_string());
     tracing::info!(
         "kvtier {} listening: gRPC {} (kvtier.v1, kvstore.KVStoreService, health, reflection); data plane {}; HTTP {}",
         env!("CARGO_PKG_VERSION"),
@@ -223,7 +225,7 @@ fn check_disk_space(cfg: &Config) {
     let Ok(st) = nix::sys::statvfs::statvfs(dir) else {
         return;
     };
-    let free = st.blocks_available() as u64 * st.fragment_size() as u64;
+    let free = st.blocks_available() * st.fragment_size();
     let held = dir_bytes(std::path::Path::new(&cfg.disk.dir));
     let budget = cfg.disk.capacity.bytes();
     if budget > free + held {
@@ -283,7 +285,13 @@ mod tests {
                 continue;
             };
             // Help text wraps long lines: rejoin before comparing.
-            let shown = rest.split(']').next().unwrap().split_whitespace().collect::<Vec<_>>().join(" ");
+            let shown = rest
+                .split(']')
+                .next()
+                .unwrap()
+                .split_whitespace()
+                .collect::<Vec<_>>()
+                .join(" ");
             let v = &defaults[section][key];
             let real = match v {
                 toml::Value::String(s) if s.is_empty() => "\"\"".to_string(),

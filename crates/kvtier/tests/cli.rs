@@ -220,7 +220,10 @@ fn start_up_log_names_listeners_and_tiers_without_colour_codes() {
     ]);
     stop_child(child);
     let text = std::fs::read_to_string(&log).unwrap();
-    assert!(!text.contains('\u{1b}'), "ANSI escape codes in a log file:\n{text}");
+    assert!(
+        !text.contains('\u{1b}'),
+        "ANSI escape codes in a log file:\n{text}"
+    );
     assert!(text.contains(&format!("gRPC {grpc}")), "{text}");
     assert!(text.contains("data plane 127.0.0.1:"), "{text}");
     assert!(
@@ -272,18 +275,33 @@ fn cli_without_a_server_explains_and_suggests_starting_one() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(err.matches("error:").count(), 1, "{err}");
     assert!(err.contains("Connection refused"), "{err}");
-    assert!(err.contains("hint: no kvtier server answers") && err.contains("kvtier serve"), "{err}");
-    assert!(!err.contains("backtrace") && !err.contains("transport error"), "{err}");
+    assert!(
+        err.contains("hint: no kvtier server answers") && err.contains("kvtier serve"),
+        "{err}"
+    );
+    assert!(
+        !err.contains("backtrace") && !err.contains("transport error"),
+        "{err}"
+    );
 }
 
 /// Too few tokens for one block: the message says how many a block needs.
 #[test]
 fn lookup_with_less_than_a_block_says_the_block_size() {
     let out = Command::new(BIN)
-        .args(["lookup", "--tokens", "1,2,3", "--server", "http://127.0.0.1:1"])
+        .args([
+            "lookup",
+            "--tokens",
+            "1,2,3",
+            "--server",
+            "http://127.0.0.1:1",
+        ])
         .output()
         .unwrap();
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("3 token(s) do not fill one block of 128 tokens"), "{err}");
+    assert!(
+        err.contains("3 token(s) do not fill one block of 128 tokens"),
+        "{err}"
+    );
 }
