@@ -448,17 +448,31 @@ class Client:
         )
 
     def read(
-        self, namespace: str, keys: Sequence[bytes], lease_id: int = 0, timeout: float | None = None
+        self,
+        namespace: str,
+        keys: Sequence[bytes],
+        lease_id: int = 0,
+        timeout: float | None = None,
+        into: Callable[[int, int], object] | None = None,
     ) -> ReadResult:
         """Reads ``keys`` in order; the server stops at the first missing block.
 
         Each payload's CRC32C is verified; a mismatch raises ``KvtierError(DATA_LOSS)``.
         ``timeout`` (seconds) overrides the client's deadline for this call.
+
+        ``into(index, nbytes)`` lets the caller provide the destination of
+        block ``index`` (its position in ``keys``): a writable buffer of at
+        least ``nbytes``, or ``None`` for a new ``bytes``. Over the data plane
+        the payload is received straight into it; the block's ``payload`` is
+        then a memoryview of that buffer (checksum verified). A retried call
+        may write into the same buffers again.
         """
         ks = _check_keys(keys)
         pool = self.data_plane()
         if pool is not None:
-            (blocks, done), us = self._retrying(lambda t: self._wire_read(pool, namespace, ks, lease_id, t), timeout)
+            (blocks, done), us = self._retrying(
+                lambda t: self._wire_read(pool, namespace, ks, lease_id, t, into), timeout
+            )
             return self._read_result(blocks, ks, done, us)
         req = self._pb.v1.ReadRequest(namespace=namespace, keys=ks, lease_id=lease_id)
 
@@ -474,9 +488,12 @@ class Client:
             return blocks, done
 
         (blocks, done), us = self._call(attempt, timeout)
+        if into is not None:
+            blocks = [_copy_into(b, into) for b in blocks]
         return self._read_result(blocks, ks, done, us)
 
-    def _wire_read(self, pool: _wire.WirePool, namespace: str, ks: list[bytes], lease_id: int, timeout: float):
+    def _wire_read(self, pool: _wire.WirePool, namespace: str, ks: list[bytes], lease_id: int, timeout: float,
+                   into=None):
         """A data-plane read; replies that end at their size limit (reason
         ``size``) are continued from the first key not returned, within
         ``timeout``. Returns the blocks and a ``ReadDone`` for all of them
@@ -487,7 +504,8 @@ class Client:
         timing = pb.ServerTiming()
         while True:
             start = len(blocks)
-            reply, data = pool.read(namespace, ks[start:], lease_id, max(1e-3, end - time.monotonic()))
+            shifted = (lambda i, n, s=start: into(i + s, n)) if into is not None else None
+            reply, data = pool.read(namespace, ks[start:], lease_id, max(1e-3, end - time.monotonic()), shifted)
             for rb, payload in zip(reply.blocks, data):
                 rb.index += start
                 blocks.append(self._to_read_block(rb, payload))
@@ -667,6 +685,19 @@ class Client:
             timing=ServerTiming._from_pb(r.timing if r.HasField("timing") else None, us),
             data_listen=r.data_listen,
         )
+
+
+def _copy_into(b: ReadBlock, into) -> ReadBlock:
+    """gRPC path of ``read(into=...)``: the payload copied into the caller's buffer."""
+    buf = into(b.index, len(b.payload))
+    if buf is None:
+        return b
+    view = memoryview(buf).cast("B")
+    n = len(b.payload)
+    if view.nbytes < n or view.readonly:
+        raise ValueError(f"buffer for block {b.index} holds {view.nbytes} bytes, need {n}")
+    view[:n] = b.payload
+    return ReadBlock(b.index, b.key, b.parent, b.token_count, view[:n], b.tier)
 
 
 def _data_plane_addr(target: str, advertised: str) -> tuple[str, int]:

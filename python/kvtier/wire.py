@@ -144,12 +144,16 @@ class WirePool:
 
     # -- calls --------------------------------------------------------------
 
-    def read(self, namespace: str, keys: Sequence[bytes], lease_id: int, timeout: float):
+    def read(self, namespace: str, keys: Sequence[bytes], lease_id: int, timeout: float, into=None):
         """One Read: returns ``(WireReadReply, payloads)``; payload i belongs to block i.
 
         Checksums are the caller's to verify (``Block.crc32c`` of each block).
         The reply is at most ``max_reply`` bytes: a longer read ends early with
         reason :data:`SIZE` (see :meth:`kvtier.Client.read`, which continues it).
+        ``into(i, nbytes)`` may return a writable buffer of at least ``nbytes``
+        for payload ``i``: the payload is received straight into it (no copy)
+        and returned as a memoryview of it; ``None`` keeps the default (a new
+        ``bytes``).
         """
         req = self._w.WireReadRequest(
             request=self._v1.ReadRequest(namespace=namespace, keys=keys, lease_id=lease_id),
@@ -158,7 +162,7 @@ class WirePool:
             timeout_ms=_server_ms(timeout),
             max_reply_bytes=self.max_reply,
         )
-        f = self._call(Kind.READ, req.SerializeToString(), (), 0, timeout, Kind.READ_REPLY)
+        f = self._call(Kind.READ, req.SerializeToString(), (), 0, timeout, Kind.READ_REPLY, into)
         return f.read_reply, f.payloads
 
     def write(self, namespace: str, blocks: Sequence, payloads: Sequence, timeout: float):
@@ -182,7 +186,7 @@ class WirePool:
     # -- plumbing -------------------------------------------------------------
 
     def _call(
-        self, kind: int, meta: bytes, payloads: Sequence, data_len: int, timeout: float, reply_kind: int
+        self, kind: int, meta: bytes, payloads: Sequence, data_len: int, timeout: float, reply_kind: int, into=None
     ) -> "_Frame":
         deadline = _Deadline(timeout)
         if self._pid != os.getpid():
@@ -197,10 +201,13 @@ class WirePool:
             sock = self._take(deadline, timeout)
             rid = next(self._ids) & 0xFFFF_FFFF_FFFF_FFFF
             try:
-                reply = self._exchange(sock, kind, rid, meta, payloads, data_len, deadline)
+                reply = self._exchange(sock, kind, rid, meta, payloads, data_len, deadline, into)
             except _Expired:
                 sock.close()
                 raise self._deadline_error(timeout) from None
+            except BufferTooSmall:
+                sock.close()  # the rest of the reply is still on the wire
+                raise
             except (OSError, ValueError) as e:
                 # The connection's state is unknown: drop it. A transport
                 # failure usually means the server restarted or went away, so
@@ -268,7 +275,7 @@ class WirePool:
                 return
         sock.close()
 
-    def _exchange(self, sock, kind, rid, meta, payloads, data_len, deadline) -> "_Frame":
+    def _exchange(self, sock, kind, rid, meta, payloads, data_len, deadline, into=None) -> "_Frame":
         header = HEADER.pack(MAGIC, kind, 0, 0, rid, len(meta), data_len)
         _send_all(sock, [header, meta, *payloads], deadline)
         raw = _recv_exact(sock, HEADER.size, deadline)
@@ -292,14 +299,27 @@ class WirePool:
                 raise ValueError(f"read reply has {len(read_reply.blocks)} blocks but {len(lengths)} payloads")
         if sum(lengths) != data_len:
             raise ValueError(f"payload lengths add up to {sum(lengths)} bytes but the frame carries {data_len}")
-        return _Frame(rkind, m, [_recv_exact(sock, n, deadline) for n in lengths], read_reply)
+        out = []
+        for i, n in enumerate(lengths):
+            buf = into(i, n) if into is not None and read_reply is not None else None
+            if buf is None:
+                out.append(_recv_exact(sock, n, deadline))
+                continue
+            view = memoryview(buf).cast("B")
+            if view.nbytes < n or view.readonly:
+                raise BufferTooSmall(
+                    f"buffer for payload {i} holds {view.nbytes} bytes (writable: {not view.readonly}), need {n}"
+                )
+            _recv_into_exact(sock, view[:n], deadline)
+            out.append(view[:n])
+        return _Frame(rkind, m, out, read_reply)
 
 
 @dataclass
 class _Frame:
     kind: int
     meta: bytes
-    payloads: list[bytes]
+    payloads: list  # bytes, or memoryviews of the caller's buffers
     read_reply: object | None
 
 
@@ -338,6 +358,24 @@ def _recv_exact(sock: socket.socket, n: int, deadline: _Deadline) -> bytes:
         parts.append(b)
         left -= len(b)
     return b"".join(parts)
+
+
+class BufferTooSmall(ValueError):
+    """A ``read(into=...)`` buffer cannot take its payload (the caller's mistake, not retried)."""
+
+
+def _recv_into_exact(sock: socket.socket, view: memoryview, deadline: _Deadline) -> None:
+    """Fills ``view`` exactly, usually with a single ``recv_into(..., MSG_WAITALL)``."""
+    pos, n = 0, view.nbytes
+    while pos < n:
+        _arm(sock, socket.SO_RCVTIMEO, deadline)
+        try:
+            got = sock.recv_into(view[pos:], n - pos, socket.MSG_WAITALL)
+        except BlockingIOError:
+            continue
+        if got == 0:
+            raise ConnectionError(f"connection closed with {n - pos} of {n} bytes still to come")
+        pos += got
 
 
 def _send_all(sock: socket.socket, buffers: list, deadline: _Deadline) -> None:

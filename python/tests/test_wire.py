@@ -422,3 +422,42 @@ def test_pool_writes_any_contiguous_buffer_by_its_byte_length(client, ns):
     w = pool.write(ns, [pb.Block(key=b"typed", crc32c=crc32c(raw))], [values], timeout=10)
     assert w.stored == 1
     assert client.read(ns, [b"typed"]).payloads == [raw]
+
+
+@pytest.mark.parametrize("data_plane", [True, False], ids=["data-plane", "grpc"])
+def test_read_into_caller_buffers(server, ns, data_plane):
+    """``read(into=...)`` lands each payload in the caller's buffer (received
+    straight into it over the data plane), continued replies included;
+    ``None`` from the callback keeps a new bytes object."""
+    with Client(server.grpc, connections=1, data_plane=data_plane) as c:
+        blocks = chain_blocks(5, seed=91, size=300_000)
+        c.write(ns, blocks)
+        if data_plane:
+            c.data_plane().max_reply = 700_000  # two blocks per reply
+        bufs = {i: bytearray(400_000) for i in (0, 2, 3, 4)}  # block 1: default
+        asked = []
+
+        def into(i, n):
+            asked.append((i, n))
+            return bufs.get(i)
+
+        r = c.read(ns, [b.key for b in blocks], into=into)
+        assert sorted(asked) == [(i, 300_000) for i in range(5)]
+        assert r.payloads == [b.payload for b in blocks]
+        for i, blk in enumerate(r.blocks):
+            if i in bufs:
+                assert isinstance(blk.payload, memoryview) and blk.payload.obj is bufs[i]
+                assert bytes(bufs[i][:300_000]) == blocks[i].payload
+            else:
+                assert isinstance(blk.payload, bytes)
+        with pytest.raises(ValueError, match="need 300000"):
+            c.read(ns, [blocks[0].key], into=lambda i, n: bytearray(10))
+
+
+def test_read_into_still_checks_the_checksum(fake_client):
+    payload = os.urandom(50_000)
+    peer, c = fake_client(lambda h, m, d, conn: conn.sendall(read_reply(h[4], payload, crc32c(payload) ^ 1)))
+    buf = bytearray(50_000)
+    with pytest.raises(KvtierError) as ei:
+        c.read("ns", [b"k"], into=lambda i, n: buf)
+    assert ei.value.code == grpc.StatusCode.DATA_LOSS
