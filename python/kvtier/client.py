@@ -114,7 +114,12 @@ class ServerTiming:
 
 @dataclass(frozen=True)
 class Block:
-    """One block to write. The CRC32C is computed by :meth:`Client.write`."""
+    """One block to write. The CRC32C is computed by :meth:`Client.write`.
+
+    ``payload`` is any bytes-like object, or a list of them that together
+    form the payload (gathered without a copy on the data plane: e.g. the K
+    and V pages of a KV block that live apart in memory).
+    """
 
     key: bytes
     payload: bytes
@@ -462,10 +467,12 @@ class Client:
 
         ``into(index, nbytes)`` lets the caller provide the destination of
         block ``index`` (its position in ``keys``): a writable buffer of at
-        least ``nbytes``, or ``None`` for a new ``bytes``. Over the data plane
-        the payload is received straight into it; the block's ``payload`` is
-        then a memoryview of that buffer (checksum verified). A retried call
-        may write into the same buffers again.
+        least ``nbytes``, a list of writable buffers filled one after the
+        other (scatter), or ``None`` for a new ``bytes``. Over the data plane
+        the payload is received straight into them; the block's ``payload``
+        is then a memoryview of the filled bytes (a list of them for a
+        scatter list), checksum verified. A retried call may write into the
+        same buffers again.
         """
         ks = _check_keys(keys)
         pool = self.data_plane()
@@ -545,7 +552,7 @@ class Client:
         b = rb.block
         if payload is None:
             payload = b.payload
-        actual = crc32c(payload)
+        actual = _crc_of(payload)
         if actual != b.crc32c:
             raise KvtierError(
                 grpc.StatusCode.DATA_LOSS,
@@ -570,17 +577,17 @@ class Client:
             if not isinstance(b, Block):
                 raise TypeError(f"expected kvtier.Block, got {type(b).__name__}")
             if payloads is not None:
-                # Data plane: the caller's buffer goes to sendmsg as is.
-                payload = b.payload if isinstance(b.payload, bytes) else memoryview(b.payload).cast("B")
+                # Data plane: the caller's buffers go to sendmsg as they are.
+                payload = _as_parts(b.payload)
                 payloads.append(payload)
             else:
-                payload = b.payload if isinstance(b.payload, bytes) else bytes(b.payload)
+                payload = _joined(b.payload)
             out.append(
                 pb.Block(
                     key=bytes(b.key),
                     parent_key=bytes(b.parent) if b.parent else b"",
                     token_count=b.token_count,
-                    crc32c=crc32c(payload),
+                    crc32c=_crc_of(payload),
                     payload=b"" if payloads is not None else payload,
                     ttl_ms=b.ttl_ms,
                 )
@@ -687,17 +694,66 @@ class Client:
         )
 
 
+def _as_parts(payload):
+    """A payload for the data plane: bytes as is, one buffer as a byte view, a
+    list of buffers as a tuple of byte views (sent back to back)."""
+    if isinstance(payload, bytes):
+        return payload
+    if isinstance(payload, (list, tuple)):
+        return tuple(p if isinstance(p, bytes) else memoryview(p).cast("B") for p in payload)
+    return memoryview(payload).cast("B")
+
+
+def _joined(payload) -> bytes:
+    if isinstance(payload, bytes):
+        return payload
+    if isinstance(payload, (list, tuple)):
+        return b"".join(bytes(p) for p in payload)
+    return bytes(payload)
+
+
+def _crc_of(payload) -> int:
+    """CRC32C of a payload given as one buffer or as consecutive parts."""
+    if isinstance(payload, (list, tuple)):
+        c = 0
+        for p in payload:
+            c = crc32c(p, c)
+        return c
+    return crc32c(payload)
+
+
+def _fill(view_or_parts, payload) -> object:
+    """Copies ``payload`` into one writable buffer or consecutive parts; returns what was filled."""
+    if isinstance(view_or_parts, (list, tuple)):
+        parts, pos = [], 0
+        src = memoryview(payload).cast("B")
+        for p in view_or_parts:
+            v = memoryview(p).cast("B")
+            k = min(v.nbytes, src.nbytes - pos)
+            v[:k] = src[pos:pos + k]
+            parts.append(v[:k])
+            pos += k
+        if pos < src.nbytes:
+            raise ValueError(f"buffers hold {pos} bytes, need {src.nbytes}")
+        return parts
+    view = memoryview(view_or_parts).cast("B")
+    n = len(payload)
+    if view.nbytes < n or view.readonly:
+        raise ValueError(f"buffer holds {view.nbytes} bytes, need {n}")
+    view[:n] = payload
+    return view[:n]
+
+
 def _copy_into(b: ReadBlock, into) -> ReadBlock:
     """gRPC path of ``read(into=...)``: the payload copied into the caller's buffer."""
     buf = into(b.index, len(b.payload))
     if buf is None:
         return b
-    view = memoryview(buf).cast("B")
-    n = len(b.payload)
-    if view.nbytes < n or view.readonly:
-        raise ValueError(f"buffer for block {b.index} holds {view.nbytes} bytes, need {n}")
-    view[:n] = b.payload
-    return ReadBlock(b.index, b.key, b.parent, b.token_count, view[:n], b.tier)
+    try:
+        filled = _fill(buf, b.payload)
+    except ValueError as e:
+        raise ValueError(f"buffer for block {b.index}: {e}") from None
+    return ReadBlock(b.index, b.key, b.parent, b.token_count, filled, b.tier)
 
 
 def _data_plane_addr(target: str, advertised: str) -> tuple[str, int]:

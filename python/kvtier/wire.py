@@ -167,8 +167,9 @@ class WirePool:
 
     def write(self, namespace: str, blocks: Sequence, payloads: Sequence, timeout: float):
         """One Write of ``blocks`` (protobuf ``Block``s without payloads) and their ``payloads``
-        (any contiguous buffers; lengths are in bytes)."""
-        lengths = [memoryview(p).nbytes for p in payloads]
+        (any contiguous buffers, or tuples of buffers that form one payload; lengths are in bytes)."""
+        lengths = [sum(memoryview(x).nbytes for x in p) if isinstance(p, tuple) else memoryview(p).nbytes
+                   for p in payloads]
         total = sum(lengths)
         if total > _U32_MAX:
             raise KvtierError(
@@ -180,7 +181,8 @@ class WirePool:
             payload_lengths=lengths,
             timeout_ms=_server_ms(timeout),
         )
-        f = self._call(Kind.WRITE, req.SerializeToString(), payloads, total, timeout, Kind.WRITE_REPLY)
+        flat = [x for p in payloads for x in (p if isinstance(p, tuple) else (p,))]
+        f = self._call(Kind.WRITE, req.SerializeToString(), flat, total, timeout, Kind.WRITE_REPLY)
         return self._v1.WriteResponse.FromString(f.meta)
 
     # -- plumbing -------------------------------------------------------------
@@ -305,13 +307,22 @@ class WirePool:
             if buf is None:
                 out.append(_recv_exact(sock, n, deadline))
                 continue
-            view = memoryview(buf).cast("B")
-            if view.nbytes < n or view.readonly:
+            views = [memoryview(b).cast("B") for b in (buf if isinstance(buf, (list, tuple)) else (buf,))]
+            room = sum(v.nbytes for v in views)
+            if room < n or any(v.readonly for v in views):
                 raise BufferTooSmall(
-                    f"buffer for payload {i} holds {view.nbytes} bytes (writable: {not view.readonly}), need {n}"
+                    f"buffer for payload {i} holds {room} bytes (writable: {not any(v.readonly for v in views)}), "
+                    f"need {n}"
                 )
-            _recv_into_exact(sock, view[:n], deadline)
-            out.append(view[:n])
+            filled, left = [], n
+            for v in views:
+                k = min(v.nbytes, left)
+                _recv_into_exact(sock, v[:k], deadline)
+                filled.append(v[:k])
+                left -= k
+                if not left:
+                    break
+            out.append(filled if isinstance(buf, (list, tuple)) else filled[0])
         return _Frame(rkind, m, out, read_reply)
 
 

@@ -461,3 +461,22 @@ def test_read_into_still_checks_the_checksum(fake_client):
     with pytest.raises(KvtierError) as ei:
         c.read("ns", [b"k"], into=lambda i, n: buf)
     assert ei.value.code == grpc.StatusCode.DATA_LOSS
+
+
+@pytest.mark.parametrize("data_plane", [True, False], ids=["data-plane", "grpc"])
+def test_gather_writes_and_scatter_reads(server, ns, data_plane):
+    """A payload given as parts (K and V pages apart in memory) is written
+    as one block and read back into separate parts, checksummed end to end."""
+    k = bytearray(os.urandom(70_000))
+    v = bytearray(os.urandom(50_000))
+    with Client(server.grpc, connections=1, data_plane=data_plane) as c:
+        c.write(ns, [Block(key=b"page", payload=[memoryview(k), v])])
+        whole = c.read(ns, [b"page"])
+        assert whole.payloads == [bytes(k) + bytes(v)]
+        k2, v2 = bytearray(70_000), bytearray(60_000)
+        r = c.read(ns, [b"page"], into=lambda i, n: [k2, v2])
+        parts = r.blocks[0].payload
+        assert isinstance(parts, list) and [bytes(p) for p in parts] == [bytes(k), bytes(v)]
+        assert k2 == k and v2[:50_000] == v
+        with pytest.raises(ValueError, match="need 120000"):
+            c.read(ns, [b"page"], into=lambda i, n: [bytearray(10), bytearray(10)])

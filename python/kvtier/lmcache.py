@@ -1,0 +1,349 @@
+"""kvtier as an LMCache remote storage backend (``docs/lmcache.md``).
+
+Enable it in LMCache's config::
+
+    remote_storage_plugins: ["kvtier"]
+    extra_config:
+      remote_storage_plugin.kvtier.module_path: kvtier.lmcache
+      remote_storage_plugin.kvtier.class_name: KvtierConnectorAdapter
+      remote_storage_plugin.kvtier.url: kvtier://127.0.0.1:50051
+
+How LMCache's operations map onto kvtier's:
+
+* **Keys.** LMCache names a chunk by a ``CacheEngineKey``: model, world size,
+  worker id, a prefix hash of the chunk's tokens, dtype and tags. Everything
+  but the hash goes into the kvtier namespace (hashed, with the chunk shapes,
+  dtypes, memory format and this payload format's version), so a different
+  model, rank, dtype or layout never sees another's chunks; the hash is the
+  kvtier key. LMCache's chunk hashes already chain over the prefix, so "how
+  many leading chunks exist" is one kvtier Lookup.
+* **Existence** in batches (``batched_async_contains``, ``batched_contains``):
+  one Lookup for the run of consecutive chunks, with a lease when LMCache asks
+  to pin them.
+* **Gets** receive each payload straight into a memory object allocated from
+  LMCache's local CPU backend (``Client.read(into=...)``: no intermediate
+  copy); a chunk whose size is not a whole number of tokens of this layout is
+  a miss with a warning, never loaded.
+* **Puts** send the memory object's bytes as they are (no copy on the data
+  plane) and release the object when done.
+* **Failures are misses.** No method raises into LMCache or waits past the
+  configured timeout (below LMCache's own blocking timeout).
+
+kvtier has no listing API: ``list()`` returns nothing.
+"""
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import re
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, List, Optional
+
+from lmcache.v1.storage_backend.connector import ConnectorAdapter, ConnectorContext
+from lmcache.v1.storage_backend.connector.base_connector import RemoteConnector
+
+from .client import Block, Client
+
+__all__ = ["KvtierConnectorAdapter", "KvtierRemoteConnector", "PAYLOAD_FORMAT"]
+
+log = logging.getLogger("kvtier.lmcache")
+
+SCHEME = "kvtier://"
+PLUGIN = "kvtier"
+#: Version of the payload layout: a chunk's raw bytes in LMCache's memory format.
+PAYLOAD_FORMAT = "kvtier-lmcache-payload-v1"
+_OPTIONS = {"url", "timeout_ms", "lease_ms", "namespace_prefix", "connections", "data_plane"}
+
+
+def _plugin_type(name: str) -> str:
+    return name.split(".", 1)[0]
+
+
+class KvtierConnectorAdapter(ConnectorAdapter):
+    """Accepts ``kvtier://HOST:PORT`` and ``plugin://kvtier[.instance]`` URLs.
+
+    LMCache's plugin path dials ``plugin://kvtier``, a URL without an endpoint:
+    the endpoint then comes from ``remote_storage_plugin.kvtier.url``. (An
+    adapter that refused ``plugin://`` would make every operation a silent miss.)
+    """
+
+    def __init__(self, schema: str = SCHEME):
+        super().__init__(schema)
+
+    def can_parse(self, url: str) -> bool:
+        if url.startswith(SCHEME):
+            return True
+        return url.startswith("plugin://") and _plugin_type(url[len("plugin://"):]) == PLUGIN
+
+    def create_connector(self, context: ConnectorContext) -> RemoteConnector:
+        opts = _options(context)
+        return KvtierRemoteConnector(
+            url=opts["url"],
+            loop=context.loop,
+            local_cpu_backend=context.local_cpu_backend,
+            config=context.config,
+            metadata=context.metadata,
+            timeout_ms=int(opts.get("timeout_ms", 5000)),
+            lease_ms=int(opts.get("lease_ms", 30_000)),
+            namespace_prefix=str(opts.get("namespace_prefix", "")),
+            connections=int(opts.get("connections", 4)),
+            data_plane=str(opts.get("data_plane", "true")).lower() not in ("0", "false", "no"),
+        )
+
+
+def _options(context) -> dict:
+    """``remote_storage_plugin.<name>.*`` keys of LMCache's extra_config; the
+    instance name first (``kvtier.primary``), then the bare type."""
+    url = getattr(context, "url", "") or ""
+    extra = getattr(getattr(context, "config", None), "extra_config", None) or {}
+    pname = getattr(context, "plugin_name", None) or (url[len("plugin://"):] if url.startswith("plugin://") else PLUGIN)
+    opts: dict = {}
+    for name in (_plugin_type(pname), pname):
+        prefix = f"remote_storage_plugin.{name}."
+        opts.update({k[len(prefix):]: v for k, v in extra.items() if k.startswith(prefix)})
+    unknown = sorted(set(opts) - _OPTIONS - {"module_path", "class_name"})
+    if unknown:
+        raise ValueError(f"kvtier LMCache plugin: unknown option(s) {unknown}; known: {sorted(_OPTIONS)}")
+    if url.startswith(SCHEME):
+        opts["url"] = url
+    if not str(opts.get("url", "")).startswith(SCHEME):
+        raise ValueError(
+            f"kvtier LMCache plugin selected ({url!r}) but no endpoint: set extra_config "
+            f"'remote_storage_plugin.{_plugin_type(pname)}.url' = 'kvtier://HOST:PORT'"
+        )
+    return opts
+
+
+class _RateLimited:
+    """At most one warning per key per interval (a dead kvtier must not flood the log)."""
+
+    def __init__(self, interval: float = 30.0):
+        self.interval = interval
+        self._last: dict[str, float] = {}
+        self._lock = threading.Lock()
+
+    def warn(self, key: str, msg: str, *args) -> None:
+        now = time.monotonic()
+        with self._lock:
+            if now - self._last.get(key, -1e9) < self.interval:
+                log.debug(msg, *args)
+                return
+            self._last[key] = now
+        log.warning(msg, *args)
+
+
+class KvtierRemoteConnector(RemoteConnector):
+    """LMCache ``RemoteConnector`` backed by a kvtier server."""
+
+    def __init__(self, url: str, loop, local_cpu_backend, config, metadata, timeout_ms: int = 5000,
+                 lease_ms: int = 30_000, namespace_prefix: str = "", connections: int = 4,
+                 data_plane: bool = True):
+        super().__init__(config, metadata)
+        if not re.fullmatch(r"[A-Za-z0-9._:/-]{0,48}", namespace_prefix):
+            raise ValueError(f"kvtier LMCache plugin: bad namespace_prefix {namespace_prefix!r}")
+        self.url = url
+        self.loop = loop
+        self.local_cpu_backend = local_cpu_backend
+        self.timeout = timeout_ms / 1000
+        self.lease_ms = lease_ms
+        self.prefix = namespace_prefix
+        # The client dials lazily: constructing the connector needs no server.
+        self.client = Client(url[len(SCHEME):], connections=connections, timeout=self.timeout, retries=1,
+                             data_plane=data_plane)
+        self._pool = ThreadPoolExecutor(max_workers=connections, thread_name_prefix="kvtier-lmcache")
+        self._layout = json.dumps({
+            "format": PAYLOAD_FORMAT,
+            "shapes": [list(s) for s in self.meta_shapes],
+            "dtypes": [str(d) for d in self.meta_dtypes],
+            "fmt": str(self.meta_fmt),
+            "chunk_bytes": self.full_chunk_size_bytes,
+        }, sort_keys=True)
+        self._ns_cache: dict[tuple, str] = {}
+        self._warn = _RateLimited()
+        self.stats = {"gets": 0, "hits": 0, "puts": 0, "put_failures": 0, "errors": 0, "bad_size": 0}
+
+    # -- keys and namespaces ------------------------------------------------------
+
+    def namespace(self, key) -> str:
+        ident = (key.model_name, key.world_size, key.worker_id, str(key.dtype), key.tags)
+        ns = self._ns_cache.get(ident)
+        if ns is None:
+            digest = hashlib.sha256(json.dumps([repr(ident), self._layout]).encode()).hexdigest()[:20]
+            slug = re.sub(r"[^A-Za-z0-9._-]", "-", str(key.model_name).rstrip("/").split("/")[-1])[:40] or "model"
+            ns = f"{self.prefix}lmcache/{slug}/{digest}"
+            self._ns_cache[ident] = ns
+        return ns
+
+    @staticmethod
+    def kvkey(key) -> bytes:
+        return key.chunk_hash_hex.encode()
+
+    def _groups(self, keys) -> list[tuple[str, list]]:
+        """Consecutive runs of keys sharing a namespace (normally one)."""
+        out: list[tuple[str, list]] = []
+        for k in keys:
+            ns = self.namespace(k)
+            if out and out[-1][0] == ns:
+                out[-1][1].append(k)
+            else:
+                out.append((ns, [k]))
+        return out
+
+    # -- plumbing ---------------------------------------------------------------
+
+    async def _run(self, what: str, fn, default):
+        """Runs blocking ``fn`` on the connector's threads; any failure is ``default``."""
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._pool, fn)
+        except Exception as e:  # noqa: BLE001 - a failure is a miss, never an exception into LMCache
+            self.stats["errors"] += 1
+            self._warn.warn(what, "kvtier %s failed (treated as a miss): %s", what, e)
+            return default
+
+    def _sync(self, what: str, fn, default):
+        try:
+            return fn()
+        except Exception as e:  # noqa: BLE001
+            self.stats["errors"] += 1
+            self._warn.warn(what, "kvtier %s failed (treated as a miss): %s", what, e)
+            return default
+
+    def _found(self, keys, lease: bool) -> int:
+        found = 0
+        for ns, ks in self._groups(keys):
+            r = self.client.lookup(ns, keys=[self.kvkey(k) for k in ks], lease_ms=self.lease_ms if lease else 0)
+            found += r.found
+            if r.found < len(ks):
+                break
+        return found
+
+    def _size_ok(self, n: int) -> bool:
+        return 0 < n <= self.full_chunk_size_bytes and n % self.single_token_size == 0
+
+    def _read(self, keys) -> list:
+        """Memory objects of the leading chunks of ``keys`` that kvtier holds and
+        that fit this layout; each payload received straight into its object."""
+        out: list = []
+        for ns, ks in self._groups(keys):
+            objs: dict[int, Any] = {}
+
+            def into(i, n, objs=objs):
+                if not self._size_ok(n):
+                    return None
+                obj = self.local_cpu_backend.allocate(self.meta_shapes, self.meta_dtypes, self.meta_fmt,
+                                                      busy_loop=False)
+                if obj is None:
+                    return None
+                objs[i] = obj
+                return obj.byte_array
+
+            try:
+                r = self.client.read(ns, [self.kvkey(k) for k in ks], into=into)
+            except BaseException:
+                for obj in objs.values():
+                    obj.ref_count_down()
+                raise
+            stop = False
+            for b in r.blocks:
+                obj = objs.pop(b.index, None)
+                if stop or obj is None:
+                    if obj is not None:
+                        obj.ref_count_down()
+                    if not stop and not self._size_ok(len(b.payload)):
+                        self.stats["bad_size"] += 1
+                        self._warn.warn("size", "kvtier chunk %s in %s has %d bytes, not a whole number of "
+                                        "%d-byte tokens up to %d: not loaded", b.key.decode(errors="replace"), ns,
+                                        len(b.payload), self.single_token_size, self.full_chunk_size_bytes)
+                    stop = True
+                    continue
+                if len(b.payload) < self.full_chunk_size_bytes:
+                    obj = self.reshape_partial_chunk(obj, len(b.payload))
+                out.append(obj)
+            for obj in objs.values():
+                obj.ref_count_down()
+            if stop or len(r.blocks) < len(ks):
+                break
+        return out
+
+    def _write(self, keys, memory_objs) -> None:
+        try:
+            by_ns: dict[str, list] = {}
+            for k, obj in zip(keys, memory_objs):
+                by_ns.setdefault(self.namespace(k), []).append(Block(key=self.kvkey(k), payload=obj.byte_array))
+            for ns, blocks in by_ns.items():
+                self.client.write(ns, blocks)
+            self.stats["puts"] += len(keys)
+        except Exception:
+            self.stats["put_failures"] += len(keys)
+            raise
+        finally:
+            for obj in memory_objs:
+                obj.ref_count_down()
+
+    # -- RemoteConnector -------------------------------------------------------
+
+    async def exists(self, key) -> bool:
+        return await self._run("exists", lambda: self._found([key], False) == 1, False)
+
+    def exists_sync(self, key) -> bool:
+        return self._sync("exists", lambda: self._found([key], False) == 1, False)
+
+    def support_batched_contains(self) -> bool:
+        return True
+
+    def batched_contains(self, keys: List) -> int:
+        return self._sync("contains", lambda: self._found(keys, False), 0)
+
+    def support_batched_async_contains(self) -> bool:
+        return True
+
+    async def batched_async_contains(self, lookup_id: str, keys: List, pin: bool = False) -> int:
+        return await self._run("contains", lambda: self._found(keys, pin), 0)
+
+    async def get(self, key) -> Optional[Any]:
+        self.stats["gets"] += 1
+        objs = await self._run("get", lambda: self._read([key]), [])
+        self.stats["hits"] += len(objs)
+        return objs[0] if objs else None
+
+    def support_batched_get_non_blocking(self) -> bool:
+        return True
+
+    async def batched_get_non_blocking(self, lookup_id: str, keys: List) -> List:
+        self.stats["gets"] += len(keys)
+        objs = await self._run("get", lambda: self._read(keys), [])
+        self.stats["hits"] += len(objs)
+        return objs
+
+    async def put(self, key, memory_obj) -> None:
+        await self._run("put", lambda: self._write([key], [memory_obj]), None)
+
+    def support_batched_put(self) -> bool:
+        return True
+
+    async def batched_put(self, keys: List, memory_objs: List) -> None:
+        await self._run("put", lambda: self._write(list(keys), list(memory_objs)), None)
+
+    def remove_sync(self, key) -> bool:
+        return self._sync("remove", lambda: self.client.delete(self.namespace(key), [self.kvkey(key)]).deleted > 0,
+                          False)
+
+    def support_ping(self) -> bool:
+        return True
+
+    async def ping(self) -> int:
+        return await self._run("ping", lambda: (self.client.stats(), 0)[1], 1)
+
+    async def list(self) -> List[str]:
+        return []
+
+    async def close(self) -> None:
+        self._pool.shutdown(wait=False)
+        self.client.close()
+
+    def __repr__(self) -> str:
+        return f"<KvtierRemoteConnector {self.url}>"
