@@ -1,6 +1,6 @@
 # kvtier: the two set-up commands are `make demo` and `make test`; both install
 # what they need (scripts/setup.sh) on a fresh machine.
-.PHONY: demo test install setup setup-test setup-vllm build release fmt clippy rust-test py-test vllm-test bench clean
+.PHONY: demo test install setup setup-test setup-vllm setup-integrations build release fmt clippy rust-test py-test vllm-test integrations-test bench clean
 
 CARGO ?= cargo
 
@@ -30,7 +30,7 @@ rust-test:
 	$(CARGO) test --workspace
 
 py-test:
-	.venv/bin/python -m pytest -q python/tests --ignore=python/tests/vllm
+	.venv/bin/python -m pytest -q python/tests --ignore=python/tests/vllm --ignore=python/tests/integrations
 
 # vLLM's CPU build lives in its own venv (.tools/vllm, ~6.5 GB, kept between runs).
 setup-vllm:
@@ -40,7 +40,15 @@ vllm-test: setup-vllm
 	cargo build -p kvtier
 	.tools/vllm/bin/python -m pytest -q python/tests/vllm
 
-test: setup-test fmt clippy rust-test py-test vllm-test
+# LMCache and SGLang's storage interface in their own venv (.tools/lmcache, ~6 GB).
+setup-integrations:
+	@scripts/setup-lmcache.sh
+
+integrations-test: setup-integrations
+	cargo build -p kvtier
+	.tools/lmcache/bin/python -m pytest -q python/tests/integrations
+
+test: setup-test fmt clippy rust-test py-test vllm-test integrations-test
 
 bench:
 	scripts/bench-engine.sh

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Installs LMCache into its own venv, .tools/lmcache (about 6 GB: it pulls a
 # CUDA build of torch that also imports on CPU), with the kvtier SDK installed
-# editable, for the LMCache storage-plugin tests (python/tests/lmcache/).
+# editable and SGLang's Python package (without its GPU dependencies: the tests
+# only import its HiCache storage interface), for the LMCache and SGLang
+# backend tests (python/tests/integrations/).
 #
 # Separate from .tools/vllm because LMCache pins numpy<=2.2.6 and protobuf<7,
 # which conflict with vLLM's CPU build (../shared/ENGINES.md). On CPU only
@@ -11,11 +13,13 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 LMCACHE_VERSION="${LMCACHE_VERSION:-0.5.6}"
+SGLANG_VERSION="${SGLANG_VERSION:-0.5.23}"
 VENV=.tools/lmcache
 PY="$VENV/bin/python"
-want="lmcache=$LMCACHE_VERSION"
+want="lmcache=$LMCACHE_VERSION sglang=$SGLANG_VERSION"
+check='import lmcache, kvtier; from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory'
 if [ -x "$PY" ] && [ "$(cat "$VENV/.kvtier-stamp" 2>/dev/null)" = "$want" ] \
-   && "$PY" -c 'import lmcache, kvtier' >/dev/null 2>&1; then
+   && "$PY" -c "$check" >/dev/null 2>&1; then
   exit 0
 fi
 echo "installing LMCache $LMCACHE_VERSION into $VENV (a few minutes, ~6 GB)"
@@ -24,6 +28,12 @@ python3 -m venv "$VENV"
 PIP=("$VENV/bin/pip" install -q --disable-pip-version-check)
 "${PIP[@]}" --upgrade pip
 "${PIP[@]}" "lmcache==$LMCACHE_VERSION"
-"${PIP[@]}" -e python crc32c pytest
-"$PY" -c 'import lmcache, kvtier' >/dev/null
+# Keep LMCache's pins: protobuf<7 and the grpcio it installed (grpcio-tools then
+# resolves to a release that accepts both).
+grpc_v=$("$PY" -c 'import grpc; print(grpc.__version__)')
+"${PIP[@]}" -e python crc32c pytest "protobuf<7" "grpcio==$grpc_v" "grpcio-tools==$grpc_v"
+# SGLang's full dependency set is GPU-only; its storage interface imports with these.
+"${PIP[@]}" --no-deps "sglang==$SGLANG_VERSION"
+"${PIP[@]}" orjson pybase64 pillow ipython
+"$PY" -c "$check" >/dev/null
 echo "$want" > "$VENV/.kvtier-stamp"

@@ -1,0 +1,120 @@
+"""kvtier.lmcache with LMCache's real engine (standalone, mock GPU connector)
+against a real kvtier server: chunks stored in one process are retrieved,
+byte for byte, by a fresh one; kvtier going away mid-run means misses, not
+exceptions or hangs; a chunk of the wrong size is never loaded."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from kvtier import Block, Client
+from kvtier.server import Server
+
+HERE = Path(__file__).resolve().parent
+TOKENS = list(range(100, 100 + 2048))  # 8 chunks of 256 tokens
+
+
+def config(url: str, timeout_ms: int = 3000) -> str:
+    return f"""
+chunk_size: 256
+local_cpu: false
+max_local_cpu_size: 1
+remote_serde: naive
+blocking_timeout_secs: 20
+remote_storage_plugins: ["kvtier"]
+extra_config:
+  remote_storage_plugin.kvtier.module_path: kvtier.lmcache
+  remote_storage_plugin.kvtier.class_name: KvtierConnectorAdapter
+  remote_storage_plugin.kvtier.url: kvtier://{url}
+  remote_storage_plugin.kvtier.timeout_ms: {timeout_ms}
+"""
+
+
+def start(tmp: Path, name: str, spec: dict) -> subprocess.Popen:
+    spec = {"config_path": str(tmp / f"{name}.yaml"), "tokens": TOKENS, **spec}
+    (tmp / f"{name}.json").write_text(json.dumps(spec))
+    log = open(tmp / f"{name}.log", "w")
+    # LMCache hashes chunks with Python's hash(): the seed must match across processes.
+    env = {**os.environ, "PYTHONHASHSEED": "0"}
+    return subprocess.Popen([sys.executable, str(HERE / "lmcache_run.py"), str(tmp / f"{name}.json"),
+                             str(tmp / f"{name}.out")], stdout=log, stderr=subprocess.STDOUT, env=env)
+
+
+def finish(p: subprocess.Popen, tmp: Path, name: str, timeout: float = 300) -> dict:
+    try:
+        rc = p.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        pytest.fail(f"LMCache {name} did not finish within {timeout}s:\n{(tmp / f'{name}.log').read_text()[-4000:]}")
+    assert rc == 0, (tmp / f"{name}.log").read_text()[-6000:]
+    return json.loads((tmp / f"{name}.out").read_text())
+
+
+def run(tmp: Path, name: str, spec: dict) -> dict:
+    return finish(start(tmp, name, spec), tmp, name)
+
+
+def test_stored_chunks_are_retrieved_by_a_fresh_process(server, tmp_path):
+    cfg = config(server.grpc)
+    stored = run(tmp_path, "store", {"mode": "store", "config": cfg})
+    assert stored["stored"]["puts"] == 8 and stored["stored"]["put_failures"] == 0, stored
+    (ns,) = stored["namespaces"]
+    assert ns.startswith("lmcache/test-model/")
+    with Client(server.grpc) as c:
+        assert c.stats().tier(1).blocks >= 8
+    got = run(tmp_path, "retrieve", {"mode": "retrieve", "config": cfg})
+    assert got["lookup"] == 2048, got
+    assert got["retrieved"] == 2048, got
+    assert got["checked"] == {"chunks": 8, "bad": 0}, "every chunk's bytes came back intact"
+    assert got["stats"]["errors"] == 0
+
+
+def test_another_model_sees_nothing(server, tmp_path):
+    cfg = config(server.grpc)
+    run(tmp_path, "store", {"mode": "store", "config": cfg, "model": "model-a"})
+    got = run(tmp_path, "retrieve", {"mode": "retrieve", "config": cfg, "model": "model-b"})
+    assert got["lookup"] == 0 and got["retrieved"] == 0
+
+
+def test_a_chunk_of_the_wrong_size_is_a_miss_with_a_warning(server, tmp_path):
+    cfg = config(server.grpc)
+    stored = run(tmp_path, "store", {"mode": "store", "config": cfg, "model": "model-c"})
+    (ns,) = stored["namespaces"]
+    assert len(stored["keys"]) == 8
+    got_before = run(tmp_path, "retrieve0", {"mode": "retrieve", "config": cfg, "model": "model-c"})
+    assert got_before["retrieved"] == 2048
+    # The 4th chunk replaced by 1,000 bytes (not a whole number of tokens of this layout).
+    bad_key = stored["keys"][3].encode()
+    with Client(server.grpc) as c:
+        c.delete(ns, [bad_key])
+        c.write(ns, [Block(key=bad_key, payload=b"\x01" * 1000)])
+    got = run(tmp_path, "retrieve1", {"mode": "retrieve", "config": cfg, "model": "model-c"})
+    assert got["retrieved"] == 3 * 256, got
+    assert got["checked"]["bad"] == 0
+    assert got["stats"]["bad_size"] >= 1
+    assert "not a whole number" in (tmp_path / "retrieve1.log").read_text()
+
+
+def test_kvtier_stopped_mid_run_means_misses_not_hangs(kvtier_bin, tmp_path):
+    s = Server.start(binary=kvtier_bin)
+    ready, go = tmp_path / "ready", tmp_path / "go"
+    p = start(tmp_path, "outage", {"mode": "outage", "config": config(s.grpc, timeout_ms=2000),
+                                   "ready": str(ready), "go": str(go)})
+    end = time.monotonic() + 300
+    while not ready.exists():
+        assert p.poll() is None, (tmp_path / "outage.log").read_text()[-6000:]
+        assert time.monotonic() < end, "the store phase never finished"
+        time.sleep(0.05)
+    s.stop()
+    go.touch()
+    out = finish(p, tmp_path, "outage")
+    assert out["stored"]["puts"] == 8
+    assert out["lookup"] == 0 and out["retrieved"] == 0, out
+    assert out["elapsed_s"] < 30, f"misses took {out['elapsed_s']:.1f} s"
+    assert out["stats"]["errors"] >= 1
