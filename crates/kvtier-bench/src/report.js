@@ -79,7 +79,7 @@
       var h = ['<svg viewBox="0 0 ' + W + " " + H + '" width="' + W + '" height="' + H + '" role="img">'];
       ticks(ylo, yhi, logY).forEach(function (v) {
         h.push('<line class="grid" x1="' + L + '" x2="' + (W - Rm) + '" y1="' + sy(v) + '" y2="' + sy(v) + '"/>' +
-          '<text class="tick" x="' + (L - 6) + '" y="' + (sy(v) + 4) + '" text-anchor="end">' + fmt(v) + "</text>");
+          '<text class="tick" x="' + (L - 6) + '" y="' + (sy(v) + 4) + '" text-anchor="end">' + tickFmt(v) + "</text>");
       });
       var xt = {};
       xs.forEach(function (v) { xt[v] = 1; });
@@ -187,9 +187,13 @@
       return v.every(function (x) { return x !== null && Math.abs(x - v[0]) <= 0.01 * Math.max(v[0], 1e-9); });
     });
     var tnote = same ? "The " + ops.join(", ") + " lines coincide: each iteration of this workload issues one of each. " : "";
-    var fits = A.usl || [];
-    tnote += fits.length ? "Dashed: Universal Scalability Law fits (" + fits.map(function (u) { return u.op + " R² " + u.fit.r_squared.toFixed(3); }).join(", ") + ")."
-      : "No scalability fit: it needs more load steps (" + cs.length + ") than its 3 parameters.";
+    // A fit is drawn only when it explains the points (R² >= 0.8); a poor one
+    // is named with its R², not drawn as if it meant something.
+    var fits = (A.usl || []).filter(function (u) { return u.fit.r_squared >= 0.8; });
+    var poor = (A.usl || []).filter(function (u) { return u.fit.r_squared < 0.8; });
+    tnote += fits.length ? "Dashed: Universal Scalability Law fits (" + fits.map(function (u) { return u.op + " R² " + u.fit.r_squared.toFixed(3); }).join(", ") + "). "
+      : (A.usl || []).length ? "" : "No scalability fit: it needs more load steps (" + cs.length + ") than its 3 parameters. ";
+    if (poor.length) tnote += "Not drawn, the USL does not fit these points: " + poor.map(function (u) { return u.op + " R² " + u.fit.r_squared.toFixed(3); }).join(", ") + ".";
     fits.forEach(function (u) {
       var f = u.fit, lo = load(cs[0]), hi = load(cs[cs.length - 1]), pts = [];
       for (var k = 0; k <= 60; k++) {
