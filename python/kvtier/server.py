@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-__all__ = ["Server", "ServerError", "find_binary", "REPO_ROOT"]
+__all__ = ["Server", "ServerError", "find_binary", "free_port_pair", "REPO_ROOT"]
 
 #: The repository root when running from a source checkout (python/kvtier/..).
 REPO_ROOT = Path(__file__).resolve().parent.parent.parent
@@ -200,3 +200,23 @@ class Server:
 
     def __repr__(self) -> str:
         return f"Server(pid={self.pid}, grpc={self.grpc!r}, http={self.http!r})"
+
+
+def free_port_pair(host: str = "127.0.0.1") -> int:
+    """A port P such that P and P + 1 are free on ``host`` now: where a server
+    started with ``listen=f"{host}:{P}"`` puts its gRPC listener and its data
+    plane (``data_listen = "auto"``). For tests that need a fixed address (a
+    server restarted at the same place); another process may still take it."""
+    import socket
+
+    for _ in range(100):
+        with socket.socket() as a:
+            a.bind((host, 0))
+            port = a.getsockname()[1]
+            try:
+                with socket.socket() as b:
+                    b.bind((host, port + 1))
+            except OSError:
+                continue
+            return port
+    raise ServerError("no free pair of adjacent ports")

@@ -135,6 +135,10 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         return Ok(());
     }
     check_disk_space(&cfg);
+    // Handlers first: a SIGTERM right after the ready line must still be a
+    // graceful shutdown, not the default action (kill).
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    let mut int = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?;
     let mut server = Server::start(cfg.clone()).await?;
     describe(&cfg, &server);
     if args.ready_json {
@@ -149,9 +153,8 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
             })
         );
     }
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     tokio::select! {
-        _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: shutting down"),
+        _ = int.recv() => tracing::info!("SIGINT: shutting down"),
         _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
         r = server.wait() => { r?; anyhow::bail!("a listener stopped unexpectedly"); }
     }

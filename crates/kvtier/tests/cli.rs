@@ -12,6 +12,11 @@ struct Served {
 
 impl Served {
     fn start(extra: &[&str]) -> Self {
+        Self::start_with_stderr(extra, Stdio::null())
+    }
+
+    /// `serve` on ephemeral loopback ports, its stderr sent to `stderr`.
+    fn start_with_stderr(extra: &[&str], stderr: Stdio) -> Self {
         let mut child = Command::new(BIN)
             .args([
                 "serve",
@@ -22,8 +27,9 @@ impl Served {
                 "--ready-json",
             ])
             .args(extra)
+            .env_remove("RUST_LOG")
             .stdout(Stdio::piped())
-            .stderr(Stdio::null())
+            .stderr(stderr)
             .spawn()
             .expect("spawn kvtier serve");
         // Readiness: the server prints its bound addresses once listening.
@@ -167,43 +173,11 @@ fn config_file_flags_and_print_config() {
     assert!(!out.status.success());
 }
 
-/// Starts `serve` with stderr captured to a file; returns (child, grpc address, stderr file).
-fn serve_logged(extra: &[&str]) -> (Child, String, tempfile::TempPath) {
+/// Starts `serve` with stderr captured to a file; returns the server and the file.
+fn serve_logged(extra: &[&str]) -> (Served, tempfile::TempPath) {
     let log = tempfile::NamedTempFile::new().unwrap().into_temp_path();
     let err = std::fs::File::create(&log).unwrap();
-    let mut child = Command::new(BIN)
-        .args([
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--http-listen",
-            "127.0.0.1:0",
-            "--ready-json",
-        ])
-        .args(extra)
-        .env_remove("RUST_LOG")
-        .stdout(Stdio::piped())
-        .stderr(err)
-        .spawn()
-        .expect("spawn kvtier serve");
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .expect("ready line");
-    let v: serde_json::Value = serde_json::from_str(&line).expect("ready json");
-    (child, v["grpc"][0].as_str().unwrap().to_string(), log)
-}
-
-fn stop_child(mut child: Child) {
-    Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while child.try_wait().unwrap().is_none() {
-        assert!(Instant::now() < deadline, "server did not stop on SIGTERM");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    (Served::start_with_stderr(extra, err.into()), log)
 }
 
 /// Start-up says what listens where and which tiers are on, in plain text
@@ -212,13 +186,14 @@ fn stop_child(mut child: Child) {
 fn start_up_log_names_listeners_and_tiers_without_colour_codes() {
     let dir = tempfile::tempdir().unwrap();
     let disk = dir.path().join("disk");
-    let (child, grpc, log) = serve_logged(&[
+    let (served, log) = serve_logged(&[
         "--disk-dir",
         disk.to_str().unwrap(),
         "--disk-capacity",
         "64MiB",
     ]);
-    stop_child(child);
+    let grpc = served.grpc.trim_start_matches("http://").to_string();
+    assert!(served.stop().success());
     let text = std::fs::read_to_string(&log).unwrap();
     assert!(
         !text.contains('\u{1b}'),
@@ -244,13 +219,13 @@ fn start_up_log_names_listeners_and_tiers_without_colour_codes() {
 #[test]
 fn disk_capacity_beyond_free_space_is_warned_about() {
     let dir = tempfile::tempdir().unwrap();
-    let (child, _, log) = serve_logged(&[
+    let (served, log) = serve_logged(&[
         "--disk-dir",
         dir.path().to_str().unwrap(),
         "--disk-capacity",
         "4096TiB",
     ]);
-    stop_child(child);
+    assert!(served.stop().success());
     let text = std::fs::read_to_string(&log).unwrap();
     assert!(
         text.contains("disk.capacity 4096TiB is more than the disk tier can get"),

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
+
+from kvtier.server import free_port_pair  # noqa: F401  (re-exported for the tests)
 
 HERE = Path(__file__).resolve().parent
 RUNNER = HERE / "engine_run.py"
@@ -124,18 +125,3 @@ def wait_blocks(client, namespace: str, keys: list[bytes], timeout: float = 60) 
             return found
         time.sleep(0.05)
     return found
-
-
-def free_port_pair() -> int:
-    """A port P with P and P+1 free on loopback (kvtier's gRPC and data plane)."""
-    for _ in range(100):
-        with socket.socket() as a:
-            a.bind(("127.0.0.1", 0))
-            port = a.getsockname()[1]
-            try:
-                with socket.socket() as b:
-                    b.bind(("127.0.0.1", port + 1))
-            except OSError:
-                continue
-            return port
-    raise RuntimeError("no free port pair")
