@@ -36,8 +36,10 @@ py-test:
 setup-vllm:
 	@scripts/setup-vllm.sh
 
+# The Python suites use target/debug/kvtier as `cargo test` left it (their
+# conftest builds it when missing); a separate `cargo build -p kvtier` would
+# compile the workspace again with other features.
 vllm-test: setup-vllm
-	cargo build -p kvtier
 	.tools/vllm/bin/python -m pytest -q python/tests/vllm
 
 # LMCache and SGLang's storage interface in their own venv (.tools/lmcache, ~6 GB).
@@ -45,7 +47,6 @@ setup-integrations:
 	@scripts/setup-lmcache.sh
 
 integrations-test: setup-integrations
-	cargo build -p kvtier
 	.tools/lmcache/bin/python -m pytest -q python/tests/integrations
 
 test: setup-test fmt clippy rust-test py-test vllm-test integrations-test
