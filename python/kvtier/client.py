@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import enum
 import itertools
+import os
 import random
 import threading
 import time
@@ -253,6 +254,9 @@ class Client:
         flight on each); 0 means as many as ``connections``.
     :param data_tcp_congestion: TCP congestion control of data-plane
         connections (``None`` or ``""``: the system default), as in the Rust client.
+    :param token: bearer token for a server with authentication on
+        (``authorization: Bearer TOKEN`` on every gRPC call, a Hello frame on
+        every data-plane connection; docs/security.md). Default: ``$KVTIER_TOKEN``.
     """
 
     def __init__(
@@ -266,6 +270,7 @@ class Client:
         data_plane: bool = True,
         data_connections: int = 0,
         data_tcp_congestion: str | None = "reno",
+        token: str | None = None,
     ):
         _keys.check_block_size(block_size)
         _keys.key_len(hash)  # validates the name
@@ -297,7 +302,13 @@ class Client:
             ("grpc.min_reconnect_backoff_ms", 100),
             ("grpc.max_reconnect_backoff_ms", 2_000),
         ]
+        if token is None:
+            token = os.environ.get("KVTIER_TOKEN") or None
+        self._token = token
         self._channels = [grpc.insecure_channel(self.target, options=options) for _ in range(connections)]
+        if token:
+            auth = _BearerInterceptor(token)
+            self._channels = [grpc.intercept_channel(ch, auth) for ch in self._channels]
         self._stubs = [self._pb.v1_grpc.KvTierStub(ch) for ch in self._channels]
         self._next = itertools.count()
         self._rr_lock = threading.Lock()
@@ -353,6 +364,7 @@ class Client:
                         connections=self._data_connections,
                         congestion=self._data_tcp_congestion,
                         max_reply=MAX_MESSAGE_SIZE,
+                        token=self._token,
                     )
                 self._wire_known = True
         return self._wire
@@ -692,6 +704,44 @@ class Client:
             timing=ServerTiming._from_pb(r.timing if r.HasField("timing") else None, us),
             data_listen=r.data_listen,
         )
+
+
+class _BearerInterceptor(
+    grpc.UnaryUnaryClientInterceptor,
+    grpc.UnaryStreamClientInterceptor,
+    grpc.StreamUnaryClientInterceptor,
+    grpc.StreamStreamClientInterceptor,
+):
+    """Adds ``authorization: Bearer TOKEN`` to every call."""
+
+    def __init__(self, token: str):
+        self._md = ("authorization", f"Bearer {token}")
+
+    def _details(self, d):
+        md = list(d.metadata or []) + [self._md]
+        return d._replace(metadata=md) if hasattr(d, "_replace") else _Details(d, md)
+
+    def intercept_unary_unary(self, cont, d, req):
+        return cont(self._details(d), req)
+
+    def intercept_unary_stream(self, cont, d, req):
+        return cont(self._details(d), req)
+
+    def intercept_stream_unary(self, cont, d, reqs):
+        return cont(self._details(d), reqs)
+
+    def intercept_stream_stream(self, cont, d, reqs):
+        return cont(self._details(d), reqs)
+
+
+class _Details(grpc.ClientCallDetails):
+    def __init__(self, d, metadata):
+        self.method = d.method
+        self.timeout = d.timeout
+        self.metadata = metadata
+        self.credentials = d.credentials
+        self.wait_for_ready = getattr(d, "wait_for_ready", None)
+        self.compression = getattr(d, "compression", None)
 
 
 def _as_parts(payload):

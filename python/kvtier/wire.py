@@ -59,8 +59,10 @@ class Kind:
 
     READ = 1
     WRITE = 2
+    HELLO = 3
     READ_REPLY = 0x81
     WRITE_REPLY = 0x82
+    HELLO_REPLY = 0x83
     ERROR = 0xFF
 
 
@@ -102,6 +104,7 @@ class WirePool:
         connections: int = 4,
         congestion: str | None = "reno",
         max_reply: int = 512 << 20,
+        token: str | None = None,
     ):
         if connections < 1:
             raise ValueError("connections must be >= 1")
@@ -112,6 +115,7 @@ class WirePool:
         self.addr = addr
         self.congestion = congestion or None
         self.max_reply = max_reply
+        self.token = token or None
         self.connections = connections
         self._ids = itertools.count(1)
         self._closed = False
@@ -268,7 +272,28 @@ class WirePool:
                 pass  # best effort: only the pacing differs
         with self._lock:
             self.dials += 1
+        if self.token:
+            self._hello(s, deadline, timeout)
         return s
+
+    def _hello(self, s: socket.socket, deadline: "_Deadline", timeout: float) -> None:
+        """Authenticates a new connection (a Hello frame, docs/wire.md)."""
+        meta = self._w.WireHello(token=self.token).SerializeToString()
+        try:
+            f = self._exchange(s, Kind.HELLO, 0, meta, (), 0, deadline)
+        except _Expired:
+            s.close()
+            raise self._deadline_error(timeout) from None
+        except (OSError, ValueError) as e:
+            s.close()
+            raise KvtierError(grpc.StatusCode.UNAVAILABLE, f"data plane {self._name()}: {e}") from e
+        if f.kind == Kind.ERROR:
+            s.close()
+            e = self._w.WireError.FromString(f.meta)
+            raise KvtierError(status_code(e.code), e.message)
+        if f.kind != Kind.HELLO_REPLY:
+            s.close()
+            raise KvtierError(grpc.StatusCode.INTERNAL, f"data plane {self._name()}: Hello answered with kind {f.kind:#04x}")
 
     def _give_back(self, sock: socket.socket) -> None:
         with self._lock:

@@ -63,6 +63,10 @@ def test_kubernetes_manifests_hang_together(kvtier_bin, tmp_path):
     assert ports["data"] == ports["grpc"] + 1, "data_listen = auto is the gRPC port + 1"
     mounts = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}
     assert 'dir = "' + mounts["data"] in effective, "the disk tier lives on the volume"
+    # Authentication on, its tokens from the Secret's volume (docs/security.md).
+    volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
+    assert volumes["tokens"]["secret"]["secretName"] == "kvtier-tokens"
+    assert f'tokens_file = "{mounts["tokens"]}/tokens.toml"' in effective
 
 
 def test_systemd_unit_verifies(kvtier_bin, tmp_path):
@@ -90,5 +94,7 @@ def test_dockerfile_is_multi_stage_non_root_with_a_healthcheck(kvtier_bin, tmp_p
     effective = _check_config(kvtier_bin, (DEPLOY / "kvtier.container.toml").read_text(), tmp_path)
     assert exposed == {50051, 50052, 8080}
     assert "0.0.0.0:50051" in effective and "0.0.0.0:8080" in effective
+    assert 'tokens_file = "/etc/kvtier/tokens.toml"' in effective, "beyond loopback only with tokens"
+    assert '"health"' in text, "the health check needs no token"
     ignored = (REPO_ROOT / ".dockerignore").read_text().split()
     assert {"target", ".tools", ".venv"} <= set(ignored), "the build context leaves out build outputs"

@@ -480,3 +480,33 @@ def test_gather_writes_and_scatter_reads(server, ns, data_plane):
         assert k2 == k and v2[:50_000] == v
         with pytest.raises(ValueError, match="need 120000"):
             c.read(ns, [b"page"], into=lambda i, n: [bytearray(10), bytearray(10)])
+
+
+def test_tokens_reach_grpc_and_the_data_plane(kvtier_bin, tmp_path, ns):
+    """With authentication on, the Python client authenticates every gRPC call
+    and every data-plane connection with its token; a token for another
+    namespace is refused with PERMISSION_DENIED, no token with UNAUTHENTICATED."""
+    from kvtier.server import Server
+
+    tokens = tmp_path / "tokens.toml"
+    tokens.write_text(
+        '[[tokens]]\ntoken = "python-token-aaaaaaaa"\nnamespaces = ["py/"]\naccess = "read-write"\n'
+        '[[tokens]]\ntoken = "python-token-bbbbbbbb"\nnamespaces = ["other/"]\naccess = "read-write"\n'
+    )
+    with Server.start(binary=kvtier_bin, args=["--auth-tokens", str(tokens)]) as s:
+        blocks = chain_blocks(2, seed=5, size=100_000)
+        with Client(s.grpc, connections=1, token="python-token-aaaaaaaa") as c:
+            assert c.write("py/" + ns, blocks).stored == 2
+            assert c.data_plane() is not None and c.data_plane().token
+            assert c.read("py/" + ns, [b.key for b in blocks]).payloads == [b.payload for b in blocks]
+        with Client(s.grpc, connections=1, token="python-token-bbbbbbbb") as other:
+            with pytest.raises(KvtierError) as ei:
+                other.read("py/" + ns, [blocks[0].key])
+            assert ei.value.code == grpc.StatusCode.PERMISSION_DENIED
+            with pytest.raises(KvtierError) as ei:
+                other.lookup("py/" + ns, keys=[blocks[0].key])
+            assert ei.value.code == grpc.StatusCode.PERMISSION_DENIED
+        with Client(s.grpc, connections=1, token="") as anon:
+            with pytest.raises(KvtierError) as ei:
+                anon.lookup("py/" + ns, keys=[blocks[0].key])
+            assert ei.value.code == grpc.StatusCode.UNAUTHENTICATED

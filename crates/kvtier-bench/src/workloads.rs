@@ -439,6 +439,10 @@ impl Conn {
         cfg.data_connections = opts.data_connections;
         // "" (system default) is passed on as is: the client skips empty names.
         cfg.data_tcp_congestion = Some(opts.data_tcp_congestion.clone());
+        // A server with authentication on (docs/security.md): the token comes
+        // from the environment, never from the command line (it would be in
+        // the record's command line).
+        cfg.token = std::env::var("KVTIER_TOKEN").ok().filter(|t| !t.is_empty());
         Ok(match opts.api {
             Api::V1 => {
                 let c = Client::connect(cfg.clone()).await.context("connecting")?;

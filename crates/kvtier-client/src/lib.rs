@@ -92,6 +92,9 @@ pub struct ClientConfig {
     /// client is the sender of writes, so its setting paces (or not) every
     /// write burst (notes/006-data-plane.md).
     pub data_tcp_congestion: Option<String>,
+    /// Bearer token for servers that require one (`authorization: Bearer
+    /// TOKEN` on gRPC, a Hello frame on the data plane; docs/security.md).
+    pub token: Option<String>,
 }
 
 impl ClientConfig {
@@ -112,6 +115,7 @@ impl ClientConfig {
             data_plane: true,
             data_connections: 0,
             data_tcp_congestion: Some("reno".into()),
+            token: None,
         }
     }
 }
@@ -204,6 +208,8 @@ pub struct WriteResult {
 #[derive(Clone)]
 pub struct Client {
     cfg: ClientConfig,
+    /// `Bearer TOKEN`, parsed once.
+    auth_header: Option<tonic::metadata::MetadataValue<tonic::metadata::Ascii>>,
     pool: std::sync::Arc<Vec<KvTierClient<Channel>>>,
     next: std::sync::Arc<AtomicUsize>,
     wire: Option<wire::WireClient>,
@@ -231,12 +237,11 @@ pub async fn connect_pool(cfg: &ClientConfig) -> Result<Vec<Channel>> {
     Ok(chans)
 }
 
+/// Exponential back-off (20 ms doubling, capped) with full jitter over its
+/// upper half, so clients that failed together do not retry together.
 fn backoff(attempt: u32) -> Duration {
     let base = 20u64 << attempt.min(6);
-    // Cheap jitter without an RNG dependency: nanos of the clock.
-    let jitter = (Instant::now().elapsed().subsec_nanos() as u64 ^ std::process::id() as u64)
-        % (base / 2 + 1);
-    Duration::from_millis(base / 2 + jitter)
+    Duration::from_millis(base / 2 + rand::random_range(0..=base / 2))
 }
 
 impl Client {
@@ -254,8 +259,16 @@ impl Client {
                     .max_encoding_message_size(max)
             })
             .collect();
+        let auth_header =
+            match cfg.token.as_deref().filter(|t| !t.is_empty()) {
+                Some(t) => Some(format!("Bearer {t}").parse().map_err(|_| {
+                    ClientError::Invalid("the token must be printable ASCII".into())
+                })?),
+                None => None,
+            };
         let mut client = Self {
             cfg,
+            auth_header,
             pool: std::sync::Arc::new(pool),
             next: Default::default(),
             wire: None,
@@ -270,11 +283,12 @@ impl Client {
                     client.cfg.connections
                 };
                 client.wire = Some(
-                    wire::WireClient::connect_with(
+                    wire::WireClient::connect_authenticated(
                         addr,
                         n,
                         client.cfg.timeout,
                         client.cfg.data_tcp_congestion.as_deref(),
+                        client.cfg.token.as_deref(),
                     )
                     .await?,
                 );
@@ -321,6 +335,9 @@ impl Client {
     fn request<T>(&self, msg: T, deadline: Instant) -> tonic::Request<T> {
         let mut r = tonic::Request::new(msg);
         r.set_timeout(deadline.saturating_duration_since(Instant::now()));
+        if let Some(v) = &self.auth_header {
+            r.metadata_mut().insert("authorization", v.clone());
+        }
         r
     }
 

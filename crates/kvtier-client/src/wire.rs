@@ -30,6 +30,8 @@ pub struct WireClient {
     timeout: Duration,
     /// TCP congestion control for new connections (`None`: system default).
     congestion: Option<Arc<str>>,
+    /// Bearer token sent in a Hello frame on every new connection (docs/security.md).
+    token: Option<Arc<str>>,
 }
 
 fn transport(e: impl std::fmt::Display, addr: SocketAddr) -> ClientError {
@@ -52,11 +54,24 @@ impl WireClient {
         timeout: Duration,
         congestion: Option<&str>,
     ) -> Result<Self> {
+        Self::connect_authenticated(addr, connections, timeout, congestion, None).await
+    }
+
+    /// Like [`WireClient::connect_with`], authenticating every connection with
+    /// `token` (a Hello frame, docs/wire.md) when one is given.
+    pub async fn connect_authenticated(
+        addr: SocketAddr,
+        connections: usize,
+        timeout: Duration,
+        congestion: Option<&str>,
+        token: Option<&str>,
+    ) -> Result<Self> {
         let n = connections.max(1);
         let congestion: Option<Arc<str>> = congestion.filter(|c| !c.is_empty()).map(Arc::from);
+        let token: Option<Arc<str>> = token.filter(|t| !t.is_empty()).map(Arc::from);
         let mut idle = Vec::with_capacity(n);
         for _ in 0..n {
-            idle.push(dial(addr, congestion.as_deref()).await?);
+            idle.push(dial(addr, congestion.as_deref(), token.as_deref()).await?);
         }
         Ok(Self {
             addr,
@@ -65,6 +80,7 @@ impl WireClient {
             next_id: Arc::new(AtomicU64::new(1)),
             timeout,
             congestion,
+            token,
         })
     }
 
@@ -87,7 +103,7 @@ impl WireClient {
             let conn = self.idle.lock().pop();
             let mut sock = match conn {
                 Some(s) => s,
-                None => dial(self.addr, self.congestion.as_deref()).await?,
+                None => dial(self.addr, self.congestion.as_deref(), self.token.as_deref()).await?,
             };
             let id = self.next_id.fetch_add(1, Ordering::Relaxed);
             match exchange(&mut sock, kind, id, meta, data).await {
@@ -273,8 +289,12 @@ fn expect(got: Kind, want: Kind, meta: &Bytes) -> Result<()> {
     ))))
 }
 
-async fn dial(addr: SocketAddr, congestion: Option<&str>) -> Result<TcpStream> {
-    let s = TcpStream::connect(addr)
+async fn dial(
+    addr: SocketAddr,
+    congestion: Option<&str>,
+    token: Option<&str>,
+) -> Result<TcpStream> {
+    let mut s = TcpStream::connect(addr)
         .await
         .map_err(|e| transport(e, addr))?;
     s.set_nodelay(true).map_err(|e| transport(e, addr))?;
@@ -283,6 +303,27 @@ async fn dial(addr: SocketAddr, congestion: Option<&str>) -> Result<TcpStream> {
     {
         // Best effort: the connection works either way, only its pacing differs.
         tracing::debug!(congestion = cc, error = %e, "data plane: congestion control refused");
+    }
+    if let Some(token) = token {
+        let hello = pb::WireHello {
+            token: token.to_string(),
+        }
+        .encode_to_vec();
+        let f = exchange(&mut s, Kind::Hello, 0, hello, &[])
+            .await
+            .map_err(|e| transport(e, addr))?;
+        match f.header.kind {
+            Kind::HelloReply => {}
+            Kind::Error => {
+                let e = pb::WireError::decode(f.meta)
+                    .map_err(|e| transport(format!("bad error frame: {e}"), addr))?;
+                return Err(ClientError::Status(tonic::Status::new(
+                    tonic::Code::from_i32(e.code),
+                    format!("data plane {addr}: {}", e.message),
+                )));
+            }
+            other => return Err(transport(format!("Hello answered with {other:?}"), addr)),
+        }
     }
     Ok(s)
 }
@@ -387,12 +428,12 @@ mod tests {
                 .trim_end_matches('\0')
                 .to_string()
         };
-        let s = dial(addr, Some("reno")).await.unwrap();
+        let s = dial(addr, Some("reno"), None).await.unwrap();
         assert_eq!(cc(&s), "reno");
         // Unknown: the connection still works, on the system default.
-        let s = dial(addr, Some("nosuchcc")).await.unwrap();
+        let s = dial(addr, Some("nosuchcc"), None).await.unwrap();
         assert!(!cc(&s).is_empty());
-        let s = dial(addr, None).await.unwrap();
+        let s = dial(addr, None, None).await.unwrap();
         assert!(!cc(&s).is_empty());
     }
 }

@@ -355,6 +355,11 @@ impl Engine {
         self.leases.check(id)
     }
 
+    /// Namespace of active lease `id`, if it is active.
+    pub fn lease_namespace(&self, id: u64) -> Option<Namespace> {
+        self.leases.namespace_of(id)
+    }
+
     /// Ends a lease early.
     pub fn release_lease(&self, id: u64) -> Result<()> {
         self.leases.release(id)

@@ -27,6 +27,8 @@ pub struct LeaseGrant {
 struct Lease {
     expires_at: Instant,
     blocks: usize,
+    /// Namespace of the leased blocks (a lease never spans namespaces).
+    namespace: Option<crate::Namespace>,
 }
 
 /// The table of active leases.
@@ -64,6 +66,7 @@ impl LeaseTable {
             Lease {
                 expires_at,
                 blocks: ids.len(),
+                namespace: ids.first().map(|b| b.namespace.clone()),
             },
         );
         Ok(LeaseGrant {
@@ -91,6 +94,14 @@ impl LeaseTable {
             }
             Some(_) => Ok(()),
         }
+    }
+
+    /// Namespace of active lease `id` (for access control), if it is active.
+    pub fn namespace_of(&self, id: u64) -> Option<crate::Namespace> {
+        self.active
+            .lock()
+            .get(&id)
+            .and_then(|l| l.namespace.clone())
     }
 
     /// Ends a lease early. Pins already placed run out at their own deadline.

@@ -24,10 +24,14 @@ pub enum Kind {
     Read = 1,
     /// Client → server: `WireWriteRequest` + payloads.
     Write = 2,
+    /// Client → server: `WireHello` (authentication, first on a connection).
+    Hello = 3,
     /// Server → client: `WireReadReply` + payloads.
     ReadReply = 0x81,
     /// Server → client: `WriteResponse`.
     WriteReply = 0x82,
+    /// Server → client: the Hello was accepted (empty metadata).
+    HelloReply = 0x83,
     /// Server → client: `WireError`.
     Error = 0xff,
 }
@@ -38,8 +42,10 @@ impl Kind {
         Some(match b {
             1 => Kind::Read,
             2 => Kind::Write,
+            3 => Kind::Hello,
             0x81 => Kind::ReadReply,
             0x82 => Kind::WriteReply,
+            0x83 => Kind::HelloReply,
             0xff => Kind::Error,
             _ => return None,
         })

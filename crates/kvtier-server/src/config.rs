@@ -21,6 +21,34 @@ pub struct Config {
     pub compat: CompatSection,
     /// The shared object-store tier (disabled when no URL is set).
     pub object_store: ObjectStoreSection,
+    /// Authentication and access control (docs/security.md).
+    pub auth: AuthSection,
+}
+
+/// `[auth]`: bearer tokens mapped to namespace prefixes (docs/security.md).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct AuthSection {
+    /// TOML file of `[[tokens]]` (token, namespaces, access); "" = no
+    /// authentication. Reloaded on SIGHUP.
+    pub tokens_file: String,
+    /// `/metrics` without a token.
+    pub public_metrics: bool,
+    /// `/healthz` (and grpc.health.v1) without a token.
+    pub public_health: bool,
+    /// Allow listening beyond loopback without authentication.
+    pub insecure: bool,
+}
+
+impl Default for AuthSection {
+    fn default() -> Self {
+        Self {
+            tokens_file: String::new(),
+            public_metrics: true,
+            public_health: true,
+            insecure: false,
+        }
+    }
 }
 
 /// `[object_store]`: the shared, durable tier below disk. See docs/object-store.md.

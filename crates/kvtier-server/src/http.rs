@@ -9,6 +9,11 @@
 //! | GET | `/healthz` | 200 | |
 //! | GET | `/metrics` | 200 Prometheus text | |
 //!
+//! With authentication on (docs/security.md) every request but the public
+//! `/healthz` and `/metrics` needs `Authorization: Bearer TOKEN`: 401 without
+//! a known token, 403 for a namespace the token may not use (or a write with a
+//! read-only token), decided before the request body is read.
+//!
 //! Values are stored as blocks whose key is the UTF-8 key; they live in the same
 //! tiers as KV-cache blocks and a PUT replaces the previous value.
 // Handlers return early with a ready `Response` as the error value; boxing it
@@ -42,7 +47,62 @@ pub fn router(shared: Shared) -> Router {
         .route("/metrics", get(metrics))
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(limit))
+        .layer(axum::middleware::from_fn_with_state(
+            shared.clone(),
+            authorize,
+        ))
         .with_state(shared)
+}
+
+/// Authentication and access control, before any extractor reads the body.
+async fn authorize(
+    State(s): State<Shared>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let path = req.uri().path();
+    let public =
+        (path == "/healthz" && s.public_health) || (path == "/metrics" && s.public_metrics);
+    if !public && s.auth.enabled() {
+        let bearer = req
+            .headers()
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok());
+        let checked = s.auth.identify(bearer).and_then(|who| {
+            match path
+                .strip_prefix("/v1/kv/")
+                .and_then(|r| r.split('/').next())
+            {
+                Some(raw) => {
+                    let ns = percent_encoding::percent_decode_str(raw).decode_utf8_lossy();
+                    let write = !matches!(
+                        *req.method(),
+                        axum::http::Method::GET | axum::http::Method::HEAD
+                    );
+                    who.check(&ns, write)
+                }
+                None => Ok(()),
+            }
+        });
+        if let Err(d) = checked {
+            s.metrics.observe_denied(&d);
+            let status = StatusCode::from_u16(d.http()).unwrap_or(StatusCode::FORBIDDEN);
+            let code = if d.http() == 401 {
+                "unauthenticated"
+            } else {
+                "permission_denied"
+            };
+            let mut resp = error(status, code, d.message());
+            if d.http() == 401 {
+                resp.headers_mut().insert(
+                    header::WWW_AUTHENTICATE,
+                    axum::http::HeaderValue::from_static("Bearer"),
+                );
+            }
+            return resp;
+        }
+    }
+    next.run(req).await
 }
 
 fn error(status: StatusCode, code: &str, message: impl Into<String>) -> Response {

@@ -13,6 +13,7 @@
 //! Fronts know protocols, not storage: each translates its requests into calls
 //! on [`kvtier_core::Engine`] and reports the server timing it measured.
 
+pub mod auth;
 pub mod config;
 pub mod fuzzing;
 pub mod grpc;
@@ -48,6 +49,8 @@ pub struct Server {
     pub data_addr: Option<SocketAddr>,
     /// The engine (for in-process use and tests).
     pub engine: Arc<Engine>,
+    /// The token table (reload it on SIGHUP).
+    pub auth: Arc<auth::Auth>,
     stop: watch::Sender<bool>,
     tasks: JoinSet<anyhow::Result<()>>,
     grace: Duration,
@@ -63,7 +66,16 @@ impl Server {
 
     /// Like [`Server::start`] with a caller-built engine (e.g. with more tiers).
     pub async fn start_with_engine(cfg: Config, engine: Arc<Engine>) -> anyhow::Result<Self> {
-        let shared = Shared::new(engine.clone(), cfg.server.max_inflight);
+        let auth = Arc::new(if cfg.auth.tokens_file.is_empty() {
+            auth::Auth::disabled()
+        } else {
+            auth::Auth::from_file(std::path::Path::new(&cfg.auth.tokens_file))?
+        });
+        check_exposure(&cfg, auth.enabled())?;
+        let mut shared = Shared::new(engine.clone(), cfg.server.max_inflight);
+        shared.auth = auth.clone();
+        shared.public_metrics = cfg.auth.public_metrics;
+        shared.public_health = cfg.auth.public_health;
         let (stop, stop_rx) = watch::channel(false);
         let mut tasks = JoinSet::new();
         let mut grpc_addrs = Vec::new();
@@ -166,6 +178,7 @@ impl Server {
             http_addr,
             data_addr,
             engine,
+            auth,
             stop,
             tasks,
             grace: cfg.server.shutdown_grace,
@@ -262,6 +275,49 @@ async fn build_local_engine(cfg: &Config) -> anyhow::Result<Engine> {
     ))
 }
 
+/// Refuses to listen beyond loopback without authentication, unless the
+/// operator said `auth.insecure` (`--insecure`), and then warns loudly.
+fn check_exposure(cfg: &Config, authenticated: bool) -> anyhow::Result<()> {
+    if authenticated {
+        return Ok(());
+    }
+    let mut exposed: Vec<SocketAddr> = cfg
+        .listeners()?
+        .into_iter()
+        .map(|l| l.addr)
+        .filter(|a| !a.ip().is_loopback())
+        .collect();
+    if !cfg.server.http_listen.is_empty() {
+        let a: SocketAddr = cfg.server.http_listen.parse()?;
+        if !a.ip().is_loopback() {
+            exposed.push(a);
+        }
+    }
+    if let Some(a) = cfg.data_listen()?.filter(|a| !a.ip().is_loopback()) {
+        exposed.push(a);
+    }
+    if exposed.is_empty() {
+        return Ok(());
+    }
+    let list = exposed
+        .iter()
+        .map(|a| a.to_string())
+        .collect::<Vec<_>>()
+        .join(", ");
+    if !cfg.auth.insecure {
+        anyhow::bail!(
+            "refusing to listen on {list} without authentication: anyone who can reach it could \
+             read, overwrite and delete every namespace. Give --auth-tokens FILE (docs/security.md), \
+             or --insecure to accept that on a trusted network"
+        );
+    }
+    tracing::warn!(
+        "INSECURE: listening on {list} without authentication (--insecure): anyone who can reach \
+         these ports can read, write and delete every namespace"
+    );
+    Ok(())
+}
+
 type GrpcRouter = tonic::transport::server::Router<
     tower::layer::util::Stack<timing::ArrivalLayer, tower::layer::util::Identity>,
 >;
@@ -274,10 +330,22 @@ fn grpc_router(cfg: &Config, shared: Shared) -> anyhow::Result<GrpcRouter> {
     )?)
     .max_decoding_message_size(max)
     .max_encoding_message_size(max);
-    let v1 = KvTierServer::new(grpc::v1::V1Service::new(shared))
+    let v1 = KvTierServer::new(grpc::v1::V1Service::new(shared.clone()))
         .max_decoding_message_size(max)
         .max_encoding_message_size(max);
-    let (health_reporter, health) = tonic_health::server::health_reporter();
+    let (health_reporter, _) = tonic_health::server::health_reporter();
+    // grpc.health.v1 is open unless auth.public_health = false; then it needs a
+    // known token like everything else.
+    let health_auth = shared.clone();
+    let health = tonic_health::pb::health_server::HealthServer::with_interceptor(
+        tonic_health::server::HealthService::from_health_reporter(health_reporter.clone()),
+        move |req: tonic::Request<()>| {
+            if !health_auth.public_health {
+                health_auth.caller(req.metadata())?;
+            }
+            Ok(req)
+        },
+    );
     tokio::spawn(async move {
         health_reporter
             .set_serving::<KvTierServer<grpc::v1::V1Service>>()

@@ -6,6 +6,8 @@
 //! * `kvtier_tier_{blocks,bytes,capacity_bytes}{tier}`: gauges read from the engine at scrape.
 //! * `kvtier_tier_{hits,misses,evictions,expirations}_total{tier}`: counters read at scrape.
 //! * `kvtier_active_leases`, `kvtier_inflight_requests`.
+//! * `kvtier_auth_denied_total{reason}`: requests refused by authentication
+//!   (`unauthenticated`) or access control (`permission_denied`).
 //! * `kvtier_engine_{degraded_writes,demotions,demotion_failures}_total`: engine counters.
 //! * With a disk tier: `kvtier_disk_recovered_{blocks,bytes}`, `kvtier_disk_recovery_seconds`,
 //!   `kvtier_disk_recovery_dropped_files{reason}` (the recovery report of the start),
@@ -48,10 +50,18 @@ pub struct OutcomeLabels {
     pub code: String,
 }
 
+/// Labels of refused requests.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DeniedLabels {
+    /// `unauthenticated` or `permission_denied`.
+    pub reason: &'static str,
+}
+
 /// All server metrics.
 pub struct Metrics {
     registry: Registry,
     requests: Family<OutcomeLabels, Counter>,
+    denied: Family<DeniedLabels, Counter>,
     latency: Family<OpLabels, Histogram>,
     /// Requests being served now.
     pub inflight: Gauge,
@@ -108,10 +118,17 @@ impl Metrics {
             "Payload bytes sent by reads",
             bytes_out.clone(),
         );
+        let denied = Family::<DeniedLabels, Counter>::default();
+        registry.register(
+            "auth_denied",
+            "Requests refused by authentication or access control",
+            denied.clone(),
+        );
         registry.register_collector(Box::new(EngineCollector(engine)));
         Self {
             registry,
             requests,
+            denied,
             latency,
             inflight,
             bytes_in,
@@ -131,6 +148,15 @@ impl Metrics {
         self.latency
             .get_or_create(&OpLabels { api, op })
             .observe(total.as_secs_f64());
+    }
+
+    /// Counts one refused request.
+    pub fn observe_denied(&self, d: &crate::auth::Denied) {
+        let reason = match d {
+            crate::auth::Denied::Unauthenticated(_) => "unauthenticated",
+            crate::auth::Denied::PermissionDenied(_) => "permission_denied",
+        };
+        self.denied.get_or_create(&DeniedLabels { reason }).inc();
     }
 
     /// Prometheus / OpenMetrics text.

@@ -13,8 +13,13 @@ use std::time::Instant;
 use tonic::Status;
 
 /// Validates a read request: namespace, key count and keys, and the lease if one is named.
-pub fn prepare(shared: &Shared, req: &pb::ReadRequest) -> Result<(Namespace, Vec<Key>), Status> {
+pub fn prepare(
+    shared: &Shared,
+    who: &crate::auth::Principal,
+    req: &pb::ReadRequest,
+) -> Result<(Namespace, Vec<Key>), Status> {
     let ns = state::namespace(&req.namespace)?;
+    shared.allow(who, ns.as_str(), false)?;
     check_count(req.keys.len())?;
     let keys = state::keys(&req.keys)?;
     if req.lease_id != 0 {

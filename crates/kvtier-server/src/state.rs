@@ -1,4 +1,5 @@
 //! State shared by every front: the engine, metrics, admission control.
+use crate::auth::{Auth, Denied, Principal};
 use crate::metrics::Metrics;
 use crate::timing::{Arrival, Clock};
 use kvtier_core::{Engine, Key, Namespace};
@@ -17,6 +18,12 @@ pub struct Shared {
     pub admission: Arc<Semaphore>,
     /// Bound address of the bulk data plane, once listening (reported by Stats).
     pub data_addr: Arc<std::sync::OnceLock<std::net::SocketAddr>>,
+    /// Who may do what (docs/security.md); allows everything when off.
+    pub auth: Arc<Auth>,
+    /// `/metrics` and `/healthz` (plus grpc.health.v1) without a token.
+    pub public_metrics: bool,
+    /// See `public_metrics`.
+    pub public_health: bool,
 }
 
 /// A request admitted for service: its clock and its admission permit.
@@ -34,7 +41,7 @@ impl Drop for Admitted {
 }
 
 impl Shared {
-    /// Builds the shared state.
+    /// Builds the shared state (authentication off).
     pub fn new(engine: Arc<Engine>, max_inflight: usize) -> Self {
         let metrics = Arc::new(Metrics::new(engine.clone()));
         Self {
@@ -42,7 +49,33 @@ impl Shared {
             metrics,
             admission: Arc::new(Semaphore::new(max_inflight)),
             data_addr: Default::default(),
+            auth: Arc::new(Auth::disabled()),
+            public_metrics: true,
+            public_health: true,
         }
+    }
+
+    /// The caller of a gRPC request, from its `authorization` metadata.
+    pub fn caller(&self, md: &tonic::metadata::MetadataMap) -> Result<Principal, tonic::Status> {
+        self.auth
+            .identify(crate::auth::grpc_authorization(md))
+            .map_err(|d| {
+                self.metrics.observe_denied(&d);
+                d.status()
+            })
+    }
+
+    /// Checks `who` may read (or write) `namespace`, counting refusals.
+    pub fn allow(
+        &self,
+        who: &Principal,
+        namespace: &str,
+        write: bool,
+    ) -> Result<(), tonic::Status> {
+        who.check(namespace, write).map_err(|d: Denied| {
+            self.metrics.observe_denied(&d);
+            d.status()
+        })
     }
 
     /// Waits for admission; the wait counts as queue time.

@@ -14,6 +14,7 @@
 //! pool of connections, like Redis clients). Errors come back as `Error`
 //! frames carrying a gRPC status code and message; a malformed frame closes
 //! the connection after the error frame.
+use crate::auth::Principal;
 use crate::grpc::v1::block_from_pb_checked;
 use crate::state::{self, Shared};
 use crate::timing::Clock;
@@ -103,6 +104,9 @@ async fn connection(
     max_frame: u64,
     mut stop: watch::Receiver<bool>,
 ) -> anyhow::Result<()> {
+    // Who is on this connection: anyone when authentication is off, else
+    // nobody until a Hello frame names a token (docs/wire.md, docs/security.md).
+    let mut who = (!shared.auth.enabled()).then_some(Principal::Anyone);
     loop {
         let mut raw = [0u8; HEADER_LEN];
         tokio::select! {
@@ -132,13 +136,57 @@ async fn connection(
         }
         // Into uninitialised buffers: no memset of the payload before the socket fills it.
         let meta = read_exact_bytes(&mut sock, header.meta_len as usize).await?;
+        if header.kind == Kind::Hello {
+            discard(&mut sock, header.data_len.into()).await?;
+            let token = pb::WireHello::decode(meta)
+                .map(|h| h.token)
+                .unwrap_or_default();
+            match shared.auth.identify_token(&token) {
+                Ok(p) => {
+                    who = Some(p);
+                    let reply = Reply {
+                        kind: Kind::HelloReply,
+                        meta: Vec::new(),
+                        data: Vec::new(),
+                    };
+                    write_reply(&mut sock, header.request_id, reply).await?;
+                    continue;
+                }
+                Err(d) => {
+                    shared.metrics.observe_denied(&d);
+                    let r = error_reply(d.status().code(), d.message());
+                    write_reply(&mut sock, header.request_id, r).await?;
+                    return Ok(());
+                }
+            }
+        }
+        let Some(who) = who.clone() else {
+            // Nothing of an unauthenticated request is read beyond its metadata.
+            let d = crate::auth::Denied::Unauthenticated(
+                "this server requires a token: send a Hello frame first (docs/wire.md)".into(),
+            );
+            shared.metrics.observe_denied(&d);
+            write_reply(
+                &mut sock,
+                header.request_id,
+                error_reply(d.status().code(), d.message()),
+            )
+            .await?;
+            return Ok(());
+        };
         let reply = match header.kind {
             Kind::Read => {
                 discard(&mut sock, header.data_len.into()).await?;
-                read(&shared, meta, arrived, max_frame).await
+                read(&shared, &who, meta, arrived, max_frame).await
             }
             Kind::Write => match pb::WireWriteRequest::decode(meta) {
-                Ok(req) => match check_lengths(&req.payload_lengths, header.data_len.into()) {
+                Ok(req) => match check_lengths(&req.payload_lengths, header.data_len.into())
+                    .map_err(tonic::Status::invalid_argument)
+                    .and_then(|()| {
+                        // Access is checked before a payload byte is read.
+                        let ns = req.request.as_ref().map_or("", |w| w.namespace.as_str());
+                        shared.allow(&who, ns, true)
+                    }) {
                     Ok(()) => {
                         // Checksummed as the bytes arrive (verified against the
                         // request's crc32c values before anything is stored).
@@ -146,14 +194,15 @@ async fn connection(
                             read_payloads_checked(&mut sock, &req.payload_lengths).await?;
                         write(&shared, req, payloads, arrived).await
                     }
-                    Err(msg) => {
+                    Err(status) => {
                         discard(&mut sock, header.data_len.into()).await?;
-                        write_rejected(&shared, arrived, msg)
+                        write_rejected(&shared, arrived, status)
                     }
                 },
                 Err(e) => {
                     discard(&mut sock, header.data_len.into()).await?;
-                    write_rejected(&shared, arrived, format!("bad write request: {e}"))
+                    let status = tonic::Status::invalid_argument(format!("bad write request: {e}"));
+                    write_rejected(&shared, arrived, status)
                 }
             },
             other => {
@@ -190,10 +239,16 @@ fn status_reply(s: tonic::Status) -> Reply {
     error_reply(s.code(), s.message())
 }
 
-async fn read(shared: &Shared, meta: Bytes, arrived: Instant, max_frame: u64) -> Reply {
+async fn read(
+    shared: &Shared,
+    who: &Principal,
+    meta: Bytes,
+    arrived: Instant,
+    max_frame: u64,
+) -> Reply {
     let adm = shared.admit(Some(arrived)).await;
     let mut clock = adm.clock;
-    let r = read_inner(shared, meta, arrived, max_frame, &mut clock).await;
+    let r = read_inner(shared, who, meta, arrived, max_frame, &mut clock).await;
     let code = match &r {
         Ok(_) => "ok",
         Err(s) => state::code_name(s.code()),
@@ -211,6 +266,7 @@ fn reply_overhead(rb: &pb::ReadBlock) -> u64 {
 
 async fn read_inner(
     shared: &Shared,
+    who: &Principal,
     meta: Bytes,
     arrived: Instant,
     max_frame: u64,
@@ -228,7 +284,7 @@ async fn read_inner(
     }
     let budget = budget.saturating_sub(1024); // room for ReadDone and the reply's own framing
     let req = req.request.unwrap_or_default();
-    let (ns, keys) = crate::read::prepare(shared, &req)?;
+    let (ns, keys) = crate::read::prepare(shared, who, &req)?;
     let deadline = (timeout > 0).then(|| arrived + Duration::from_millis(timeout as u64));
     let mut reply = pb::WireReadReply::default();
     let mut data = Vec::with_capacity(keys.len());
@@ -256,17 +312,12 @@ async fn read_inner(
     })
 }
 
-/// A Write refused before its payloads were read (bad metadata): counted in
-/// the metrics like any other failed write.
-fn write_rejected(shared: &Shared, arrived: Instant, msg: String) -> Reply {
+/// A Write refused before its payloads were read (bad metadata, no access):
+/// counted in the metrics like any other failed write.
+fn write_rejected(shared: &Shared, arrived: Instant, status: tonic::Status) -> Reply {
     let clock = Clock::start(Some(arrived));
-    shared.observe(
-        API,
-        "write",
-        state::code_name(tonic::Code::InvalidArgument),
-        &clock,
-    );
-    error_reply(tonic::Code::InvalidArgument, msg)
+    shared.observe(API, "write", state::code_name(status.code()), &clock);
+    status_reply(status)
 }
 
 async fn write(

@@ -24,6 +24,9 @@ pub struct CommonArgs {
     /// Deadline per call, in milliseconds.
     #[arg(long, default_value_t = 10_000)]
     timeout_ms: u64,
+    /// Bearer token, for a server with authentication on (docs/security.md).
+    #[arg(long, env = "KVTIER_TOKEN", hide_env_values = true)]
+    token: Option<String>,
 }
 
 /// Namespace and key selection.
@@ -117,6 +120,7 @@ pub struct DeleteArgs {
 async fn client(c: &CommonArgs) -> anyhow::Result<Client> {
     let mut cfg = ClientConfig::new(c.server.clone());
     cfg.connections = 1;
+    cfg.token = c.token.clone();
     cfg.timeout = std::time::Duration::from_millis(c.timeout_ms);
     Client::connect(cfg)
         .await
@@ -257,5 +261,29 @@ pub async fn stats(a: CommonArgs) -> anyhow::Result<()> {
         .collect();
     let out = serde_json::json!({ "version": s.version, "tiers": tiers, "active_leases": s.active_leases, "expired_blocks": s.expired_blocks });
     println!("{}", serde_json::to_string_pretty(&out)?);
+    Ok(())
+}
+
+/// `kvtier health`: the standard gRPC health check (public unless
+/// `auth.public_health = false`; the token is sent when given).
+pub async fn health(a: CommonArgs) -> anyhow::Result<()> {
+    use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
+    let ch = tonic::transport::Endpoint::from_shared(a.server.clone())?
+        .timeout(std::time::Duration::from_millis(a.timeout_ms))
+        .connect_timeout(std::time::Duration::from_millis(a.timeout_ms))
+        .connect()
+        .await
+        .with_context(|| format!("cannot connect to {}", a.server))?;
+    let mut req = tonic::Request::new(HealthCheckRequest::default());
+    if let Some(t) = a.token.as_deref().filter(|t| !t.is_empty()) {
+        req.metadata_mut()
+            .insert("authorization", format!("Bearer {t}").parse()?);
+    }
+    let status = HealthClient::new(ch).check(req).await?.into_inner().status;
+    let name = tonic_health::pb::health_check_response::ServingStatus::try_from(status)
+        .map(|s| s.as_str_name())
+        .unwrap_or("UNKNOWN");
+    println!("{name}");
+    anyhow::ensure!(name == "SERVING", "server is {name}");
     Ok(())
 }

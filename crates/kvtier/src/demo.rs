@@ -63,7 +63,9 @@ impl Op {
 
 /// Runs the demo workload.
 pub async fn run(a: DemoArgs) -> anyhow::Result<()> {
-    let client = Client::connect(ClientConfig::new(a.server.clone())).await?;
+    let mut cfg = ClientConfig::new(a.server.clone());
+    cfg.token = std::env::var("KVTIER_TOKEN").ok().filter(|t| !t.is_empty());
+    let client = Client::connect(cfg).await?;
     let ns = "demo/llama-3-8b/bf16";
     let bs = client.config().block_size;
     let (mut lookup, mut read, mut write) = (Op::new(), Op::new(), Op::new());

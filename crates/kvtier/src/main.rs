@@ -36,6 +36,8 @@ enum Cmd {
     Delete(cli::DeleteArgs),
     /// Server statistics.
     Stats(cli::CommonArgs),
+    /// Exit 0 when the server answers grpc.health.v1 SERVING (probes, HEALTHCHECK).
+    Health(cli::CommonArgs),
     /// Drive a small multi-turn prompt workload against a server and report.
     Demo(demo::DemoArgs),
     /// Latency-vs-concurrency sweep (or `bench compare A B`).
@@ -96,6 +98,7 @@ fn run(args: Args) -> anyhow::Result<()> {
             Cmd::Lookup(a) => cli::lookup(a).await,
             Cmd::Delete(a) => cli::delete(a).await,
             Cmd::Stats(a) => cli::stats(a).await,
+            Cmd::Health(a) => cli::health(a).await,
             Cmd::Demo(a) => demo::run(a).await,
             Cmd::Bench(a) => bench::run(a).await,
         }

@@ -63,6 +63,13 @@ pub struct ServeArgs {
     /// write-back | write-through towards the object store [object_store.write_policy, default write-back].
     #[arg(long)]
     object_write_policy: Option<String>,
+    /// Tokens file (`[[tokens]]` token / namespaces / access); turns
+    /// authentication on, reloaded on SIGHUP [auth.tokens_file, default "" (no authentication)].
+    #[arg(long)]
+    auth_tokens: Option<String>,
+    /// Allow listening beyond loopback without authentication [auth.insecure, default false].
+    #[arg(long)]
+    insecure: bool,
     /// Print the bound addresses as one JSON line on stdout once listening.
     #[arg(long)]
     ready_json: bool,
@@ -122,6 +129,12 @@ impl ServeArgs {
         if let Some(v) = &self.object_write_policy {
             cfg.object_store.write_policy = v.clone();
         }
+        if let Some(v) = &self.auth_tokens {
+            cfg.auth.tokens_file = v.clone();
+        }
+        if self.insecure {
+            cfg.auth.insecure = true;
+        }
         cfg.validate()?;
         Ok(cfg)
     }
@@ -139,6 +152,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     // graceful shutdown, not the default action (kill).
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     let mut int = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?;
+    let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())?;
     let mut server = Server::start(cfg.clone()).await?;
     describe(&cfg, &server);
     if args.ready_json {
@@ -153,10 +167,16 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
             })
         );
     }
-    tokio::select! {
-        _ = int.recv() => tracing::info!("SIGINT: shutting down"),
-        _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
-        r = server.wait() => { r?; anyhow::bail!("a listener stopped unexpectedly"); }
+    loop {
+        tokio::select! {
+            _ = int.recv() => { tracing::info!("SIGINT: shutting down"); break; }
+            _ = term.recv() => { tracing::info!("SIGTERM: shutting down"); break; }
+            _ = hup.recv() => match server.auth.reload() {
+                Ok(n) => tracing::info!(tokens = n, "SIGHUP: tokens reloaded"),
+                Err(e) => tracing::error!(error = %e, "SIGHUP: tokens not reloaded; the previous ones stay in force"),
+            },
+            r = server.wait() => { r?; anyhow::bail!("a listener stopped unexpectedly"); }
+        }
     }
     server.shutdown().await?;
     tracing::info!("stopped");
@@ -198,17 +218,15 @@ fn describe(cfg: &Config, server: &Server) {
         ));
     }
     tracing::info!("tiers: {}", tiers.join(" -> "));
-    let exposed = server
-        .grpc_addrs
-        .iter()
-        .chain(server.http_addr.iter())
-        .chain(server.data_addr.iter())
-        .any(|a| !a.ip().is_loopback());
-    if exposed {
-        tracing::warn!(
-            "listening beyond loopback without authentication or TLS: anyone who can reach these \
-             ports can read, write and delete every namespace; keep them on a trusted network"
+    if server.auth.enabled() {
+        tracing::info!(
+            tokens_file = %cfg.auth.tokens_file,
+            public_metrics = cfg.auth.public_metrics,
+            public_health = cfg.auth.public_health,
+            "authentication on (SIGHUP reloads the tokens)"
         );
+    } else {
+        tracing::info!("authentication off (--auth-tokens FILE turns it on; docs/security.md)");
     }
 }
 

@@ -280,3 +280,52 @@ fn lookup_with_less_than_a_block_says_the_block_size() {
         "{err}"
     );
 }
+
+/// `--auth-tokens`: the CLI needs `--token` (or KVTIER_TOKEN); SIGHUP swaps
+/// the tokens without a restart (the old one stops working, the new one works).
+#[test]
+fn tokens_are_required_and_reloaded_on_sighup() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("tokens.toml");
+    let tokens = |t: &str| {
+        format!("[[tokens]]\ntoken = \"{t}\"\nnamespaces = [\"\"]\naccess = \"read-write\"\n")
+    };
+    std::fs::write(&file, tokens("first-token-1234567890")).unwrap();
+    let s = Served::start(&["--auth-tokens", file.to_str().unwrap()]);
+    let stats = |token: Option<&str>| {
+        let mut c = Command::new(BIN);
+        c.args(["stats", "--server", &s.grpc])
+            .env_remove("KVTIER_TOKEN");
+        if let Some(t) = token {
+            c.env("KVTIER_TOKEN", t);
+        }
+        c.output().unwrap()
+    };
+    let out = stats(None);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("requires a token"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stats(Some("first-token-1234567890")).status.success());
+    std::fs::write(&file, tokens("second-token-1234567890")).unwrap();
+    Command::new("kill")
+        .args(["-HUP", &s.child.id().to_string()])
+        .status()
+        .unwrap();
+    // The reload is asynchronous: probe until the new token works.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !stats(Some("second-token-1234567890")).status.success() {
+        assert!(
+            Instant::now() < deadline,
+            "SIGHUP did not reload the tokens"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(
+        !stats(Some("first-token-1234567890")).status.success(),
+        "revoked"
+    );
+    assert!(s.stop().success());
+}

@@ -122,6 +122,21 @@ impl CompatService {
         })
     }
 
+    /// Tenants are namespaces: the same access rules apply. Refusals are
+    /// gRPC statuses (UNAUTHENTICATED / PERMISSION_DENIED), not in-band errors.
+    fn authorize(
+        &self,
+        who: &crate::auth::Principal,
+        resource: &str,
+        container: &str,
+        write: bool,
+    ) -> Result<(), Status> {
+        match self.tenant(resource, container) {
+            Ok(ns) => self.shared.allow(who, ns.as_str(), write),
+            Err(_) => Ok(()), // unknown tenant: answered in band by the handler
+        }
+    }
+
     fn tenant(&self, resource: &str, container: &str) -> InBand<Namespace> {
         if let Some(ns) = self
             .tenants
@@ -380,6 +395,9 @@ impl KvStoreService for CompatService {
         &self,
         request: Request<pb::LookupRequest>,
     ) -> Result<Response<pb::LookupResponse>, Status> {
+        let who = self.shared.caller(request.metadata())?;
+        let r = request.get_ref();
+        self.authorize(&who, &r.resource_name, &r.container_name, false)?;
         let adm = self
             .shared
             .admit(state::arrival(request.extensions()))
@@ -399,6 +417,9 @@ impl KvStoreService for CompatService {
         &self,
         request: Request<pb::ReadRequest>,
     ) -> Result<Response<pb::ReadResponse>, Status> {
+        let who = self.shared.caller(request.metadata())?;
+        let r = request.get_ref();
+        self.authorize(&who, &r.resource_name, &r.container_name, false)?;
         let arrived = state::arrival(request.extensions());
         Ok(Response::new(
             self.read_one(request.into_inner(), arrived).await,
@@ -409,6 +430,9 @@ impl KvStoreService for CompatService {
         &self,
         request: Request<pb::WriteRequest>,
     ) -> Result<Response<pb::WriteResponse>, Status> {
+        let who = self.shared.caller(request.metadata())?;
+        let r = request.get_ref();
+        self.authorize(&who, &r.resource_name, &r.container_name, true)?;
         let adm = self
             .shared
             .admit(state::arrival(request.extensions()))
@@ -430,6 +454,7 @@ impl KvStoreService for CompatService {
         &self,
         request: Request<Streaming<pb::ReadRequest>>,
     ) -> Result<Response<ReadStream>, Status> {
+        let who = self.shared.caller(request.metadata())?;
         let this = self.clone();
         let inbound = request.into_inner();
         // Each message's clock starts when it is taken off the stream; answers are
@@ -437,12 +462,12 @@ impl KvStoreService for CompatService {
         let out = inbound
             .map(move |msg| {
                 let this = this.clone();
+                let who = who.clone();
                 let arrived = Instant::now();
                 async move {
-                    match msg {
-                        Ok(req) => Ok(this.read_one(req, Some(arrived)).await),
-                        Err(s) => Err(s),
-                    }
+                    let req = msg?;
+                    this.authorize(&who, &req.resource_name, &req.container_name, false)?;
+                    Ok(this.read_one(req, Some(arrived)).await)
                 }
             })
             .buffered(STREAM_PIPELINE);

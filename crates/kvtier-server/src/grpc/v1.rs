@@ -1,4 +1,5 @@
 //! `kvtier.v1.KvTier`: translates protobuf requests into engine calls.
+use crate::auth::Principal;
 use crate::state::{self, Shared};
 use crate::status::to_status;
 use crate::timing::Clock;
@@ -112,10 +113,12 @@ pub fn block_from_pb_checked(
 impl V1Service {
     async fn lookup_inner(
         &self,
+        who: &Principal,
         req: pb::LookupRequest,
         clock: &mut Clock,
     ) -> Result<pb::LookupResponse, Status> {
         let ns = state::namespace(&req.namespace)?;
+        self.shared.allow(who, ns.as_str(), false)?;
         let engine = &self.shared.engine;
         let keys = match (req.keys.is_empty(), req.tokens.is_empty()) {
             (false, false) => {
@@ -128,6 +131,13 @@ impl V1Service {
                 state::keys(&req.keys)?
             }
             (true, _) => {
+                // Refuse before hashing: a huge token list costs CPU and memory.
+                let bs = if req.block_size == 0 {
+                    engine.config().default_block_size
+                } else {
+                    req.block_size as usize
+                };
+                check_count(req.tokens.len() / bs.max(1))?;
                 let hash = HashFn::parse(&req.hash).map_err(to_status)?;
                 let keys = engine
                     .keys_for_tokens(&req.tokens, req.block_size as usize, hash)
@@ -157,11 +167,13 @@ impl V1Service {
 
     async fn write_batch(
         &self,
+        who: &Principal,
         req: pb::WriteRequest,
         clock: &mut Clock,
         acc: &mut pb::WriteResponse,
     ) -> Result<(), Status> {
         let ns = state::namespace(&req.namespace)?;
+        self.shared.allow(who, ns.as_str(), true)?;
         let engine = &self.shared.engine;
         let max = engine.config().max_block_size.bytes();
         // Verify every block before storing any of them.
@@ -195,12 +207,15 @@ impl KvTier for V1Service {
         &self,
         request: Request<pb::LookupRequest>,
     ) -> Result<Response<pb::LookupResponse>, Status> {
+        let who = self.shared.caller(request.metadata())?;
         let adm = self
             .shared
             .admit(state::arrival(request.extensions()))
             .await;
         let mut clock = adm.clock;
-        let r = self.lookup_inner(request.into_inner(), &mut clock).await;
+        let r = self
+            .lookup_inner(&who, request.into_inner(), &mut clock)
+            .await;
         self.done("lookup", &clock, r).map(Response::new)
     }
 
@@ -210,12 +225,13 @@ impl KvTier for V1Service {
         &self,
         request: Request<pb::ReadRequest>,
     ) -> Result<Response<ReadStream>, Status> {
+        let who = self.shared.caller(request.metadata())?;
         let arrived = state::arrival(request.extensions()).unwrap_or_else(Instant::now);
         let deadline = state::deadline(request.metadata(), arrived);
         let req = request.into_inner();
         let adm = self.shared.admit(Some(arrived)).await;
         let mut clock = adm.clock;
-        let (ns, keys) = match crate::read::prepare(&self.shared, &req) {
+        let (ns, keys) = match crate::read::prepare(&self.shared, &who, &req) {
             Ok(v) => v,
             Err(e) => return Err(self.done("read", &clock, Err::<(), _>(e)).unwrap_err()),
         };
@@ -259,6 +275,7 @@ impl KvTier for V1Service {
         &self,
         request: Request<pb::WriteRequest>,
     ) -> Result<Response<pb::WriteResponse>, Status> {
+        let who = self.shared.caller(request.metadata())?;
         let adm = self
             .shared
             .admit(state::arrival(request.extensions()))
@@ -266,7 +283,7 @@ impl KvTier for V1Service {
         let mut clock = adm.clock;
         let mut resp = pb::WriteResponse::default();
         let r = self
-            .write_batch(request.into_inner(), &mut clock, &mut resp)
+            .write_batch(&who, request.into_inner(), &mut clock, &mut resp)
             .await;
         resp.timing = Some(clock.finish());
         self.done("write", &clock, r.map(|_| Response::new(resp)))
@@ -276,6 +293,7 @@ impl KvTier for V1Service {
         &self,
         request: Request<Streaming<pb::WriteRequest>>,
     ) -> Result<Response<pb::WriteResponse>, Status> {
+        let who = self.shared.caller(request.metadata())?;
         let adm = self
             .shared
             .admit(state::arrival(request.extensions()))
@@ -285,7 +303,7 @@ impl KvTier for V1Service {
         let mut resp = pb::WriteResponse::default();
         let r = async {
             while let Some(msg) = stream.next().await {
-                self.write_batch(msg?, &mut clock, &mut resp).await?;
+                self.write_batch(&who, msg?, &mut clock, &mut resp).await?;
             }
             Ok(())
         }
@@ -298,6 +316,7 @@ impl KvTier for V1Service {
         &self,
         request: Request<pb::DeleteRequest>,
     ) -> Result<Response<pb::DeleteResponse>, Status> {
+        let who = self.shared.caller(request.metadata())?;
         let adm = self
             .shared
             .admit(state::arrival(request.extensions()))
@@ -306,6 +325,7 @@ impl KvTier for V1Service {
         let req = request.into_inner();
         let r = async {
             let ns = state::namespace(&req.namespace)?;
+            self.shared.allow(&who, ns.as_str(), true)?;
             check_count(req.keys.len())?;
             let mut deleted = 0;
             for key in state::keys(&req.keys)? {
@@ -330,6 +350,7 @@ impl KvTier for V1Service {
         &self,
         request: Request<pb::LeaseRequest>,
     ) -> Result<Response<pb::LeaseResponse>, Status> {
+        let who = self.shared.caller(request.metadata())?;
         let adm = self
             .shared
             .admit(state::arrival(request.extensions()))
@@ -339,6 +360,9 @@ impl KvTier for V1Service {
         let r = (|| {
             let engine = &self.shared.engine;
             if req.release_lease_id != 0 {
+                if let Some(ns) = engine.lease_namespace(req.release_lease_id) {
+                    self.shared.allow(&who, ns.as_str(), false)?;
+                }
                 engine
                     .release_lease(req.release_lease_id)
                     .map_err(to_status)?;
@@ -349,6 +373,7 @@ impl KvTier for V1Service {
                 });
             }
             let ns = state::namespace(&req.namespace)?;
+            self.shared.allow(&who, ns.as_str(), false)?;
             check_count(req.keys.len())?;
             let keys = state::keys(&req.keys)?;
             let g = engine
@@ -367,6 +392,7 @@ impl KvTier for V1Service {
         &self,
         request: Request<pb::StatsRequest>,
     ) -> Result<Response<pb::StatsResponse>, Status> {
+        self.shared.caller(request.metadata())?;
         let adm = self
             .shared
             .admit(state::arrival(request.extensions()))
