@@ -42,7 +42,7 @@ setup-vllm:
 vllm-test: setup-vllm
 	.tools/vllm/bin/python -m pytest -q python/tests/vllm
 
-# LMCache and SGLang's storage interface in their own venv (.tools/lmcache, ~6 GB).
+# LMCache and SGLang's storage interface in their own venv (.tools/lmcache, ~1.5 GB; torch shared with .tools/vllm).
 setup-integrations:
 	@scripts/setup-lmcache.sh
 

@@ -1,9 +1,14 @@
 #!/usr/bin/env bash
-# Installs LMCache into its own venv, .tools/lmcache (about 6 GB: it pulls a
-# CUDA build of torch that also imports on CPU), with the kvtier SDK installed
-# editable and SGLang's Python package (without its GPU dependencies: the tests
-# only import its HiCache storage interface), for the LMCache and SGLang
-# backend tests (python/tests/integrations/).
+# Installs LMCache into its own venv, .tools/lmcache, with the kvtier SDK
+# installed editable and SGLang's Python package (without its GPU dependencies:
+# the tests only import its HiCache storage interface), for the LMCache and
+# SGLang backend tests (python/tests/integrations/).
+#
+# torch is not installed a second time: LMCache accepts any torch, so the venv
+# gets .tools/vllm's torch 2.13.0 and its CUDA runtime wheels as hard links
+# (scripts/link-dists.py). Installed on its own LMCache pulls the newest torch
+# and ~6 GB with it; shared, the venv adds about 1.5 GB, which keeps `make
+# test` inside the disk a CI machine has (a CI run ran out of space here).
 #
 # Separate from .tools/vllm because LMCache pins numpy<=2.2.6 and protobuf<7,
 # which conflict with vLLM's CPU build (../shared/ENGINES.md). On CPU only
@@ -16,18 +21,22 @@ LMCACHE_VERSION="${LMCACHE_VERSION:-0.5.6}"
 SGLANG_VERSION="${SGLANG_VERSION:-0.5.23}"
 VENV=.tools/lmcache
 PY="$VENV/bin/python"
-want="lmcache=$LMCACHE_VERSION sglang=$SGLANG_VERSION"
+want="lmcache=$LMCACHE_VERSION sglang=$SGLANG_VERSION torch=shared"
 check='import lmcache, kvtier; from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory'
 if [ -x "$PY" ] && [ "$(cat "$VENV/.kvtier-stamp" 2>/dev/null)" = "$want" ] \
    && "$PY" -c "$check" >/dev/null 2>&1; then
   exit 0
 fi
-echo "installing LMCache $LMCACHE_VERSION into $VENV (a few minutes, ~6 GB)"
+scripts/setup-vllm.sh
+echo "installing LMCache $LMCACHE_VERSION into $VENV (a few minutes, ~1.5 GB; torch shared with .tools/vllm)"
 rm -rf "$VENV"
 python3 -m venv "$VENV"
-PIP=("$VENV/bin/pip" install -q --disable-pip-version-check)
+PIP=("$VENV/bin/pip" install -q --disable-pip-version-check --no-cache-dir)
 "${PIP[@]}" --upgrade pip
-"${PIP[@]}" "lmcache==$LMCACHE_VERSION"
+site=$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+torch_v=$(.tools/vllm/bin/python -c 'from importlib.metadata import version; print(version("torch"))')
+.tools/vllm/bin/python scripts/link-dists.py .tools/vllm/bin/python "$site" torch
+"${PIP[@]}" "lmcache==$LMCACHE_VERSION" "torch==$torch_v"
 # Keep LMCache's pins: protobuf<7 and the grpcio it installed (grpcio-tools then
 # resolves to a release that accepts both).
 grpc_v=$("$PY" -c 'import grpc; print(grpc.__version__)')

