@@ -261,6 +261,19 @@ pub struct ServerSection {
     /// How long in-flight requests may take to finish on shutdown.
     #[serde(with = "humantime_serde")]
     pub shutdown_grace: Duration,
+    /// Bytes of requests being received and not yet stored, all fronts
+    /// together (docs/operations.md); a request that would pass it is refused
+    /// with RESOURCE_EXHAUSTED before its body is read. 0 = a quarter of the
+    /// memory tier, at least 64 MiB.
+    pub request_memory: ByteSize,
+    /// Open connections per data-plane listener; more are closed at accept.
+    pub max_connections: usize,
+    /// A data-plane connection with no request for this long is closed.
+    #[serde(with = "humantime_serde")]
+    pub idle_timeout: Duration,
+    /// Once a request's first byte arrived, all of it must arrive within this.
+    #[serde(with = "humantime_serde")]
+    pub read_timeout: Duration,
 }
 
 impl Default for ServerSection {
@@ -277,6 +290,10 @@ impl Default for ServerSection {
             connection_window: ByteSize::mib(64),
             keepalive_interval: Duration::from_secs(30),
             shutdown_grace: Duration::from_secs(10),
+            request_memory: ByteSize(0),
+            max_connections: 4096,
+            idle_timeout: Duration::from_secs(300),
+            read_timeout: Duration::from_secs(60),
         }
     }
 }
@@ -466,6 +483,14 @@ impl Config {
             );
         }
         Ok(())
+    }
+
+    /// `server.request_memory`, with 0 resolved to its derived default.
+    pub fn request_memory(&self) -> u64 {
+        match self.server.request_memory.bytes() {
+            0 => (self.engine.memory_capacity.bytes() / 4).max(64 << 20),
+            n => n,
+        }
     }
 
     /// The data-plane address, resolving "auto"; `None` when disabled.

@@ -18,6 +18,7 @@ pub mod config;
 pub mod fuzzing;
 pub mod grpc;
 pub mod http;
+pub mod limits;
 pub mod metrics;
 pub mod numa;
 pub mod object;
@@ -76,6 +77,12 @@ impl Server {
         shared.auth = auth.clone();
         shared.public_metrics = cfg.auth.public_metrics;
         shared.public_health = cfg.auth.public_health;
+        shared.limits = limits::Limits::new(
+            cfg.request_memory(),
+            cfg.server.max_connections,
+            cfg.server.idle_timeout,
+            cfg.server.read_timeout,
+        );
         let (stop, stop_rx) = watch::channel(false);
         let mut tasks = JoinSet::new();
         let mut grpc_addrs = Vec::new();

@@ -24,6 +24,8 @@ pub struct Shared {
     pub public_metrics: bool,
     /// See `public_metrics`.
     pub public_health: bool,
+    /// Request memory, connections, timeouts (docs/operations.md).
+    pub limits: crate::limits::Limits,
 }
 
 /// A request admitted for service: its clock and its admission permit.
@@ -52,6 +54,7 @@ impl Shared {
             auth: Arc::new(Auth::disabled()),
             public_metrics: true,
             public_health: true,
+            limits: crate::limits::Limits::unlimited(),
         }
     }
 

@@ -41,6 +41,7 @@ pub async fn serve(
     stop: watch::Receiver<bool>,
 ) -> anyhow::Result<()> {
     let mut stopping = stop.clone();
+    let conns = std::sync::Arc::new(tokio::sync::Semaphore::new(shared.limits.max_connections));
     loop {
         tokio::select! {
             r = listener.accept() => {
@@ -48,10 +49,18 @@ pub async fn serve(
                     Ok(x) => x,
                     Err(e) => { tracing::warn!(error = %e, "data plane accept failed"); continue; }
                 };
+                // Connections beyond server.max_connections are closed at once:
+                // each one holds a descriptor and a task.
+                let Ok(slot) = conns.clone().try_acquire_owned() else {
+                    shared.observe(API, "connect", "resource_exhausted", &Clock::start(None));
+                    tracing::debug!(%peer, "data plane: connection limit reached; closed");
+                    continue;
+                };
                 let _ = sock.set_nodelay(true);
                 let shared = shared.clone();
                 let stop = stop.clone();
                 tokio::spawn(async move {
+                    let _slot = slot;
                     if let Err(e) = connection(sock, shared, max_frame, stop).await {
                         tracing::debug!(%peer, error = %e, "data plane connection closed");
                     }
@@ -110,10 +119,15 @@ async fn connection(
     loop {
         let mut raw = [0u8; HEADER_LEN];
         tokio::select! {
-            r = sock.read_exact(&mut raw) => { r?; }
+            r = tokio::time::timeout(shared.limits.idle_timeout, sock.read_exact(&mut raw)) => match r {
+                Ok(r) => { r?; }
+                Err(_) => return Ok(()), // idle (or a header that never completed): closed
+            },
             _ = stop.wait_for(|s| *s) => return Ok(()),
         }
         let arrived = Instant::now();
+        // The rest of the frame must arrive within server.read_timeout.
+        let by = tokio::time::Instant::from_std(arrived + shared.limits.read_timeout);
         let header = match Header::decode(&raw) {
             Ok(h) => h,
             Err(e) => {
@@ -134,10 +148,32 @@ async fn connection(
             .await?;
             return Ok(());
         }
+        // Bytes about to be held in memory (metadata, and a Write's payloads)
+        // are reserved before any is read; past the budget the request is
+        // refused and the connection closed, its body never read.
+        let held = u64::from(header.meta_len)
+            + if header.kind == Kind::Write {
+                u64::from(header.data_len)
+            } else {
+                0
+            };
+        let _held = match shared.limits.reserve(held) {
+            Ok(r) => r,
+            Err(status) => {
+                shared.observe(
+                    API,
+                    "admit",
+                    "resource_exhausted",
+                    &Clock::start(Some(arrived)),
+                );
+                write_reply(&mut sock, header.request_id, status_reply(status)).await?;
+                return Ok(());
+            }
+        };
         // Into uninitialised buffers: no memset of the payload before the socket fills it.
-        let meta = read_exact_bytes(&mut sock, header.meta_len as usize).await?;
+        let meta = within(by, read_exact_bytes(&mut sock, header.meta_len as usize)).await?;
         if header.kind == Kind::Hello {
-            discard(&mut sock, header.data_len.into()).await?;
+            within(by, discard(&mut sock, header.data_len.into())).await?;
             let token = pb::WireHello::decode(meta)
                 .map(|h| h.token)
                 .unwrap_or_default();
@@ -176,7 +212,7 @@ async fn connection(
         };
         let reply = match header.kind {
             Kind::Read => {
-                discard(&mut sock, header.data_len.into()).await?;
+                within(by, discard(&mut sock, header.data_len.into())).await?;
                 read(&shared, &who, meta, arrived, max_frame).await
             }
             Kind::Write => match pb::WireWriteRequest::decode(meta) {
@@ -191,22 +227,23 @@ async fn connection(
                         // Checksummed as the bytes arrive (verified against the
                         // request's crc32c values before anything is stored).
                         let payloads =
-                            read_payloads_checked(&mut sock, &req.payload_lengths).await?;
+                            within(by, read_payloads_checked(&mut sock, &req.payload_lengths))
+                                .await?;
                         write(&shared, req, payloads, arrived).await
                     }
                     Err(status) => {
-                        discard(&mut sock, header.data_len.into()).await?;
+                        within(by, discard(&mut sock, header.data_len.into())).await?;
                         write_rejected(&shared, arrived, status)
                     }
                 },
                 Err(e) => {
-                    discard(&mut sock, header.data_len.into()).await?;
+                    within(by, discard(&mut sock, header.data_len.into())).await?;
                     let status = tonic::Status::invalid_argument(format!("bad write request: {e}"));
                     write_rejected(&shared, arrived, status)
                 }
             },
             other => {
-                discard(&mut sock, header.data_len.into()).await?;
+                within(by, discard(&mut sock, header.data_len.into())).await?;
                 error_reply(
                     tonic::Code::InvalidArgument,
                     format!("frame kind {other:?} is not a request"),
@@ -215,6 +252,19 @@ async fn connection(
         };
         write_reply(&mut sock, header.request_id, reply).await?;
     }
+}
+
+/// `io` finished by `by`, or a TimedOut error (the connection is then closed).
+async fn within<T>(
+    by: tokio::time::Instant,
+    io: impl std::future::Future<Output = std::io::Result<T>>,
+) -> std::io::Result<T> {
+    tokio::time::timeout_at(by, io).await.unwrap_or_else(|_| {
+        Err(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            "request not received within server.read_timeout",
+        ))
+    })
 }
 
 /// Header + meta + payloads with vectored writes: the payloads go from the

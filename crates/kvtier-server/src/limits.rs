@@ -1,0 +1,112 @@
+//! Limits every front shares (docs/operations.md): the bytes of requests held
+//! in memory while they arrive, open connections, and how long a connection
+//! may idle or a request may take to arrive.
+//!
+//! Why: bytes still arriving count against no other budget. Without this, 16
+//! data-plane connections each sending most of a 251 MiB Write and stalling
+//! held 4 GiB against a 512 MiB memory tier (issue 18); idle connections were
+//! never closed, so enough of them exhausted the file descriptors.
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+/// The shared limits of one server.
+#[derive(Clone)]
+pub struct Limits {
+    memory: Arc<Semaphore>,
+    /// `server.request_memory` in bytes.
+    pub memory_bytes: u64,
+    /// `server.max_connections`, per data-plane listener.
+    pub max_connections: usize,
+    /// `server.idle_timeout`.
+    pub idle_timeout: Duration,
+    /// `server.read_timeout`.
+    pub read_timeout: Duration,
+}
+
+/// Bytes of a request being held; released when dropped.
+pub struct Reservation {
+    _permit: Option<OwnedSemaphorePermit>,
+}
+
+impl Limits {
+    /// Limits with `memory_bytes` for requests in flight.
+    pub fn new(memory_bytes: u64, max_connections: usize, idle: Duration, read: Duration) -> Self {
+        // Permits are bytes; tokio caps a semaphore at usize::MAX >> 3.
+        let permits = memory_bytes.min((usize::MAX >> 3) as u64) as usize;
+        Self {
+            memory: Arc::new(Semaphore::new(permits)),
+            memory_bytes,
+            max_connections: max_connections.max(1),
+            idle_timeout: idle,
+            read_timeout: read,
+        }
+    }
+
+    /// Limits that never refuse (tests, embedding).
+    pub fn unlimited() -> Self {
+        Self::new(
+            u64::MAX >> 4,
+            usize::MAX >> 4,
+            Duration::from_secs(3600),
+            Duration::from_secs(3600),
+        )
+    }
+
+    /// Takes `bytes` from the request budget now, or refuses with
+    /// RESOURCE_EXHAUSTED (never waits: a client told to retry beats one
+    /// whose upload sits half-received holding memory).
+    pub fn reserve(&self, bytes: u64) -> Result<Reservation, tonic::Status> {
+        if bytes == 0 {
+            return Ok(Reservation { _permit: None });
+        }
+        if bytes > self.memory_bytes || bytes > u32::MAX as u64 {
+            return Err(tonic::Status::resource_exhausted(format!(
+                "a request of {bytes} bytes is larger than the server's request memory ({} bytes, server.request_memory)",
+                self.memory_bytes
+            )));
+        }
+        match self.memory.clone().try_acquire_many_owned(bytes as u32) {
+            Ok(p) => Ok(Reservation { _permit: Some(p) }),
+            Err(_) => Err(tonic::Status::resource_exhausted(format!(
+                "server busy: {} of {} bytes of request memory in use; retry with back-off",
+                self.in_use(),
+                self.memory_bytes
+            ))),
+        }
+    }
+
+    /// Bytes reserved now.
+    pub fn in_use(&self) -> u64 {
+        let free = self.memory.available_permits() as u64;
+        self.memory_bytes
+            .min((usize::MAX >> 3) as u64)
+            .saturating_sub(free)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reservations_are_bounded_and_released() {
+        let l = Limits::new(1000, 10, Duration::from_secs(1), Duration::from_secs(1));
+        let a = l.reserve(600).unwrap();
+        assert_eq!(l.in_use(), 600);
+        let e = l.reserve(600).err().unwrap();
+        assert_eq!(e.code(), tonic::Code::ResourceExhausted);
+        assert!(e.message().contains("retry"), "{e:?}");
+        drop(a);
+        assert_eq!(l.in_use(), 0);
+        let _b = l.reserve(600).unwrap();
+        assert!(
+            l.reserve(2000)
+                .err()
+                .unwrap()
+                .message()
+                .contains("larger than")
+        );
+        assert!(l.reserve(0).is_ok());
+    }
+}

@@ -1,0 +1,174 @@
+//! The data plane's limits (docs/operations.md): request memory reserved
+//! before a body is read, stalled uploads timed out and their memory
+//! released, idle connections closed, a connection cap.
+mod common;
+
+use kvtier_proto::v1 as pb;
+use kvtier_proto::wire::{Header, Kind};
+use kvtier_server::Server;
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+fn write_header(ns: &str, payload: u32, id: u64) -> Vec<u8> {
+    let meta = prost::Message::encode_to_vec(&pb::WireWriteRequest {
+        request: Some(pb::WriteRequest {
+            namespace: ns.into(),
+            blocks: vec![pb::Block {
+                key: b"k".to_vec().into(),
+                ..Default::default()
+            }],
+        }),
+        payload_lengths: vec![u64::from(payload)],
+        timeout_ms: 0,
+    });
+    let mut f = common::frame(Kind::Write, id, &meta, &[]);
+    f[20..24].copy_from_slice(&payload.to_le_bytes());
+    f
+}
+
+/// The next frame's header and metadata, or None when the server closed.
+async fn reply(sock: &mut TcpStream) -> Option<(Header, Vec<u8>)> {
+    let mut head = [0u8; 24];
+    sock.read_exact(&mut head).await.ok()?;
+    let h = Header::decode(&head).unwrap();
+    let mut meta = vec![0u8; h.meta_len as usize];
+    sock.read_exact(&mut meta).await.ok()?;
+    Some((h, meta))
+}
+
+async fn closed(sock: &mut TcpStream, within: Duration) -> bool {
+    let mut b = [0u8; 1];
+    matches!(
+        tokio::time::timeout(within, sock.read(&mut b)).await,
+        Ok(Ok(0)) | Ok(Err(_))
+    )
+}
+
+async fn server(memory: u64, conns: usize, idle_ms: u64, read_ms: u64) -> Server {
+    let mut cfg = common::test_config();
+    cfg.server.request_memory = kvtier_core::ByteSize(memory);
+    cfg.server.max_connections = conns;
+    cfg.server.idle_timeout = Duration::from_millis(idle_ms);
+    cfg.server.read_timeout = Duration::from_millis(read_ms);
+    cfg.engine.memory_capacity = kvtier_core::ByteSize::mib(256);
+    cfg.engine.max_block_size = kvtier_core::ByteSize::mib(64);
+    Server::start(cfg).await.unwrap()
+}
+
+#[tokio::test]
+async fn stalled_uploads_cannot_hold_more_than_the_request_memory() {
+    let s = server(64 << 20, 100, 60_000, 1_500).await;
+    let addr = s.data_addr.unwrap();
+    // Upload 1 claims 40 MiB, sends 1 MiB of it and stalls: 40 MiB are reserved.
+    let mut stalled = TcpStream::connect(addr).await.unwrap();
+    stalled
+        .write_all(&write_header("n", 40 << 20, 1))
+        .await
+        .unwrap();
+    stalled.write_all(&vec![0u8; 1 << 20]).await.unwrap();
+    // Uploads 2..5 of 40 MiB each do not fit: refused at once, body unread.
+    for i in 0..4 {
+        let mut c = TcpStream::connect(addr).await.unwrap();
+        c.write_all(&write_header("n", 40 << 20, 2)).await.unwrap();
+        let t = Instant::now();
+        let (h, meta) = reply(&mut c).await.expect("an error frame");
+        assert_eq!(h.kind, Kind::Error, "upload {i}");
+        let e: pb::WireError = prost::Message::decode(&meta[..]).unwrap();
+        assert_eq!(e.code, tonic::Code::ResourceExhausted as i32, "{e:?}");
+        assert!(e.message.contains("retry"), "{e:?}");
+        assert!(t.elapsed() < Duration::from_secs(1), "refused quickly");
+        assert!(closed(&mut c, Duration::from_secs(2)).await);
+    }
+    // The stalled upload is cut at server.read_timeout, and its 40 MiB freed:
+    // the next upload of the same size is accepted and stored.
+    assert!(
+        closed(&mut stalled, Duration::from_secs(5)).await,
+        "stalled upload closed"
+    );
+    let payload = vec![7u8; 40 << 20];
+    let crc = crc32c::crc32c(&payload);
+    let meta = prost::Message::encode_to_vec(&pb::WireWriteRequest {
+        request: Some(pb::WriteRequest {
+            namespace: "n".into(),
+            blocks: vec![pb::Block {
+                key: b"k".to_vec().into(),
+                crc32c: crc,
+                ..Default::default()
+            }],
+        }),
+        payload_lengths: vec![payload.len() as u64],
+        timeout_ms: 0,
+    });
+    let mut ok = TcpStream::connect(addr).await.unwrap();
+    ok.write_all(&common::frame(Kind::Write, 3, &meta, &payload))
+        .await
+        .unwrap();
+    let (h, meta) = reply(&mut ok).await.unwrap();
+    assert_eq!(
+        h.kind,
+        Kind::WriteReply,
+        "{:?}",
+        String::from_utf8_lossy(&meta)
+    );
+    let m = common::metrics(&s).await;
+    assert!(
+        m.contains(r#"kvtier_requests_total{api="wire",op="admit",code="resource_exhausted"} 4"#),
+        "{m}"
+    );
+}
+
+#[tokio::test]
+async fn idle_connections_are_closed() {
+    let s = server(64 << 20, 100, 300, 60_000).await;
+    let addr = s.data_addr.unwrap();
+    let mut idle = TcpStream::connect(addr).await.unwrap();
+    let t = Instant::now();
+    assert!(closed(&mut idle, Duration::from_secs(5)).await);
+    assert!(
+        t.elapsed() >= Duration::from_millis(250),
+        "{:?}",
+        t.elapsed()
+    );
+    // Half a header counts as idle too.
+    let mut half = TcpStream::connect(addr).await.unwrap();
+    half.write_all(b"KVW1\x01").await.unwrap();
+    assert!(closed(&mut half, Duration::from_secs(5)).await);
+}
+
+#[tokio::test]
+async fn connections_beyond_the_cap_are_closed_at_accept() {
+    let s = server(64 << 20, 3, 60_000, 60_000).await;
+    let addr = s.data_addr.unwrap();
+    let mut held = Vec::new();
+    for _ in 0..3 {
+        held.push(TcpStream::connect(addr).await.unwrap());
+    }
+    // The fourth connection is accepted by the kernel but closed by the server
+    // (it accepts in order, so the first three hold the slots by then).
+    let mut extra = TcpStream::connect(addr).await.unwrap();
+    assert!(
+        closed(&mut extra, Duration::from_secs(5)).await,
+        "fourth closed"
+    );
+    // The three held ones are still served.
+    held[0]
+        .write_all(&common::frame(Kind::Read, 1, &[], &[]))
+        .await
+        .unwrap();
+    assert!(reply(&mut held[0]).await.is_some());
+    drop(held);
+    // Once others close, new connections are served again.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let mut again = TcpStream::connect(addr).await.unwrap();
+        again
+            .write_all(&common::frame(Kind::Read, 1, &[], &[]))
+            .await
+            .unwrap();
+        if reply(&mut again).await.is_some() {
+            break;
+        }
+        assert!(Instant::now() < deadline, "slots never freed");
+    }
+}
