@@ -43,6 +43,30 @@ pub struct EngineConfig {
     pub default_block_size: usize,
     /// Longest lease granted; longer requests are clamped.
     pub max_lease: Duration,
+    /// Bytes all leases together may pin (a pinned block and the ancestors it
+    /// keeps); 0 = half the memory tier, so pins can never leave writers
+    /// without room.
+    pub max_pinned: ByteSize,
+    /// Bytes the leases of one namespace may pin; 0 = `max_pinned`.
+    pub max_pinned_per_namespace: ByteSize,
+}
+
+impl EngineConfig {
+    /// The pin caps, with 0s resolved to their defaults.
+    pub fn pin_budget(&self) -> crate::lease::PinBudget {
+        let total = match self.max_pinned.bytes() {
+            0 => self.memory_capacity.bytes() / 2,
+            n => n,
+        };
+        let per_namespace = match self.max_pinned_per_namespace.bytes() {
+            0 => total,
+            n => n.min(total),
+        };
+        crate::lease::PinBudget {
+            total,
+            per_namespace,
+        }
+    }
 }
 
 impl Default for EngineConfig {
@@ -52,6 +76,8 @@ impl Default for EngineConfig {
             max_block_size: ByteSize::mib(64),
             default_block_size: DEFAULT_BLOCK_SIZE,
             max_lease: Duration::from_secs(60),
+            max_pinned: ByteSize(0),
+            max_pinned_per_namespace: ByteSize(0),
         }
     }
 }
@@ -109,6 +135,10 @@ pub struct EngineStats {
     pub tiers: Vec<(TierKind, TierStats)>,
     /// Leases currently active.
     pub active_leases: u64,
+    /// Bytes leases pin now (charged against `engine.max_pinned`).
+    pub pinned_bytes: u64,
+    /// Leases cut short or refused by the pin caps.
+    pub lease_refusals: u64,
     /// Writes acknowledged although the disk tier refused them (memory only).
     pub degraded_writes: u64,
     /// Blocks evicted from memory and written to disk.
@@ -134,6 +164,7 @@ struct Counters {
     degraded_writes: AtomicU64,
     demotions: AtomicU64,
     demotion_failures: AtomicU64,
+    lease_refusals: AtomicU64,
 }
 
 /// The store. Cheap to share behind an `Arc`.
@@ -165,13 +196,14 @@ impl Engine {
     /// read from (and promoted to memory) but never written by the engine.
     pub fn with_tiers(cfg: EngineConfig, lower: Vec<Arc<dyn Tier>>) -> Self {
         let memory = Arc::new(MemoryTier::new(cfg.memory_capacity.bytes()));
+        let leases = LeaseTable::new(cfg.pin_budget());
         Self {
             cfg,
             memory,
             disk: None,
             policy: WritePolicy::default(),
             lower,
-            leases: LeaseTable::default(),
+            leases,
             counters: Counters::default(),
             writing: Default::default(),
             object: None,
@@ -306,8 +338,20 @@ impl Engine {
                 ids.push(BlockId::new(ns.clone(), key.clone()));
             }
         }
+        // A lease covers as much of the prefix as the pin budget allows, and
+        // only that much is reported found: the client reads what is pinned
+        // and computes the rest.
         let lease = match lease {
-            Some(d) if !ids.is_empty() => Some(self.pin(&ids, d)?),
+            Some(d) if !ids.is_empty() => match self.pin(&ids, d, true)? {
+                Some((grant, n)) => {
+                    tiers.truncate(n);
+                    Some(grant)
+                }
+                None => {
+                    tiers.clear();
+                    None
+                }
+            },
             _ => None,
         };
         Ok(LookupOutcome {
@@ -334,20 +378,59 @@ impl Engine {
                 )));
             }
         }
-        self.pin(&ids, dur)
+        match self.pin(&ids, dur, false)? {
+            Some((grant, _)) => Ok(grant),
+            None => Err(Error::exhausted("nothing to pin")),
+        }
     }
 
-    fn pin(&self, ids: &[BlockId], dur: Duration) -> Result<LeaseGrant> {
+    /// Pins the leading `ids` that fit the pin budget (all of them or an
+    /// error unless `partial`) under one lease; `None` when none fit.
+    fn pin(
+        &self,
+        ids: &[BlockId],
+        dur: Duration,
+        partial: bool,
+    ) -> Result<Option<(LeaseGrant, usize)>> {
         if dur.is_zero() {
             return Err(Error::invalid("lease duration must be > 0 ms"));
         }
         let dur = dur.min(self.cfg.max_lease);
-        let grant = self.leases.grant(ids, dur)?;
+        let mut costs = self.memory.pin_costs(ids);
+        if let Some(d) = &self.disk {
+            for (c, d) in costs.iter_mut().zip(d.pin_costs(ids)) {
+                *c += d;
+            }
+        }
+        let (lease_id, n) = self.leases.charge(ids, &costs, dur);
+        if n < ids.len() && !partial {
+            let budget = self.leases.budget();
+            let (total, mine) = self.leases.pinned_bytes(&ids[0].namespace);
+            return Err(Error::exhausted(format!(
+                "pinning these {} blocks needs {} bytes; leases pin {mine} of {} bytes allowed \
+                 for namespace {} and {total} of {} in all (engine.max_pinned_per_namespace, \
+                 engine.max_pinned); release leases or lease fewer blocks",
+                ids.len(),
+                costs.iter().sum::<u64>(),
+                budget.per_namespace,
+                ids[0].namespace,
+                budget.total
+            )));
+        }
+        if n == 0 {
+            self.counters.lease_refusals.fetch_add(1, Ordering::Relaxed);
+            return Ok(None);
+        }
+        if n < ids.len() {
+            self.counters.lease_refusals.fetch_add(1, Ordering::Relaxed);
+        }
+        let ids = &ids[..n];
+        let grant = self.leases.grant(lease_id, ids, dur)?;
         self.memory.pin(ids, grant.expires_at);
         if let Some(d) = &self.disk {
             d.pin(ids, grant.expires_at);
         }
-        Ok(grant)
+        Ok(Some((grant, n)))
     }
 
     /// Fails unless lease `id` is active.
@@ -627,6 +710,8 @@ impl Engine {
         EngineStats {
             tiers,
             active_leases: self.leases.active().0,
+            pinned_bytes: self.leases.pinned_total(),
+            lease_refusals: self.counters.lease_refusals.load(Ordering::Relaxed),
             degraded_writes: self.counters.degraded_writes.load(Ordering::Relaxed),
             demotions: self.counters.demotions.load(Ordering::Relaxed),
             demotion_failures: self.counters.demotion_failures.load(Ordering::Relaxed),

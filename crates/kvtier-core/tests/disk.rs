@@ -515,6 +515,9 @@ fn walk(dir: &Path) -> Vec<PathBuf> {
 fn engine_cfg(mem: u64) -> EngineConfig {
     EngineConfig {
         memory_capacity: ByteSize(mem),
+        // These tests pin whole tiers on purpose (the default caps pins at
+        // half the memory tier: tests/engine.rs).
+        max_pinned: ByteSize::gib(1024),
         ..Default::default()
     }
 }

@@ -265,8 +265,15 @@ async fn lease_on_missing_key_is_not_found() {
 
 #[tokio::test]
 async fn everything_pinned_means_resource_exhausted() {
+    // Only when the operator lets leases pin the whole tier (the default
+    // caps pins at half of it: see the lease flood test below).
     let size = 1000usize;
-    let e = engine(2 * (size as u64 + 300));
+    let cap = 2 * (size as u64 + 300);
+    let e = Engine::new(EngineConfig {
+        memory_capacity: ByteSize(cap),
+        max_pinned: ByteSize(cap),
+        ..Default::default()
+    });
     let n = ns("t");
     let chain = chain_blocks(&n, 1, 2, size);
     let mut t = StorageTiming::default();
@@ -280,6 +287,120 @@ async fn everything_pinned_means_resource_exhausted() {
     assert_eq!(err.kind, ErrorKind::ResourceExhausted);
     assert_eq!(e.lookup(&n, &keys, None, &mut t).await.unwrap().found, 2);
     e.memory().check_invariants().unwrap();
+}
+
+fn keys_of(chain: &[Block]) -> Vec<Key> {
+    chain.iter().map(|b| b.meta.id.key.clone()).collect()
+}
+
+#[tokio::test]
+async fn a_lease_flood_from_one_namespace_leaves_others_writes_working() {
+    // 8 blocks of memory; namespace "a" fills it and leases everything it
+    // can, again and again (renewing); "b" must still be able to write.
+    let size = 1000usize;
+    let block = size as u64 + 300;
+    let e = engine(8 * block);
+    let (a, b) = (ns("a"), ns("b"));
+    let mut t = StorageTiming::default();
+    let chains: Vec<Vec<Block>> = (0..4).map(|s| chain_blocks(&a, s, 2, size)).collect();
+    for c in &chains {
+        for blk in c {
+            e.write(blk.clone(), &mut t).await.unwrap();
+        }
+    }
+    let mut pinned_found = 0;
+    for _round in 0..3 {
+        for c in &chains {
+            let out = e
+                .lookup(&a, &keys_of(c), Some(Duration::from_secs(60)), &mut t)
+                .await
+                .unwrap();
+            // Only what could be pinned is reported found, with a lease on it.
+            assert_eq!(out.lease.is_some(), out.found > 0);
+            pinned_found += out.found;
+        }
+        let _ = e.lease(&a, &keys_of(&chains[0]), Duration::from_secs(60));
+    }
+    let stats = e.stats();
+    assert!(stats.pinned_bytes <= 4 * block, "{}", stats.pinned_bytes);
+    assert!(stats.lease_refusals > 0);
+    assert!(pinned_found >= 2, "some of the flood was pinned");
+    // "b" writes 8 blocks' worth: every write succeeds (evicting a's unpinned blocks).
+    for s in 0..4 {
+        for blk in chain_blocks(&b, 100 + s, 2, size) {
+            e.write(blk, &mut t).await.expect("b's write");
+        }
+    }
+    e.memory().check_invariants().unwrap();
+}
+
+#[tokio::test]
+async fn per_namespace_pin_cap_truncates_lookups_and_refuses_leases() {
+    let size = 1000usize;
+    let block = size as u64 + 300;
+    let e = Engine::new(EngineConfig {
+        memory_capacity: ByteSize(16 * block),
+        max_pinned_per_namespace: ByteSize(2 * block),
+        ..Default::default()
+    });
+    let (a, b) = (ns("a"), ns("b"));
+    let mut t = StorageTiming::default();
+    let ca = chain_blocks(&a, 1, 3, size);
+    let cb = chain_blocks(&b, 2, 2, size);
+    for blk in ca.iter().chain(&cb) {
+        e.write(blk.clone(), &mut t).await.unwrap();
+    }
+    // a's 3-block prefix: only 2 fit its cap, so 2 are found and pinned.
+    let out = e
+        .lookup(&a, &keys_of(&ca), Some(Duration::from_secs(60)), &mut t)
+        .await
+        .unwrap();
+    assert_eq!(out.found, 2);
+    assert_eq!(out.tiers.len(), 2);
+    assert!(out.lease.is_some());
+    // Without a lease the whole prefix is found.
+    assert_eq!(
+        e.lookup(&a, &keys_of(&ca), None, &mut t)
+            .await
+            .unwrap()
+            .found,
+        3
+    );
+    // a's cap is spent: an explicit lease is refused with a clear error...
+    let err = e
+        .lease(&a, &keys_of(&ca[..1]), Duration::from_secs(60))
+        .unwrap_err();
+    assert_eq!(err.kind, ErrorKind::ResourceExhausted);
+    assert!(
+        err.message.contains("max_pinned_per_namespace"),
+        "{}",
+        err.message
+    );
+    // ...while b's leases are unaffected.
+    let out = e
+        .lookup(&b, &keys_of(&cb), Some(Duration::from_secs(60)), &mut t)
+        .await
+        .unwrap();
+    assert_eq!(out.found, 2);
+}
+
+#[tokio::test]
+async fn pinning_a_chain_tail_charges_its_ancestors() {
+    // Eviction takes leaves only, so pinning the last block of a chain keeps
+    // the whole chain: the charge must say so.
+    let size = 1000usize;
+    let block = size as u64 + 300;
+    let e = engine(16 * block);
+    let n = ns("t");
+    let mut t = StorageTiming::default();
+    let chain = chain_blocks(&n, 3, 4, size);
+    for blk in &chain {
+        e.write(blk.clone(), &mut t).await.unwrap();
+    }
+    e.lease(&n, &keys_of(&chain[3..]), Duration::from_secs(60))
+        .unwrap();
+    let pinned = e.stats().pinned_bytes;
+    assert!(pinned >= 4 * size as u64, "{pinned}");
 }
 
 #[tokio::test]

@@ -247,8 +247,15 @@ pub struct ServerSection {
     /// "cubic" or "bbr". The kernel must allow it for unprivileged processes
     /// (`net.ipv4.tcp_allowed_congestion_control`; "reno" always is).
     pub data_tcp_congestion: String,
-    /// Requests served at once per process; the rest wait (counted as queue time).
+    /// Requests served at once per process; the rest wait in a queue
+    /// (counted as queue time), bounded by `max_queued` and `queue_timeout`.
     pub max_inflight: usize,
+    /// Requests that may wait for admission at once; past it requests are
+    /// shed at once (UNAVAILABLE / HTTP 503, with a retry hint).
+    pub max_queued: usize,
+    /// The longest a request waits for admission before it is shed.
+    #[serde(with = "humantime_serde")]
+    pub queue_timeout: Duration,
     /// Largest gRPC message accepted (a Write batch is one message).
     pub max_message_size: ByteSize,
     /// HTTP/2 per-stream flow-control window.
@@ -285,6 +292,8 @@ impl Default for ServerSection {
             data_listen: "auto".into(),
             data_tcp_congestion: "reno".into(),
             max_inflight: 1024,
+            max_queued: 1024,
+            queue_timeout: Duration::from_secs(1),
             max_message_size: ByteSize::mib(256),
             stream_window: ByteSize::mib(32),
             connection_window: ByteSize::mib(64),
@@ -311,6 +320,10 @@ pub struct EngineSection {
     /// Longest lease granted.
     #[serde(with = "humantime_serde")]
     pub max_lease: Duration,
+    /// Bytes all leases together may pin; 0 = half of `memory_capacity`.
+    pub max_pinned: ByteSize,
+    /// Bytes one namespace's leases may pin; 0 = `max_pinned`.
+    pub max_pinned_per_namespace: ByteSize,
 }
 
 impl Default for EngineSection {
@@ -321,6 +334,8 @@ impl Default for EngineSection {
             max_block_size: e.max_block_size,
             block_size: e.default_block_size,
             max_lease: e.max_lease,
+            max_pinned: e.max_pinned,
+            max_pinned_per_namespace: e.max_pinned_per_namespace,
         }
     }
 }
@@ -333,6 +348,8 @@ impl EngineSection {
             max_block_size: self.max_block_size,
             default_block_size: self.block_size,
             max_lease: self.max_lease,
+            max_pinned: self.max_pinned,
+            max_pinned_per_namespace: self.max_pinned_per_namespace,
         }
     }
 }

@@ -49,9 +49,54 @@ pub fn router(shared: Shared) -> Router {
         .layer(DefaultBodyLimit::max(limit))
         .layer(axum::middleware::from_fn_with_state(
             shared.clone(),
+            hold_body,
+        ))
+        .layer(axum::middleware::from_fn_with_state(
+            shared.clone(),
             authorize,
         ))
         .with_state(shared)
+}
+
+/// Charges a request's body to `server.request_memory` before it is read
+/// (its Content-Length, or the largest body accepted when it has none), for
+/// as long as the request is served; past the budget: 503 with Retry-After,
+/// body unread. The whole request must be served within
+/// `server.read_timeout` (a stalled upload then gives its memory back: 408).
+async fn hold_body(
+    State(s): State<Shared>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let limit = s.engine.config().max_block_size.bytes();
+    let has_body = !matches!(
+        *req.method(),
+        axum::http::Method::GET | axum::http::Method::HEAD | axum::http::Method::DELETE
+    );
+    let need = if has_body {
+        req.headers()
+            .get(header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
+            .unwrap_or(limit)
+            .min(limit)
+    } else {
+        0
+    };
+    let _held = match s.limits.reserve(need) {
+        Ok(r) => r,
+        Err(status) => {
+            s.metrics.shed.inc();
+            return overloaded(status);
+        }
+    };
+    match tokio::time::timeout(s.limits.read_timeout, next.run(req)).await {
+        Ok(r) => r,
+        Err(_) => error(
+            StatusCode::REQUEST_TIMEOUT,
+            "deadline_exceeded",
+            "request not served within server.read_timeout",
+        ),
+    }
 }
 
 /// Authentication and access control, before any extractor reads the body.
@@ -110,6 +155,20 @@ fn error(status: StatusCode, code: &str, message: impl Into<String>) -> Response
     (status, Json(body)).into_response()
 }
 
+/// 503 with `Retry-After` (whole seconds, at least 1) for a shed request.
+fn overloaded(shed: tonic::Status) -> Response {
+    let mut r = error(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "unavailable",
+        shed.message(),
+    );
+    r.headers_mut().insert(
+        axum::http::header::RETRY_AFTER,
+        axum::http::HeaderValue::from_static("1"),
+    );
+    r
+}
+
 fn core_error(e: Error) -> Response {
     let (status, code) = to_http(&e);
     error(status, code, e.message)
@@ -132,7 +191,10 @@ async fn put_value(
     params: Result<Query<PutParams>, axum::extract::rejection::QueryRejection>,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    let adm = s.admit(Some(Instant::now())).await;
+    let adm = match s.admit(Some(Instant::now())).await {
+        Ok(a) => a,
+        Err(shed) => return overloaded(shed),
+    };
     let mut clock = adm.clock;
     let resp = async {
         let Query(params) = params
@@ -176,7 +238,10 @@ async fn put_value(
 }
 
 async fn get_value(State(s): State<Shared>, Path((ns, key)): Path<(String, String)>) -> Response {
-    let adm = s.admit(Some(Instant::now())).await;
+    let adm = match s.admit(Some(Instant::now())).await {
+        Ok(a) => a,
+        Err(shed) => return overloaded(shed),
+    };
     let mut clock = adm.clock;
     let resp = async {
         let id = id(&ns, &key)?;
@@ -216,7 +281,10 @@ async fn delete_value(
     State(s): State<Shared>,
     Path((ns, key)): Path<(String, String)>,
 ) -> Response {
-    let adm = s.admit(Some(Instant::now())).await;
+    let adm = match s.admit(Some(Instant::now())).await {
+        Ok(a) => a,
+        Err(shed) => return overloaded(shed),
+    };
     let mut clock = adm.clock;
     let resp = async {
         let id = id(&ns, &key)?;

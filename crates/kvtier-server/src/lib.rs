@@ -82,7 +82,8 @@ impl Server {
             cfg.server.max_connections,
             cfg.server.idle_timeout,
             cfg.server.read_timeout,
-        );
+        )
+        .with_queue(cfg.server.max_queued, cfg.server.queue_timeout);
         let (stop, stop_rx) = watch::channel(false);
         let mut tasks = JoinSet::new();
         let mut grpc_addrs = Vec::new();

@@ -7,6 +7,7 @@
 //! held 4 GiB against a 512 MiB memory tier (issue 18); idle connections were
 //! never closed, so enough of them exhausted the file descriptors.
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
@@ -22,6 +23,20 @@ pub struct Limits {
     pub idle_timeout: Duration,
     /// `server.read_timeout`.
     pub read_timeout: Duration,
+    /// `server.max_queued`: requests that may wait for admission at once.
+    pub max_queued: usize,
+    /// `server.queue_timeout`: the longest a request waits for admission.
+    pub queue_timeout: Duration,
+    waiting: Arc<AtomicUsize>,
+}
+
+/// One place in the admission queue; given back when dropped.
+pub struct QueueSlot(Arc<AtomicUsize>);
+
+impl Drop for QueueSlot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 /// Bytes of a request being held; released when dropped.
@@ -40,7 +55,29 @@ impl Limits {
             max_connections: max_connections.max(1),
             idle_timeout: idle,
             read_timeout: read,
+            max_queued: usize::MAX >> 4,
+            queue_timeout: Duration::from_secs(3600),
+            waiting: Arc::new(AtomicUsize::new(0)),
         }
+    }
+
+    /// With an admission queue of `max_queued` waiting at most `timeout`.
+    pub fn with_queue(mut self, max_queued: usize, timeout: Duration) -> Self {
+        self.max_queued = max_queued;
+        self.queue_timeout = timeout;
+        self
+    }
+
+    /// A place in the admission queue, or None when `max_queued` wait already.
+    pub fn enqueue(&self) -> Option<QueueSlot> {
+        let before = self.waiting.fetch_add(1, Ordering::Relaxed);
+        let slot = QueueSlot(self.waiting.clone());
+        (before < self.max_queued).then_some(slot)
+    }
+
+    /// Requests waiting for admission now.
+    pub fn queued(&self) -> usize {
+        self.waiting.load(Ordering::Relaxed)
     }
 
     /// Limits that never refuse (tests, embedding).

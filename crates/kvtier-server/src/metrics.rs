@@ -5,7 +5,7 @@
 //!   log-linear 1-2-5 buckets from 10 µs to 50 s.
 //! * `kvtier_tier_{blocks,bytes,capacity_bytes}{tier}`: gauges read from the engine at scrape.
 //! * `kvtier_tier_{hits,misses,evictions,expirations}_total{tier}`: counters read at scrape.
-//! * `kvtier_active_leases`, `kvtier_inflight_requests`.
+//! * `kvtier_active_leases`, `kvtier_lease_pinned_bytes`, `kvtier_inflight_requests`.
 //! * `kvtier_auth_denied_total{reason}`: requests refused by authentication
 //!   (`unauthenticated`) or access control (`permission_denied`).
 //! * `kvtier_engine_{degraded_writes,demotions,demotion_failures}_total`: engine counters.
@@ -65,6 +65,8 @@ pub struct Metrics {
     latency: Family<OpLabels, Histogram>,
     /// Requests being served now.
     pub inflight: Gauge,
+    /// Requests shed for overload (server.max_queued / queue_timeout).
+    pub shed: Counter,
     /// Payload bytes received in writes.
     pub bytes_in: Counter,
     /// Payload bytes sent in reads.
@@ -124,8 +126,15 @@ impl Metrics {
             "Requests refused by authentication or access control",
             denied.clone(),
         );
+        let shed = Counter::default();
+        registry.register(
+            "shed",
+            "Requests refused for overload (UNAVAILABLE / 503, with a retry hint)",
+            shed.clone(),
+        );
         registry.register_collector(Box::new(EngineCollector(engine)));
         Self {
+            shed,
             registry,
             requests,
             denied,
@@ -403,7 +412,7 @@ impl Collector for EngineCollector {
                 c.encode(fam.encode_family(&TierLabel { tier: kind.name() })?)?;
             }
         }
-        let engine_counters: [(&str, &str, u64); 3] = [
+        let engine_counters: [(&str, &str, u64); 4] = [
             (
                 "engine_degraded_writes",
                 "Writes acknowledged memory-only because the disk tier refused them",
@@ -418,6 +427,11 @@ impl Collector for EngineCollector {
                 "engine_demotion_failures",
                 "Demotions to the disk tier that failed (block dropped)",
                 stats.demotion_failures,
+            ),
+            (
+                "lease_refusals",
+                "Leases cut short or refused by engine.max_pinned / max_pinned_per_namespace",
+                stats.lease_refusals,
             ),
         ];
         for (name, help, v) in engine_counters {
@@ -438,6 +452,13 @@ impl Collector for EngineCollector {
         g.encode(encoder.encode_descriptor(
             "active_leases",
             "Leases currently pinning blocks",
+            None,
+            prometheus_client::metrics::MetricType::Gauge,
+        )?)?;
+        let g = ConstGauge::new(stats.pinned_bytes as i64);
+        g.encode(encoder.encode_descriptor(
+            "lease_pinned_bytes",
+            "Bytes leases pin (charged against engine.max_pinned)",
             None,
             prometheus_client::metrics::MetricType::Gauge,
         )?)?;

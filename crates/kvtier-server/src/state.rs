@@ -26,6 +26,8 @@ pub struct Shared {
     pub public_health: bool,
     /// Request memory, connections, timeouts (docs/operations.md).
     pub limits: crate::limits::Limits,
+    /// `server.max_inflight` (the size of `admission`).
+    pub max_inflight: usize,
 }
 
 /// A request admitted for service: its clock and its admission permit.
@@ -55,6 +57,7 @@ impl Shared {
             public_metrics: true,
             public_health: true,
             limits: crate::limits::Limits::unlimited(),
+            max_inflight,
         }
     }
 
@@ -81,22 +84,54 @@ impl Shared {
         })
     }
 
-    /// Waits for admission; the wait counts as queue time.
-    pub async fn admit(&self, arrived: Option<Instant>) -> Admitted {
+    /// Admits a request: at once while fewer than `server.max_inflight` are
+    /// served, else after waiting in a queue of at most `server.max_queued`
+    /// for at most `server.queue_timeout` (the wait counts as queue time).
+    /// Past those it is shed: UNAVAILABLE with a retry hint (gRPC metadata
+    /// `grpc-retry-pushback-ms`; the clients retry UNAVAILABLE with jittered
+    /// back-off), rather than queued without bound (docs/operations.md).
+    pub async fn admit(&self, arrived: Option<Instant>) -> Result<Admitted, tonic::Status> {
         let mut clock = Clock::start(arrived);
-        let permit = self
-            .admission
-            .clone()
-            .acquire_owned()
-            .await
-            .expect("semaphore never closed");
+        let permit = match self.admission.clone().try_acquire_owned() {
+            Ok(p) => p,
+            Err(_) => {
+                let Some(_slot) = self.limits.enqueue() else {
+                    return Err(self.shed("the admission queue is full"));
+                };
+                let wait = self.admission.clone().acquire_owned();
+                match tokio::time::timeout(self.limits.queue_timeout, wait).await {
+                    Ok(p) => p.expect("semaphore never closed"),
+                    Err(_) => return Err(self.shed("no capacity within server.queue_timeout")),
+                }
+            }
+        };
         clock.admitted();
         self.metrics.inflight.inc();
-        Admitted {
+        Ok(Admitted {
             clock,
             _permit: permit,
             metrics: self.metrics.clone(),
+        })
+    }
+
+    /// A request refused for overload, counted in `kvtier_shed_total`.
+    fn shed(&self, why: &str) -> tonic::Status {
+        self.metrics.shed.inc();
+        // Hint: about one queue timeout, so retries arrive after the backlog moved.
+        let hint_ms = self.limits.queue_timeout.as_millis().clamp(10, 1000) as u64;
+        let mut status = tonic::Status::unavailable(format!(
+            "server overloaded ({why}; {} requests in service, {} waiting); retry in ~{hint_ms} ms with back-off",
+            self.admission_limit(),
+            self.limits.queued(),
+        ));
+        if let Ok(v) = hint_ms.to_string().parse() {
+            status.metadata_mut().insert("grpc-retry-pushback-ms", v);
         }
+        status
+    }
+
+    fn admission_limit(&self) -> usize {
+        self.max_inflight
     }
 
     /// Records the outcome of a request.
@@ -165,5 +200,50 @@ pub fn code_name(c: tonic::Code) -> &'static str {
         Unavailable => "unavailable",
         DataLoss => "data_loss",
         Unauthenticated => "unauthenticated",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kvtier_core::EngineConfig;
+
+    #[tokio::test]
+    async fn past_the_queue_requests_are_shed_with_a_retry_hint() {
+        let mut s = Shared::new(Arc::new(Engine::new(EngineConfig::default())), 1);
+        s.limits = crate::limits::Limits::unlimited().with_queue(1, Duration::from_millis(200));
+        let first = s.admit(None).await.expect("admitted at once");
+        // The second waits in the queue (its one place)...
+        let s2 = s.clone();
+        let second = tokio::spawn(async move { s2.admit(None).await.map(|_| ()) });
+        let t = Instant::now();
+        while s.limits.queued() == 0 {
+            assert!(t.elapsed() < Duration::from_secs(5), "never queued");
+            tokio::task::yield_now().await;
+        }
+        // ...so the third is shed at once, with the hint clients act on.
+        let t = Instant::now();
+        let third = s.admit(None).await.err().expect("shed");
+        assert!(t.elapsed() < Duration::from_millis(100));
+        assert_eq!(third.code(), tonic::Code::Unavailable);
+        assert!(third.message().contains("queue is full"), "{third:?}");
+        assert_eq!(
+            third.metadata().get("grpc-retry-pushback-ms").unwrap(),
+            "200"
+        );
+        // The second is shed when queue_timeout passes without capacity.
+        let e = second.await.unwrap().unwrap_err();
+        assert!(e.message().contains("queue_timeout"), "{e:?}");
+        assert!(t.elapsed() >= Duration::from_millis(150));
+        assert_eq!(s.limits.queued(), 0, "queue places given back");
+        // Capacity back: admitted again; waiting requests are admitted in turn.
+        drop(first);
+        let again = s.admit(None).await.expect("admitted");
+        let s3 = s.clone();
+        let waiter = tokio::spawn(async move { s3.admit(None).await.map(|_| ()) });
+        tokio::task::yield_now().await;
+        drop(again);
+        waiter.await.unwrap().expect("admitted from the queue");
+        assert_eq!(s.metrics.shed.get(), 2);
     }
 }

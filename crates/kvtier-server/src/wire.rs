@@ -296,7 +296,10 @@ async fn read(
     arrived: Instant,
     max_frame: u64,
 ) -> Reply {
-    let adm = shared.admit(Some(arrived)).await;
+    let adm = match shared.admit(Some(arrived)).await {
+        Ok(a) => a,
+        Err(shed) => return status_reply(shed),
+    };
     let mut clock = adm.clock;
     let r = read_inner(shared, who, meta, arrived, max_frame, &mut clock).await;
     let code = match &r {
@@ -376,7 +379,10 @@ async fn write(
     payloads: Vec<(Bytes, u32)>,
     arrived: Instant,
 ) -> Reply {
-    let adm = shared.admit(Some(arrived)).await;
+    let adm = match shared.admit(Some(arrived)).await {
+        Ok(a) => a,
+        Err(shed) => return status_reply(shed),
+    };
     let mut clock = adm.clock;
     let r = write_inner(shared, req, payloads, arrived, &mut clock).await;
     let code = match &r {

@@ -172,3 +172,61 @@ async fn connections_beyond_the_cap_are_closed_at_accept() {
         assert!(Instant::now() < deadline, "slots never freed");
     }
 }
+
+/// The status line and headers of an HTTP response, or None when closed.
+async fn http_head(sock: &mut TcpStream) -> Option<String> {
+    let mut buf = Vec::new();
+    let mut b = [0u8; 1];
+    while !buf.ends_with(b"\r\n\r\n") {
+        match tokio::time::timeout(Duration::from_secs(5), sock.read(&mut b)).await {
+            Ok(Ok(1)) => buf.push(b[0]),
+            _ => return None,
+        }
+    }
+    Some(String::from_utf8_lossy(&buf).into_owned())
+}
+
+fn put_head(key: &str, len: usize) -> String {
+    format!("PUT /v1/kv/n/{key} HTTP/1.1\r\nHost: x\r\nContent-Length: {len}\r\n\r\n")
+}
+
+#[tokio::test]
+async fn stalled_http_uploads_cannot_hold_more_than_the_request_memory() {
+    let s = server(64 << 20, 100, 60_000, 1_500).await;
+    let addr = s.http_addr.unwrap();
+    let mut stalled = TcpStream::connect(addr).await.unwrap();
+    stalled
+        .write_all(put_head("a", 40 << 20).as_bytes())
+        .await
+        .unwrap();
+    stalled.write_all(&vec![0u8; 1 << 20]).await.unwrap();
+    // Wait until the stalled upload holds its reservation (it is charged when
+    // its headers are in): then the next 40 MiB PUT does not fit.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let refused = loop {
+        let mut c = TcpStream::connect(addr).await.unwrap();
+        c.write_all(put_head("b", 40 << 20).as_bytes())
+            .await
+            .unwrap();
+        let head = http_head(&mut c).await.expect("a response before the body");
+        if head.starts_with("HTTP/1.1 503") {
+            break head;
+        }
+        assert!(Instant::now() < deadline, "never refused: {head}");
+    };
+    assert!(
+        refused.to_ascii_lowercase().contains("retry-after: 1"),
+        "{refused}"
+    );
+    // The stalled upload is answered 408 at server.read_timeout; its memory is
+    // given back and a whole 40 MiB PUT is stored.
+    let head = http_head(&mut stalled).await.expect("408");
+    assert!(head.starts_with("HTTP/1.1 408"), "{head}");
+    let mut ok = TcpStream::connect(addr).await.unwrap();
+    ok.write_all(put_head("c", 40 << 20).as_bytes())
+        .await
+        .unwrap();
+    ok.write_all(&vec![9u8; 40 << 20]).await.unwrap();
+    let head = http_head(&mut ok).await.expect("a response");
+    assert!(head.starts_with("HTTP/1.1 2"), "{head}");
+}

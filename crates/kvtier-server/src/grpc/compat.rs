@@ -379,11 +379,15 @@ macro_rules! respond {
 }
 
 impl CompatService {
-    async fn read_one(&self, req: pb::ReadRequest, arrived: Option<Instant>) -> pb::ReadResponse {
-        let adm = self.shared.admit(arrived).await;
+    async fn read_one(
+        &self,
+        req: pb::ReadRequest,
+        arrived: Option<Instant>,
+    ) -> Result<pb::ReadResponse, Status> {
+        let adm = self.shared.admit(arrived).await?;
         let mut clock = adm.clock;
         let r = self.read_inner(req, &mut clock).await;
-        respond!(self, "read", clock, r, ReadResponse)
+        Ok(respond!(self, "read", clock, r, ReadResponse))
     }
 }
 
@@ -401,7 +405,7 @@ impl KvStoreService for CompatService {
         let adm = self
             .shared
             .admit(state::arrival(request.extensions()))
-            .await;
+            .await?;
         let mut clock = adm.clock;
         let r = self.lookup_inner(request.into_inner(), &mut clock).await;
         Ok(Response::new(respond!(
@@ -422,7 +426,7 @@ impl KvStoreService for CompatService {
         self.authorize(&who, &r.resource_name, &r.container_name, false)?;
         let arrived = state::arrival(request.extensions());
         Ok(Response::new(
-            self.read_one(request.into_inner(), arrived).await,
+            self.read_one(request.into_inner(), arrived).await?,
         ))
     }
 
@@ -436,7 +440,7 @@ impl KvStoreService for CompatService {
         let adm = self
             .shared
             .admit(state::arrival(request.extensions()))
-            .await;
+            .await?;
         let mut clock = adm.clock;
         let r = self.write_inner(request.into_inner(), &mut clock).await;
         Ok(Response::new(respond!(
@@ -467,7 +471,7 @@ impl KvStoreService for CompatService {
                 async move {
                     let req = msg?;
                     this.authorize(&who, &req.resource_name, &req.container_name, false)?;
-                    Ok(this.read_one(req, Some(arrived)).await)
+                    this.read_one(req, Some(arrived)).await
                 }
             })
             .buffered(STREAM_PIPELINE);

@@ -211,7 +211,7 @@ impl KvTier for V1Service {
         let adm = self
             .shared
             .admit(state::arrival(request.extensions()))
-            .await;
+            .await?;
         let mut clock = adm.clock;
         let r = self
             .lookup_inner(&who, request.into_inner(), &mut clock)
@@ -229,7 +229,7 @@ impl KvTier for V1Service {
         let arrived = state::arrival(request.extensions()).unwrap_or_else(Instant::now);
         let deadline = state::deadline(request.metadata(), arrived);
         let req = request.into_inner();
-        let adm = self.shared.admit(Some(arrived)).await;
+        let adm = self.shared.admit(Some(arrived)).await?;
         let mut clock = adm.clock;
         let (ns, keys) = match crate::read::prepare(&self.shared, &who, &req) {
             Ok(v) => v,
@@ -279,7 +279,7 @@ impl KvTier for V1Service {
         let adm = self
             .shared
             .admit(state::arrival(request.extensions()))
-            .await;
+            .await?;
         let mut clock = adm.clock;
         let mut resp = pb::WriteResponse::default();
         let r = self
@@ -297,7 +297,7 @@ impl KvTier for V1Service {
         let adm = self
             .shared
             .admit(state::arrival(request.extensions()))
-            .await;
+            .await?;
         let mut clock = adm.clock;
         let mut stream = request.into_inner();
         let mut resp = pb::WriteResponse::default();
@@ -320,7 +320,7 @@ impl KvTier for V1Service {
         let adm = self
             .shared
             .admit(state::arrival(request.extensions()))
-            .await;
+            .await?;
         let mut clock = adm.clock;
         let req = request.into_inner();
         let r = async {
@@ -354,7 +354,7 @@ impl KvTier for V1Service {
         let adm = self
             .shared
             .admit(state::arrival(request.extensions()))
-            .await;
+            .await?;
         let clock = adm.clock;
         let req = request.into_inner();
         let r = (|| {
@@ -396,7 +396,7 @@ impl KvTier for V1Service {
         let adm = self
             .shared
             .admit(state::arrival(request.extensions()))
-            .await;
+            .await?;
         let clock = adm.clock;
         let s = self.shared.engine.stats();
         let resp = pb::StatsResponse {
