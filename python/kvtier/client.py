@@ -257,6 +257,9 @@ class Client:
     :param token: bearer token for a server with authentication on
         (``authorization: Bearer TOKEN`` on every gRPC call, a Hello frame on
         every data-plane connection; docs/security.md). Default: ``$KVTIER_TOKEN``.
+    :param salt: secret salt for keys computed from tokens (docs/keys.md): a
+        tenant's keys then cannot be computed, so not pre-written, by anyone
+        without it. Never sent to the server. Default: ``$KVTIER_KEY_SALT``.
     """
 
     def __init__(
@@ -271,6 +274,7 @@ class Client:
         data_connections: int = 0,
         data_tcp_congestion: str | None = "reno",
         token: str | None = None,
+        salt: bytes | str | None = None,
     ):
         _keys.check_block_size(block_size)
         _keys.key_len(hash)  # validates the name
@@ -284,6 +288,9 @@ class Client:
         self.timeout = float(timeout)
         self.block_size = block_size
         self.hash = hash
+        if salt is None:
+            salt = os.environ.get("KVTIER_KEY_SALT", "")
+        self._salt = salt.encode() if isinstance(salt, str) else bytes(salt)
         self.retries = retries
         self._pb = _load_proto()
         options = [
@@ -421,7 +428,7 @@ class Client:
 
     def keys_for(self, tokens: Sequence[int]) -> list[bytes]:
         """Keys of the full blocks of ``tokens`` under this client's scheme."""
-        return _keys.chain(tokens, self.block_size, self.hash)
+        return _keys.chain(tokens, self.block_size, self.hash, salt=self._salt)
 
     # -- calls ------------------------------------------------------------
 
@@ -446,6 +453,8 @@ class Client:
             raise ValueError("give exactly one of keys or tokens")
         pb = self._pb.v1
         if tokens is not None and hash_on_server:
+            if self._salt:
+                raise ValueError("hash_on_server would send the tokens unsalted; this client has a salt")
             toks = list(tokens)
             req = pb.LookupRequest(
                 namespace=namespace, tokens=toks, block_size=self.block_size, hash=self.hash, lease_ms=lease_ms

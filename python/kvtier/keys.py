@@ -9,6 +9,11 @@ with ``h[-1]`` all zeros, so equal keys mean equal prefixes:
 
 Only full blocks are hashed: trailing tokens that do not fill a block are
 ignored (they cannot be cached until the block is complete).
+
+A **salted** chain starts from ``h[-1] = sha256(b"kvtier-salt-v1\\0" + salt)``
+cut to the key length (:func:`seed`): with a secret salt, nobody without it
+can compute a tenant's keys from the tokens, so nobody can pre-write them
+(docs/security.md). The salt stays with the client; ``b""`` is unsalted.
 """
 from __future__ import annotations
 
@@ -24,6 +29,7 @@ __all__ = [
     "MAX_KEY_LEN",
     "MAX_NAMESPACE_LEN",
     "key_len",
+    "seed",
     "block_key",
     "chain",
     "check_block_size",
@@ -88,18 +94,29 @@ def block_key(prev: bytes | None, tokens: Sequence[int], hash: str = DEFAULT_HAS
     return _FNS[hash or DEFAULT_HASH](bytes(prev) + _pack(tokens))
 
 
+def seed(salt: bytes | str, hash: str = DEFAULT_HASH) -> bytes | None:
+    """``h[-1]`` of a chain salted with ``salt``; ``None`` (zeros) when empty."""
+    if isinstance(salt, str):
+        salt = salt.encode()
+    if not salt:
+        return None
+    return hashlib.sha256(b"kvtier-salt-v1\0" + bytes(salt)).digest()[:key_len(hash)]
+
+
 def chain(
     tokens: Iterable[int],
     block_size: int = DEFAULT_BLOCK_SIZE,
     hash: str = DEFAULT_HASH,
+    salt: bytes | str = b"",
 ) -> list[bytes]:
-    """Keys of every *full* block of ``tokens``, in chain order."""
+    """Keys of every *full* block of ``tokens``, in chain order (salted with
+    ``salt``, if given)."""
     check_block_size(block_size)
     hash = hash or DEFAULT_HASH
     klen = key_len(hash)
     fn = _FNS[hash]
     toks = tokens if isinstance(tokens, Sequence) else list(tokens)
-    prev = bytes(klen)
+    prev = seed(salt, hash) or bytes(klen)
     keys: list[bytes] = []
     for start in range(0, len(toks) - block_size + 1, block_size):
         key = fn(prev + _pack(toks[start:start + block_size]))

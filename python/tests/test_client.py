@@ -331,3 +331,29 @@ def test_pool_uses_separate_connections(kvtier_bin):
             a.stats()
             b.stats()
             assert _established_to(port) >= 2
+
+
+def test_a_secret_salt_defeats_prewritten_blocks(server, ns):
+    """The poisoning scenario: an attacker who may write the namespace
+    pre-writes the chain of a prompt the victim will send. Unsalted, the
+    victim's write finds the keys taken and its read returns the attacker's
+    bytes; with a secret salt the victim's keys are its own."""
+    toks = prompt(2, tail=3, seed=4242)
+    mine, evil = payloads(2), [b"poison" * 1000, b"poison" * 1000]
+    with Client(server.grpc, salt=b"") as attacker, Client(server.grpc, salt=b"") as naive, \
+            Client(server.grpc, salt=b"victim-secret") as victim:
+        assert attacker.write_tokens(ns, toks, evil).stored == 2
+        # Unsalted victim: its write is refused (the keys hold other bytes),
+        # and its read returns the poison.
+        with pytest.raises(KvtierError, match="immutable"):
+            naive.write_tokens(ns, toks, mine)
+        got = naive.read(ns, naive.keys_for(toks)).blocks
+        assert [bytes(b.payload) for b in got] == evil
+        # Salted victim: different keys, its own bytes, nothing of the attacker's.
+        assert not set(victim.keys_for(toks)) & set(attacker.keys_for(toks))
+        assert victim.lookup(ns, tokens=toks).found == 0
+        assert victim.write_tokens(ns, toks, mine).stored == 2
+        got = victim.read(ns, victim.keys_for(toks)).blocks
+        assert [bytes(b.payload) for b in got] == mine
+        with pytest.raises(ValueError, match="salt"):
+            victim.lookup(ns, tokens=toks, hash_on_server=True)

@@ -23,11 +23,12 @@ def test_vector_file_has_cases():
 
 @pytest.mark.parametrize("case", CASES, ids=[c["name"] for c in CASES])
 def test_vectors(case):
-    got = keys.chain(case["tokens"], case["block_size"], case["hash"])
+    salt = case.get("salt", "")
+    got = keys.chain(case["tokens"], case["block_size"], case["hash"], salt=salt)
     assert [k.hex() for k in got] == case["keys"]
     assert all(len(k) == keys.key_len(case["hash"]) for k in got)
     # block_key step by step gives the same chain.
-    prev = None
+    prev = keys.seed(salt, case["hash"])
     bs = case["block_size"]
     for i, want in enumerate(case["keys"]):
         prev = keys.block_key(prev, case["tokens"][i * bs:(i + 1) * bs], case["hash"])
@@ -40,6 +41,16 @@ def test_defaults_and_iterables():
     assert keys.chain(iter(toks)) == keys.chain(toks)
     assert keys.chain(toks, hash="") == keys.chain(toks)  # empty = default, as on the wire
     assert len(keys.chain(toks)) == 2  # trailing 44 tokens ignored
+
+
+def test_salt_changes_every_key_and_empty_salt_is_unsalted():
+    toks = list(range(512))
+    plain = keys.chain(toks)
+    assert keys.chain(toks, salt=b"") == plain
+    a, b = keys.chain(toks, salt="tenant-a"), keys.chain(toks, salt="tenant-b")
+    assert len(a) == len(plain) == 4
+    assert not set(a) & set(plain) and not set(a) & set(b)
+    assert keys.chain(toks, salt=b"tenant-a") == a  # str and bytes agree
 
 
 def test_chain_depends_on_prefix():

@@ -7,6 +7,8 @@ Key scheme (docs/keys.md):
   xxh3-64-v1: key[i] = xxh3_64(prev || tokens as u32 LE).to_bytes(8, "big"), prev = 8 zero bytes for block 0
   sha256-v1:  key[i] = sha256(prev || tokens as u32 LE), prev = 32 zero bytes for block 0
 Only full blocks are hashed; trailing tokens are ignored.
+A salted chain (case field "salt", UTF-8; "" = unsalted) starts from
+  prev = sha256(b"kvtier-salt-v1\0" + salt)[:klen] instead of zeros.
 """
 import hashlib
 import json
@@ -17,9 +19,11 @@ import sys
 import xxhash
 
 
-def chain(hash_name, tokens, block_size):
+def chain(hash_name, tokens, block_size, salt=""):
     klen = {"xxh3-64-v1": 8, "sha256-v1": 32}[hash_name]
     prev = bytes(klen)
+    if salt:
+        prev = hashlib.sha256(b"kvtier-salt-v1\0" + salt.encode()).digest()[:klen]
     keys = []
     for start in range(0, len(tokens) - block_size + 1, block_size):
         block = tokens[start:start + block_size]
@@ -46,14 +50,19 @@ def main():
         ("random-8-blocks", [rng.randrange(0, 2**32) for _ in range(128 * 8)], 128),
         ("block-size-256", [rng.randrange(0, 128256) for _ in range(600)], 256),
     ]
+    salted = [
+        ("salted-two-blocks-plus-tail", list(range(300)), 128, "acme-secret-salt"),
+        ("salted-block-size-16", [rng.randrange(0, 152064) for _ in range(64)], 16, "another tenant"),
+    ]
     for hash_name in ("xxh3-64-v1", "sha256-v1"):
-        for name, toks, bs in specs:
+        for name, toks, bs, salt in [(*s, "") for s in specs] + salted:
             cases.append({
                 "name": f"{hash_name}/{name}",
                 "hash": hash_name,
                 "block_size": bs,
+                "salt": salt,
                 "tokens": toks,
-                "keys": chain(hash_name, toks, bs),
+                "keys": chain(hash_name, toks, bs, salt),
             })
     json.dump({"version": 1, "description": __doc__.strip().splitlines()[0], "cases": cases},
               sys.stdout, indent=1)

@@ -95,6 +95,10 @@ pub struct ClientConfig {
     /// Bearer token for servers that require one (`authorization: Bearer
     /// TOKEN` on gRPC, a Hello frame on the data plane; docs/security.md).
     pub token: Option<String>,
+    /// Secret salt for keys computed from tokens (docs/keys.md): without it
+    /// nobody can compute, and so pre-write, this tenant's keys. Never sent.
+    /// Empty: unsalted.
+    pub salt: Vec<u8>,
 }
 
 impl ClientConfig {
@@ -116,6 +120,7 @@ impl ClientConfig {
             data_connections: 0,
             data_tcp_congestion: Some("reno".into()),
             token: None,
+            salt: Vec::new(),
         }
     }
 }
@@ -377,7 +382,7 @@ impl Client {
     pub fn keys_for(&self, tokens: &[u32]) -> Vec<Key> {
         self.cfg
             .hash
-            .chain(tokens, self.cfg.block_size)
+            .chain_salted(tokens, self.cfg.block_size, &self.cfg.salt)
             .expect("block size checked at connect")
     }
 

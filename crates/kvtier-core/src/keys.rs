@@ -8,6 +8,12 @@
 //! * `xxh3-64-v1` (default): `xxh3_64(prev_8_bytes_LE || tokens as u32 LE)`, key =
 //!   the 8 bytes of the result, big-endian.
 //! * `sha256-v1`: `sha256(prev_32_bytes || tokens as u32 LE)`, key = the 32-byte digest.
+//!
+//! A **salted** chain starts from `h[-1] = sha256("kvtier-salt-v1\0" || salt)`
+//! cut to the key length instead of zeros ([`HashFn::seed`]): a tenant that
+//! keeps its salt secret has keys nobody else can compute from the tokens, so
+//! nobody else can pre-write them (docs/security.md). The salt never leaves
+//! the client; an empty salt is the unsalted chain.
 use crate::error::{Error, Result};
 use bytes::Bytes;
 use sha2::{Digest, Sha256};
@@ -175,10 +181,29 @@ impl HashFn {
     /// Keys of every *full* block of `tokens`; trailing tokens that do not fill a
     /// block are ignored (they cannot be cached until the block is complete).
     pub fn chain(self, tokens: &[u32], block_size: usize) -> Result<Vec<Key>> {
+        self.chain_salted(tokens, block_size, &[])
+    }
+
+    /// The value a chain salted with `salt` starts from (`h[-1]`); `None`
+    /// for the empty salt (all zeros, the unsalted chain).
+    pub fn seed(self, salt: &[u8]) -> Option<Key> {
+        if salt.is_empty() {
+            return None;
+        }
+        let mut h = Sha256::new();
+        h.update(b"kvtier-salt-v1\0");
+        h.update(salt);
+        let d = h.finalize();
+        Some(Key(Bytes::copy_from_slice(&d[..self.key_len()])))
+    }
+
+    /// [`HashFn::chain`] starting from [`HashFn::seed`]`(salt)`.
+    pub fn chain_salted(self, tokens: &[u32], block_size: usize, salt: &[u8]) -> Result<Vec<Key>> {
         check_block_size(block_size)?;
+        let seed = self.seed(salt);
         let mut keys: Vec<Key> = Vec::with_capacity(tokens.len() / block_size);
         for chunk in tokens.chunks_exact(block_size) {
-            let k = self.block_key(keys.last(), chunk);
+            let k = self.block_key(keys.last().or(seed.as_ref()), chunk);
             keys.push(k);
         }
         Ok(keys)
@@ -273,6 +298,7 @@ mod tests {
         let v: serde_json::Value = serde_json::from_str(&text).unwrap();
         let cases = v["cases"].as_array().unwrap();
         assert!(cases.len() >= 6);
+        assert!(cases.iter().any(|c| c["salt"].as_str() != Some("")));
         for case in cases {
             let hash: HashFn = case["hash"].as_str().unwrap().parse().unwrap();
             let bs = case["block_size"].as_u64().unwrap() as usize;
@@ -282,8 +308,9 @@ mod tests {
                 .iter()
                 .map(|t| t.as_u64().unwrap() as u32)
                 .collect();
+            let salt = case["salt"].as_str().unwrap_or("");
             let got: Vec<String> = hash
-                .chain(&tokens, bs)
+                .chain_salted(&tokens, bs, salt.as_bytes())
                 .unwrap()
                 .iter()
                 .map(Key::to_hex)

@@ -91,7 +91,7 @@ pub struct LookupArgs {
     /// Namespace.
     #[arg(long, short = 'n', default_value = "default")]
     namespace: String,
-    /// Comma-separated token ids.
+    /// Comma-separated token ids (keys salted with $KVTIER_KEY_SALT, if set).
     #[arg(long, value_delimiter = ',', conflicts_with = "keys")]
     tokens: Vec<u32>,
     /// Comma-separated hex keys, in chain order.
@@ -200,7 +200,10 @@ pub async fn lookup(a: LookupArgs) -> anyhow::Result<()> {
             .map(|k| Key::from_hex(k))
             .collect::<Result<_, _>>()?
     } else {
-        hash.chain(&a.tokens, a.block_size)?
+        // A tenant's secret salt (docs/keys.md) from the environment, never
+        // from the command line.
+        let salt = std::env::var("KVTIER_KEY_SALT").unwrap_or_default();
+        hash.chain_salted(&a.tokens, a.block_size, salt.as_bytes())?
     };
     if keys.is_empty() {
         anyhow::bail!(

@@ -42,14 +42,21 @@ class SaveSpec:
     parent: bytes | None
 
 
-def chain_keys(tokens, block_size: int, salt: str | None = None, start: int = 0, prev: bytes | None = None) -> list[bytes]:
+def chain_keys(
+    tokens, block_size: int, salt: str | None = None, start: int = 0, prev: bytes | None = None, key_salt: bytes = b""
+) -> list[bytes]:
     """Keys (``xxh3-64-v1``, docs/keys.md) of the full blocks of ``tokens``
     from block ``start`` on, continuing from ``prev`` (the key of block
     ``start - 1``). A request's ``cache_salt`` seeds the chain, so salted
-    requests never share keys with unsalted ones or other salts."""
+    requests never share keys with unsalted ones or other salts. A deployment's
+    secret ``key_salt`` (``$KVTIER_KEY_SALT``) seeds it too: the chain is then
+    salted with ``key_salt + b"\0" + cache_salt`` (docs/keys.md), so nobody
+    without the secret can compute, and pre-write, these keys."""
     if start == 0:
         prev = None
-        if salt:
+        if key_salt:
+            prev = _keys.seed(bytes(key_salt) + b"\0" + (salt or "").encode())
+        elif salt:
             import xxhash
 
             prev = xxhash.xxh3_64_intdigest(b"kvtier-vllm-salt-v1\0" + salt.encode()).to_bytes(8, "big")

@@ -10,6 +10,7 @@ and a circuit breaker, and a failure means "0 external tokens".
 """
 from __future__ import annotations
 
+import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -70,6 +71,9 @@ class SchedulerSide:
         self.can_save = can_save
         self.block_size = block_size
         self.stats = stats
+        # A secret salt for this deployment's keys (docs/keys.md); from the
+        # environment, never from kv_connector_extra_config (vLLM logs that).
+        self._key_salt = os.environ.get("KVTIER_KEY_SALT", "").encode()
         self.breaker = Breaker(cfg.url, cfg.retry_initial_ms / 1000, cfg.retry_max_ms / 1000)
         self._states: dict[str, _State] = {}
         self._requests: dict[str, object] = {}
@@ -147,7 +151,11 @@ class SchedulerSide:
         if st is None or st.epoch != epoch:
             reason = _uncacheable(request)
             salt = getattr(request, "cache_salt", None)
-            keys = chain_keys(list(request.all_token_ids), self.block_size, salt) if not reason else []
+            keys = (
+                chain_keys(list(request.all_token_ids), self.block_size, salt, key_salt=self._key_salt)
+                if not reason
+                else []
+            )
             st = _State(epoch=epoch, keys=keys, cacheable=not reason, salt=salt)
             self._states[req_id] = st
             self._requests[req_id] = request
@@ -224,7 +232,7 @@ class SchedulerSide:
         if full > len(st.keys):
             prev = st.keys[-1] if st.keys else None
             st.keys.extend(chain_keys(list(tokens[:full * self.block_size]), self.block_size, st.salt,
-                                      start=len(st.keys), prev=prev))
+                                      start=len(st.keys), prev=prev, key_salt=self._key_salt))
         if self._kv_cache_manager is None:
             return
         block_ids = self._kv_cache_manager.get_block_ids(req_id)[0]

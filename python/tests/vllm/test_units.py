@@ -122,6 +122,20 @@ def test_chain_keys_match_the_kvtier_scheme_and_salt_separates():
     assert full[:3] + chain_keys(toks, BS, salt="s", start=3, prev=full[2]) == full
 
 
+def test_a_deployment_key_salt_is_the_kvtier_salted_chain():
+    toks = list(range(1000))
+    secret = b"acme-secret"
+    # No cache_salt: exactly the SDK's chain salted with secret + NUL.
+    mine = chain_keys(toks, BS, key_salt=secret)
+    assert mine == kvkeys.chain(toks, BS, salt=secret + b"\0")
+    assert not set(mine) & set(chain_keys(toks, BS))
+    assert not set(mine) & set(chain_keys(toks, BS, key_salt=b"other"))
+    # With a cache_salt both count, and continuing a chain keeps the seed.
+    both = chain_keys(toks, BS, salt="r", key_salt=secret)
+    assert both == kvkeys.chain(toks, BS, salt=secret + b"\0r")
+    assert both[:2] + chain_keys(toks, BS, salt="r", start=2, prev=both[1], key_salt=secret) == both
+
+
 # -- layout -----------------------------------------------------------------
 
 def _caches(layers=3, blocks=6, heads=2, n=BS, c=16, dtype=torch.float32, seed=0):
