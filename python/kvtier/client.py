@@ -21,6 +21,7 @@ import enum
 import itertools
 import os
 import random
+import ssl
 import threading
 import time
 from dataclasses import dataclass
@@ -219,11 +220,9 @@ class StatsResult:
 
 
 def _target(t: str) -> str:
-    for scheme in ("http://", "grpc://"):
+    for scheme in ("http://", "grpc://", "https://"):
         if t.startswith(scheme):
             t = t[len(scheme):]
-    if t.startswith("https://"):
-        raise ValueError("TLS targets are not supported by this client")
     return t.rstrip("/")
 
 
@@ -257,6 +256,12 @@ class Client:
     :param token: bearer token for a server with authentication on
         (``authorization: Bearer TOKEN`` on every gRPC call, a Hello frame on
         every data-plane connection; docs/security.md). Default: ``$KVTIER_TOKEN``.
+    :param tls_ca: PEM CA bundle (a path): connect over TLS (gRPC and the data
+        plane), verifying the server against it. Default: ``$KVTIER_TLS_CA``.
+    :param tls_cert: PEM client certificate (a path) for servers that verify
+        clients, with ``tls_key``. Defaults: ``$KVTIER_TLS_CERT``, ``$KVTIER_TLS_KEY``.
+    :param tls_server_name: the name the server's certificate carries, when
+        it is not the host of ``target``.
     :param salt: secret salt for keys computed from tokens (docs/keys.md): a
         tenant's keys then cannot be computed, so not pre-written, by anyone
         without it. Never sent to the server. Default: ``$KVTIER_KEY_SALT``.
@@ -275,6 +280,10 @@ class Client:
         data_tcp_congestion: str | None = "reno",
         token: str | None = None,
         salt: bytes | str | None = None,
+        tls_ca: str | None = None,
+        tls_cert: str | None = None,
+        tls_key: str | None = None,
+        tls_server_name: str | None = None,
     ):
         _keys.check_block_size(block_size)
         _keys.key_len(hash)  # validates the name
@@ -312,7 +321,39 @@ class Client:
         if token is None:
             token = os.environ.get("KVTIER_TOKEN") or None
         self._token = token
-        self._channels = [grpc.insecure_channel(self.target, options=options) for _ in range(connections)]
+        tls_ca = tls_ca if tls_ca is not None else os.environ.get("KVTIER_TLS_CA") or None
+        tls_cert = tls_cert if tls_cert is not None else os.environ.get("KVTIER_TLS_CERT") or None
+        tls_key = tls_key if tls_key is not None else os.environ.get("KVTIER_TLS_KEY") or None
+        if (tls_cert is None) != (tls_key is None):
+            raise ValueError("tls_cert and tls_key go together")
+        # TLS with tls_ca, or with the system's roots for an https:// target.
+        want_tls = bool(tls_ca) or target.startswith("https://")
+        if tls_cert and not want_tls:
+            raise ValueError("a client certificate needs tls_ca (TLS is off without it)")
+        self._tls: ssl.SSLContext | None = None
+        self._tls_name = tls_server_name or self.target.rsplit(":", 1)[0].strip("[]")
+        if want_tls:
+            ca_pem = None
+            if tls_ca:
+                with open(tls_ca, "rb") as f:
+                    ca_pem = f.read()
+            cert_pem = key_pem = None
+            if tls_cert:
+                with open(tls_cert, "rb") as f:
+                    cert_pem = f.read()
+                with open(tls_key, "rb") as f:
+                    key_pem = f.read()
+            creds = grpc.ssl_channel_credentials(
+                root_certificates=ca_pem, private_key=key_pem, certificate_chain=cert_pem
+            )
+            if tls_server_name:
+                options.append(("grpc.ssl_target_name_override", tls_server_name))
+            self._channels = [grpc.secure_channel(self.target, creds, options=options) for _ in range(connections)]
+            self._tls = ssl.create_default_context(cafile=tls_ca or None)
+            if tls_cert:
+                self._tls.load_cert_chain(tls_cert, tls_key)
+        else:
+            self._channels = [grpc.insecure_channel(self.target, options=options) for _ in range(connections)]
         if token:
             auth = _BearerInterceptor(token)
             self._channels = [grpc.intercept_channel(ch, auth) for ch in self._channels]
@@ -372,6 +413,8 @@ class Client:
                         congestion=self._data_tcp_congestion,
                         max_reply=MAX_MESSAGE_SIZE,
                         token=self._token,
+                        tls=self._tls,
+                        server_hostname=self._tls_name,
                     )
                 self._wire_known = True
         return self._wire

@@ -28,6 +28,7 @@ from __future__ import annotations
 import itertools
 import os
 import socket
+import ssl
 import struct
 import threading
 import time
@@ -96,6 +97,8 @@ class WirePool:
     :param congestion: TCP congestion control for new connections (``None`` or
         ``""``: the system default). A name the kernel refuses is ignored.
     :param max_reply: largest reply frame accepted (metadata + payloads).
+    :param tls: an ``ssl.SSLContext`` for servers with TLS on (docs/security.md);
+        ``server_hostname`` is the name (or IP address) their certificate carries.
     """
 
     def __init__(
@@ -105,6 +108,8 @@ class WirePool:
         congestion: str | None = "reno",
         max_reply: int = 512 << 20,
         token: str | None = None,
+        tls: ssl.SSLContext | None = None,
+        server_hostname: str | None = None,
     ):
         if connections < 1:
             raise ValueError("connections must be >= 1")
@@ -116,6 +121,8 @@ class WirePool:
         self.congestion = congestion or None
         self.max_reply = max_reply
         self.token = token or None
+        self.tls = tls
+        self.server_hostname = server_hostname or addr[0]
         self.connections = connections
         self._ids = itertools.count(1)
         self._closed = False
@@ -263,13 +270,22 @@ class WirePool:
             raise self._deadline_error(timeout) from None
         except OSError as e:
             raise KvtierError(grpc.StatusCode.UNAVAILABLE, f"data plane {self._name()}: {e}") from e
-        s.settimeout(None)  # blocking; deadlines via SO_RCVTIMEO / SO_SNDTIMEO
         s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         if self.congestion:
             try:
                 s.setsockopt(socket.IPPROTO_TCP, _TCP_CONGESTION, self.congestion.encode())
             except OSError:
                 pass  # best effort: only the pacing differs
+        if self.tls is not None:
+            # The handshake runs under the socket's timeout (the time left);
+            # afterwards deadlines are socket timeouts (see _arm).
+            try:
+                s = self.tls.wrap_socket(s, server_hostname=self.server_hostname)
+            except (OSError, ValueError) as e:
+                s.close()
+                raise KvtierError(grpc.StatusCode.UNAVAILABLE, f"data plane {self._name()}: TLS: {e}") from e
+        else:
+            s.settimeout(None)  # blocking; deadlines via SO_RCVTIMEO / SO_SNDTIMEO
         with self._lock:
             self.dials += 1
         if self.token:
@@ -364,10 +380,14 @@ def _server_ms(timeout: float) -> int:
 
 
 def _arm(sock: socket.socket, opt: int, deadline: _Deadline) -> None:
-    """Sets ``opt`` (SO_RCVTIMEO / SO_SNDTIMEO) to the time left; raises ``_Expired`` if none is."""
+    """Sets ``opt`` (SO_RCVTIMEO / SO_SNDTIMEO) to the time left; raises ``_Expired`` if none is.
+    A TLS socket gets a socket timeout instead (its reads are records, not bytes)."""
     left = deadline.remaining()
     if left <= 0:
         raise _Expired()
+    if isinstance(sock, ssl.SSLSocket):
+        sock.settimeout(left)
+        return
     sec = int(left)
     usec = int((left - sec) * 1e6)
     if sec == 0 and usec == 0:
@@ -384,8 +404,8 @@ def _recv_exact(sock: socket.socket, n: int, deadline: _Deadline) -> bytes:
     while left:
         _arm(sock, socket.SO_RCVTIMEO, deadline)
         try:
-            b = sock.recv(left, socket.MSG_WAITALL)
-        except BlockingIOError:  # SO_RCVTIMEO fired with nothing received
+            b = sock.recv(left, _waitall(sock))
+        except (BlockingIOError, TimeoutError):  # the timeout fired with nothing received
             continue  # _arm raises _Expired if the deadline is really gone
         if not b:
             raise ConnectionError(f"connection closed with {left} of {n} bytes still to come")
@@ -406,17 +426,30 @@ def _recv_into_exact(sock: socket.socket, view: memoryview, deadline: _Deadline)
     while pos < n:
         _arm(sock, socket.SO_RCVTIMEO, deadline)
         try:
-            got = sock.recv_into(view[pos:], n - pos, socket.MSG_WAITALL)
-        except BlockingIOError:
+            got = sock.recv_into(view[pos:], n - pos, _waitall(sock))
+        except (BlockingIOError, TimeoutError):
             continue
         if got == 0:
             raise ConnectionError(f"connection closed with {n - pos} of {n} bytes still to come")
         pos += got
 
 
+def _waitall(sock: socket.socket) -> int:
+    # TLS sockets take no flags (their reads return what one record holds).
+    return 0 if isinstance(sock, ssl.SSLSocket) else socket.MSG_WAITALL
+
+
 def _send_all(sock: socket.socket, buffers: list, deadline: _Deadline) -> None:
     """Sends every buffer with vectored writes (``sendmsg``), resuming after partial sends."""
     views = [v for v in (memoryview(b).cast("B") for b in buffers) if len(v)]
+    if isinstance(sock, ssl.SSLSocket):  # no sendmsg over TLS: one record stream
+        for v in views:
+            _arm(sock, socket.SO_SNDTIMEO, deadline)
+            try:
+                sock.sendall(v)
+            except TimeoutError:
+                raise _Expired() from None
+        return
     i = 0
     while i < len(views):
         _arm(sock, socket.SO_SNDTIMEO, deadline)

@@ -443,6 +443,8 @@ impl Conn {
         // from the environment, never from the command line (it would be in
         // the record's command line).
         cfg.token = std::env::var("KVTIER_TOKEN").ok().filter(|t| !t.is_empty());
+        // TLS from $KVTIER_TLS_CA (and _CERT / _KEY), like the CLI.
+        cfg.tls = kvtier_client::ClientTls::from_env()?;
         Ok(match opts.api {
             Api::V1 => {
                 let c = Client::connect(cfg.clone()).await.context("connecting")?;

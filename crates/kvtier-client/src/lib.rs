@@ -95,6 +95,8 @@ pub struct ClientConfig {
     /// Bearer token for servers that require one (`authorization: Bearer
     /// TOKEN` on gRPC, a Hello frame on the data plane; docs/security.md).
     pub token: Option<String>,
+    /// TLS towards the server (gRPC and the data plane); `None`: plaintext.
+    pub tls: Option<ClientTls>,
     /// Secret salt for keys computed from tokens (docs/keys.md): without it
     /// nobody can compute, and so pre-write, this tenant's keys. Never sent.
     /// Empty: unsalted.
@@ -120,6 +122,7 @@ impl ClientConfig {
             data_connections: 0,
             data_tcp_congestion: Some("reno".into()),
             token: None,
+            tls: None,
             salt: Vec::new(),
         }
     }
@@ -220,10 +223,140 @@ pub struct Client {
     wire: Option<wire::WireClient>,
 }
 
-/// Builds a tuned endpoint (large HTTP/2 windows, TCP_NODELAY, keepalive).
+/// TLS settings of a client (docs/security.md).
+#[derive(Clone, Debug, Default)]
+pub struct ClientTls {
+    /// PEM CA bundle the server's certificate must chain to.
+    pub ca_pem: Vec<u8>,
+    /// PEM certificate chain and key shown to servers that verify clients.
+    pub identity: Option<(Vec<u8>, Vec<u8>)>,
+    /// The name the server's certificate must carry; default: the endpoint's host.
+    pub domain: Option<String>,
+}
+
+impl ClientTls {
+    /// Reads the CA bundle and, when both are given, a client certificate and key.
+    pub fn from_files(
+        ca: &std::path::Path,
+        cert: Option<&std::path::Path>,
+        key: Option<&std::path::Path>,
+    ) -> Result<Self> {
+        let read = |p: &std::path::Path| {
+            std::fs::read(p)
+                .map_err(|e| ClientError::Invalid(format!("cannot read {}: {e}", p.display())))
+        };
+        let identity = match (cert, key) {
+            (Some(c), Some(k)) => Some((read(c)?, read(k)?)),
+            (None, None) => None,
+            _ => {
+                return Err(ClientError::Invalid(
+                    "a client certificate needs its key (and the key its certificate)".into(),
+                ));
+            }
+        };
+        Ok(Self {
+            ca_pem: read(ca)?,
+            identity,
+            domain: None,
+        })
+    }
+
+    /// From `$KVTIER_TLS_CA` (and `$KVTIER_TLS_CERT` / `$KVTIER_TLS_KEY` for a
+    /// client certificate); `None` when `KVTIER_TLS_CA` is unset or empty.
+    pub fn from_env() -> Result<Option<Self>> {
+        let var = |n: &str| std::env::var(n).ok().filter(|v| !v.is_empty());
+        let Some(ca) = var("KVTIER_TLS_CA") else {
+            return Ok(None);
+        };
+        let (cert, key) = (var("KVTIER_TLS_CERT"), var("KVTIER_TLS_KEY"));
+        Self::from_files(
+            std::path::Path::new(&ca),
+            cert.as_deref().map(std::path::Path::new),
+            key.as_deref().map(std::path::Path::new),
+        )
+        .map(Some)
+    }
+
+    fn host(&self, endpoint: &str) -> String {
+        if let Some(d) = &self.domain {
+            return d.clone();
+        }
+        let rest = endpoint.split("://").nth(1).unwrap_or(endpoint);
+        let authority = rest.split('/').next().unwrap_or(rest);
+        match authority.rsplit_once(':') {
+            Some((h, p)) if p.chars().all(|c| c.is_ascii_digit()) => h,
+            _ => authority,
+        }
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+        .to_string()
+    }
+
+    /// The rustls connector and server name for the data plane.
+    pub fn wire(&self, endpoint: &str) -> Result<wire::WireTls> {
+        use rustls::pki_types::pem::PemObject;
+        use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+        let bad = |what: &str, e: String| ClientError::Invalid(format!("TLS {what}: {e}"));
+        let mut roots = rustls::RootCertStore::empty();
+        for c in CertificateDer::pem_slice_iter(&self.ca_pem) {
+            roots
+                .add(c.map_err(|e| bad("CA bundle", e.to_string()))?)
+                .map_err(|e| bad("CA bundle", e.to_string()))?;
+        }
+        let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+        let builder = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .map_err(|e| bad("versions", e.to_string()))?
+            .with_root_certificates(roots);
+        let config = match &self.identity {
+            None => builder.with_no_client_auth(),
+            Some((cert, key)) => {
+                let chain = CertificateDer::pem_slice_iter(cert)
+                    .collect::<std::result::Result<Vec<_>, _>>()
+                    .map_err(|e| bad("client certificate", e.to_string()))?;
+                let key = PrivateKeyDer::from_pem_slice(key)
+                    .map_err(|e| bad("client key", e.to_string()))?;
+                builder
+                    .with_client_auth_cert(chain, key)
+                    .map_err(|e| bad("client certificate", e.to_string()))?
+            }
+        };
+        let host = self.host(endpoint);
+        let server_name = ServerName::try_from(host.clone())
+            .map_err(|e| bad("server name", format!("{host:?}: {e}")))?;
+        Ok(wire::WireTls {
+            connector: tokio_rustls::TlsConnector::from(std::sync::Arc::new(config)),
+            server_name,
+        })
+    }
+
+    fn grpc(&self, endpoint: &str) -> tonic::transport::ClientTlsConfig {
+        use tonic::transport::{Certificate, ClientTlsConfig, Identity};
+        let mut t = ClientTlsConfig::new()
+            .ca_certificate(Certificate::from_pem(&self.ca_pem))
+            .domain_name(self.host(endpoint));
+        if let Some((cert, key)) = &self.identity {
+            t = t.identity(Identity::from_pem(cert, key));
+        }
+        t
+    }
+}
+
+/// Builds a tuned endpoint (large HTTP/2 windows, TCP_NODELAY, keepalive),
+/// over TLS when `cfg.tls` says so.
 pub fn endpoint(cfg: &ClientConfig) -> Result<Endpoint> {
-    Ok(Endpoint::from_shared(cfg.endpoint.clone())
-        .map_err(|e| ClientError::Invalid(format!("endpoint {:?}: {e}", cfg.endpoint)))?
+    let url = match (&cfg.tls, cfg.endpoint.strip_prefix("http://")) {
+        (Some(_), Some(rest)) => format!("https://{rest}"),
+        _ => cfg.endpoint.clone(),
+    };
+    let mut ep = Endpoint::from_shared(url)
+        .map_err(|e| ClientError::Invalid(format!("endpoint {:?}: {e}", cfg.endpoint)))?;
+    if let Some(t) = &cfg.tls {
+        ep = ep
+            .tls_config(t.grpc(&cfg.endpoint))
+            .map_err(|e| ClientError::Invalid(format!("TLS: {e}")))?;
+    }
+    Ok(ep
         .connect_timeout(cfg.connect_timeout)
         .tcp_nodelay(true)
         .initial_stream_window_size(Some(32 << 20))
@@ -287,13 +420,18 @@ impl Client {
                 } else {
                     client.cfg.connections
                 };
+                let tls = match &client.cfg.tls {
+                    Some(t) => Some(t.wire(&client.cfg.endpoint)?),
+                    None => None,
+                };
                 client.wire = Some(
-                    wire::WireClient::connect_authenticated(
+                    wire::WireClient::connect_tls(
                         addr,
                         n,
                         client.cfg.timeout,
                         client.cfg.data_tcp_congestion.as_deref(),
                         client.cfg.token.as_deref(),
+                        tls,
                     )
                     .await?,
                 );

@@ -13,18 +13,102 @@ use kvtier_proto::wire::{
 use parking_lot::Mutex;
 use prost::Message;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
-use tokio::io::AsyncReadExt;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::sync::Semaphore;
+
+/// TLS towards the data plane: a connector and the name the server's
+/// certificate must carry.
+#[derive(Clone)]
+pub struct WireTls {
+    /// rustls connector (roots, optional client certificate).
+    pub connector: tokio_rustls::TlsConnector,
+    /// The server's name (DNS name or IP address).
+    pub server_name: rustls::pki_types::ServerName<'static>,
+}
+
+/// A data-plane connection, plain or TLS.
+pub enum Conn {
+    /// Plain TCP.
+    Plain(TcpStream),
+    /// TLS over TCP.
+    Tls(Box<tokio_rustls::client::TlsStream<TcpStream>>),
+}
+
+impl Conn {
+    /// The TCP socket underneath.
+    pub fn tcp(&self) -> &TcpStream {
+        match self {
+            Conn::Plain(s) => s,
+            Conn::Tls(s) => s.get_ref().0,
+        }
+    }
+}
+
+impl AsyncRead for Conn {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            Conn::Plain(s) => Pin::new(s).poll_read(cx, buf),
+            Conn::Tls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
+        }
+    }
+}
+
+impl AsyncWrite for Conn {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        match self.get_mut() {
+            Conn::Plain(s) => Pin::new(s).poll_write(cx, buf),
+            Conn::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
+        }
+    }
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        match self.get_mut() {
+            Conn::Plain(s) => Pin::new(s).poll_write_vectored(cx, bufs),
+            Conn::Tls(s) => Pin::new(s.as_mut()).poll_write_vectored(cx, bufs),
+        }
+    }
+    fn is_write_vectored(&self) -> bool {
+        match self {
+            Conn::Plain(s) => s.is_write_vectored(),
+            Conn::Tls(s) => s.is_write_vectored(),
+        }
+    }
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            Conn::Plain(s) => Pin::new(s).poll_flush(cx),
+            Conn::Tls(s) => Pin::new(s.as_mut()).poll_flush(cx),
+        }
+    }
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            Conn::Plain(s) => Pin::new(s).poll_shutdown(cx),
+            Conn::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
+        }
+    }
+}
 
 /// A pool of data-plane connections. Cheap to clone.
 #[derive(Clone)]
 pub struct WireClient {
     addr: SocketAddr,
-    idle: Arc<Mutex<Vec<TcpStream>>>,
+    idle: Arc<Mutex<Vec<Conn>>>,
     slots: Arc<Semaphore>,
     next_id: Arc<AtomicU64>,
     timeout: Duration,
@@ -32,6 +116,8 @@ pub struct WireClient {
     congestion: Option<Arc<str>>,
     /// Bearer token sent in a Hello frame on every new connection (docs/security.md).
     token: Option<Arc<str>>,
+    /// TLS for every connection, when the server requires it.
+    tls: Option<WireTls>,
 }
 
 fn transport(e: impl std::fmt::Display, addr: SocketAddr) -> ClientError {
@@ -66,12 +152,24 @@ impl WireClient {
         congestion: Option<&str>,
         token: Option<&str>,
     ) -> Result<Self> {
+        Self::connect_tls(addr, connections, timeout, congestion, token, None).await
+    }
+
+    /// Like [`WireClient::connect_authenticated`], over TLS when `tls` is given.
+    pub async fn connect_tls(
+        addr: SocketAddr,
+        connections: usize,
+        timeout: Duration,
+        congestion: Option<&str>,
+        token: Option<&str>,
+        tls: Option<WireTls>,
+    ) -> Result<Self> {
         let n = connections.max(1);
         let congestion: Option<Arc<str>> = congestion.filter(|c| !c.is_empty()).map(Arc::from);
         let token: Option<Arc<str>> = token.filter(|t| !t.is_empty()).map(Arc::from);
         let mut idle = Vec::with_capacity(n);
         for _ in 0..n {
-            idle.push(dial(addr, congestion.as_deref(), token.as_deref()).await?);
+            idle.push(dial(addr, congestion.as_deref(), token.as_deref(), tls.as_ref()).await?);
         }
         Ok(Self {
             addr,
@@ -81,6 +179,7 @@ impl WireClient {
             timeout,
             congestion,
             token,
+            tls,
         })
     }
 
@@ -103,7 +202,15 @@ impl WireClient {
             let conn = self.idle.lock().pop();
             let mut sock = match conn {
                 Some(s) => s,
-                None => dial(self.addr, self.congestion.as_deref(), self.token.as_deref()).await?,
+                None => {
+                    dial(
+                        self.addr,
+                        self.congestion.as_deref(),
+                        self.token.as_deref(),
+                        self.tls.as_ref(),
+                    )
+                    .await?
+                }
             };
             let id = self.next_id.fetch_add(1, Ordering::Relaxed);
             match exchange(&mut sock, kind, id, meta, data).await {
@@ -293,17 +400,27 @@ async fn dial(
     addr: SocketAddr,
     congestion: Option<&str>,
     token: Option<&str>,
-) -> Result<TcpStream> {
-    let mut s = TcpStream::connect(addr)
+    tls: Option<&WireTls>,
+) -> Result<Conn> {
+    let tcp = TcpStream::connect(addr)
         .await
         .map_err(|e| transport(e, addr))?;
-    s.set_nodelay(true).map_err(|e| transport(e, addr))?;
+    tcp.set_nodelay(true).map_err(|e| transport(e, addr))?;
     if let Some(cc) = congestion
-        && let Err(e) = socket2::SockRef::from(&s).set_tcp_congestion(cc.as_bytes())
+        && let Err(e) = socket2::SockRef::from(&tcp).set_tcp_congestion(cc.as_bytes())
     {
         // Best effort: the connection works either way, only its pacing differs.
         tracing::debug!(congestion = cc, error = %e, "data plane: congestion control refused");
     }
+    let mut s = match tls {
+        None => Conn::Plain(tcp),
+        Some(t) => Conn::Tls(Box::new(
+            t.connector
+                .connect(t.server_name.clone(), tcp)
+                .await
+                .map_err(|e| transport(format!("TLS: {e}"), addr))?,
+        )),
+    };
     if let Some(token) = token {
         let hello = pb::WireHello {
             token: token.to_string(),
@@ -339,8 +456,8 @@ struct Frame {
     payloads: Vec<(Bytes, u32)>,
 }
 
-async fn exchange(
-    sock: &mut TcpStream,
+async fn exchange<S: AsyncRead + AsyncWrite + Unpin>(
+    sock: &mut S,
     kind: Kind,
     id: u64,
     meta: Vec<u8>,
@@ -422,18 +539,18 @@ mod tests {
     async fn dial_sets_the_congestion_control_and_tolerates_unknown_names() {
         let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = l.local_addr().unwrap();
-        let cc = |s: &TcpStream| {
-            let v = socket2::SockRef::from(s).tcp_congestion().unwrap();
+        let cc = |s: &Conn| {
+            let v = socket2::SockRef::from(s.tcp()).tcp_congestion().unwrap();
             String::from_utf8_lossy(&v)
                 .trim_end_matches('\0')
                 .to_string()
         };
-        let s = dial(addr, Some("reno"), None).await.unwrap();
+        let s = dial(addr, Some("reno"), None, None).await.unwrap();
         assert_eq!(cc(&s), "reno");
         // Unknown: the connection still works, on the system default.
-        let s = dial(addr, Some("nosuchcc"), None).await.unwrap();
+        let s = dial(addr, Some("nosuchcc"), None, None).await.unwrap();
         assert!(!cc(&s).is_empty());
-        let s = dial(addr, None, None).await.unwrap();
+        let s = dial(addr, None, None, None).await.unwrap();
         assert!(!cc(&s).is_empty());
     }
 }

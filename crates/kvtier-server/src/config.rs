@@ -23,6 +23,27 @@ pub struct Config {
     pub object_store: ObjectStoreSection,
     /// Authentication and access control (docs/security.md).
     pub auth: AuthSection,
+    /// TLS on every listener (docs/security.md); off when `cert` is empty.
+    pub tls: TlsSection,
+}
+
+/// `[tls]`: one certificate for the gRPC, HTTP and data-plane listeners.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct TlsSection {
+    /// PEM certificate chain (leaf first); "" = plaintext.
+    pub cert: String,
+    /// PEM private key of `cert`.
+    pub key: String,
+    /// PEM CA bundle: when set, clients must present a certificate it signed.
+    pub client_ca: String,
+}
+
+impl TlsSection {
+    /// True when TLS is on.
+    pub fn enabled(&self) -> bool {
+        !self.cert.is_empty()
+    }
 }
 
 /// `[auth]`: bearer tokens mapped to namespace prefixes (docs/security.md).
@@ -424,6 +445,12 @@ impl Config {
 
     /// Checks cross-field constraints.
     pub fn validate(&self) -> anyhow::Result<()> {
+        if self.tls.cert.is_empty() != self.tls.key.is_empty() {
+            anyhow::bail!("tls: cert and key go together (both set, or both empty)");
+        }
+        if !self.tls.client_ca.is_empty() && !self.tls.enabled() {
+            anyhow::bail!("tls.client_ca needs tls.cert and tls.key");
+        }
         if self.server.listen.is_empty() {
             anyhow::bail!("server.listen: at least one gRPC listener is required");
         }

@@ -26,6 +26,7 @@ pub mod read;
 pub mod state;
 pub mod status;
 pub mod timing;
+pub mod tls;
 pub mod wire;
 
 use anyhow::Context as _;
@@ -73,6 +74,7 @@ impl Server {
             auth::Auth::from_file(std::path::Path::new(&cfg.auth.tokens_file))?
         });
         check_exposure(&cfg, auth.enabled())?;
+        let tls = tls::Tls::load(&cfg.tls)?;
         let mut shared = Shared::new(engine.clone(), cfg.server.max_inflight);
         shared.auth = auth.clone();
         shared.public_metrics = cfg.auth.public_metrics;
@@ -93,7 +95,7 @@ impl Server {
             std_listener.set_nonblocking(true)?;
             let addr = std_listener.local_addr()?;
             grpc_addrs.push(addr);
-            let router = grpc_router(&cfg, shared.clone())?;
+            let router = grpc_router(&cfg, shared.clone(), tls.as_ref())?;
             let rx = stop_rx.clone();
             match spec.cpus {
                 None => {
@@ -140,15 +142,13 @@ impl Server {
             let addr = listener.local_addr()?;
             http_addr = Some(addr);
             let app = http::router(shared.clone());
-            let mut rx = stop_rx.clone();
-            tasks.spawn(async move {
-                axum::serve(listener, app)
-                    .with_graceful_shutdown(async move {
-                        let _ = rx.wait_for(|s| *s).await;
-                    })
-                    .await
-                    .with_context(|| format!("HTTP server on {addr}"))
-            });
+            tasks.spawn(http::serve(
+                listener,
+                app,
+                tls.as_ref().map(tls::Tls::acceptor),
+                shared.limits.clone(),
+                stop_rx.clone(),
+            ));
             tracing::info!(%addr, "HTTP listening (/v1/kv, /healthz, /metrics)");
         }
         let mut data_addr = None;
@@ -162,6 +162,7 @@ impl Server {
             let _ = shared.data_addr.set(addr);
             tasks.spawn(wire::serve(
                 listener,
+                tls.as_ref().map(tls::Tls::acceptor),
                 shared.clone(),
                 cfg.server.max_message_size.bytes(),
                 stop_rx.clone(),
@@ -330,7 +331,7 @@ type GrpcRouter = tonic::transport::server::Router<
     tower::layer::util::Stack<timing::ArrivalLayer, tower::layer::util::Identity>,
 >;
 
-fn grpc_router(cfg: &Config, shared: Shared) -> anyhow::Result<GrpcRouter> {
+fn grpc_router(cfg: &Config, shared: Shared, tls: Option<&tls::Tls>) -> anyhow::Result<GrpcRouter> {
     let max = cfg.server.max_message_size.bytes() as usize;
     let compat = KvStoreServiceServer::new(grpc::compat::CompatService::new(
         shared.clone(),
@@ -370,7 +371,11 @@ fn grpc_router(cfg: &Config, shared: Shared) -> anyhow::Result<GrpcRouter> {
     };
     let reflection_v1 = reflection().build_v1()?;
     let reflection_v1alpha = reflection().build_v1alpha()?;
-    Ok(tonic::transport::Server::builder()
+    let mut builder = tonic::transport::Server::builder();
+    if let Some(t) = tls {
+        builder = builder.tls_config(t.grpc()).context("gRPC TLS")?;
+    }
+    Ok(builder
         .initial_stream_window_size(Some(cfg.server.stream_window.bytes() as u32))
         .initial_connection_window_size(Some(cfg.server.connection_window.bytes() as u32))
         .max_frame_size(Some((1 << 24) - 1))

@@ -27,8 +27,8 @@ use kvtier_proto::wire::{
 };
 use prost::Message;
 use std::time::{Duration, Instant};
-use tokio::io::AsyncReadExt;
-use tokio::net::{TcpListener, TcpStream};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite};
+use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 const API: &str = "wire";
@@ -36,6 +36,7 @@ const API: &str = "wire";
 /// Accepts connections until `stop` flips.
 pub async fn serve(
     listener: TcpListener,
+    tls: Option<tokio_rustls::TlsAcceptor>,
     shared: Shared,
     max_frame: u64,
     stop: watch::Receiver<bool>,
@@ -59,9 +60,21 @@ pub async fn serve(
                 let _ = sock.set_nodelay(true);
                 let shared = shared.clone();
                 let stop = stop.clone();
+                let tls = tls.clone();
                 tokio::spawn(async move {
                     let _slot = slot;
-                    if let Err(e) = connection(sock, shared, max_frame, stop).await {
+                    let r = match tls {
+                        None => connection(sock, shared, max_frame, stop).await,
+                        Some(acceptor) => {
+                            let hs = tokio::time::timeout(shared.limits.read_timeout, acceptor.accept(sock)).await;
+                            match hs {
+                                Ok(Ok(s)) => connection(s, shared, max_frame, stop).await,
+                                Ok(Err(e)) => Err(e.into()),
+                                Err(_) => Err(anyhow::anyhow!("TLS handshake timed out")),
+                            }
+                        }
+                    };
+                    if let Err(e) = r {
                         tracing::debug!(%peer, error = %e, "data plane connection closed");
                     }
                 });
@@ -107,8 +120,8 @@ fn error_reply(code: tonic::Code, message: impl Into<String>) -> Reply {
     }
 }
 
-async fn connection(
-    mut sock: TcpStream,
+async fn connection<S: AsyncRead + AsyncWrite + Unpin>(
+    mut sock: S,
     shared: Shared,
     max_frame: u64,
     mut stop: watch::Receiver<bool>,
@@ -269,7 +282,11 @@ async fn within<T>(
 
 /// Header + meta + payloads with vectored writes: the payloads go from the
 /// store's buffers to the socket without a user-space copy.
-async fn write_reply(sock: &mut TcpStream, request_id: u64, r: Reply) -> std::io::Result<()> {
+async fn write_reply<S: AsyncWrite + Unpin>(
+    sock: &mut S,
+    request_id: u64,
+    r: Reply,
+) -> std::io::Result<()> {
     let data_len: usize = r.data.iter().map(Bytes::len).sum();
     let header = Header {
         kind: r.kind,
@@ -453,7 +470,7 @@ mod tests {
         let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
         set_congestion(&l, "reno");
         let addr = l.local_addr().unwrap();
-        let c = TcpStream::connect(addr).await.unwrap();
+        let c = tokio::net::TcpStream::connect(addr).await.unwrap();
         let (s, _) = l.accept().await.unwrap();
         let cc = socket2::SockRef::from(&s).tcp_congestion().unwrap();
         assert_eq!(String::from_utf8_lossy(&cc).trim_end_matches('\0'), "reno");

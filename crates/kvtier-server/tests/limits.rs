@@ -230,3 +230,46 @@ async fn stalled_http_uploads_cannot_hold_more_than_the_request_memory() {
     let head = http_head(&mut ok).await.expect("a response");
     assert!(head.starts_with("HTTP/1.1 2"), "{head}");
 }
+
+#[tokio::test]
+async fn idle_and_surplus_http_connections_are_closed() {
+    let s = server(64 << 20, 2, 300, 60_000).await;
+    let addr = s.http_addr.unwrap();
+    // Idle: no request at all, and a kept-alive connection after its request.
+    let mut idle = TcpStream::connect(addr).await.unwrap();
+    assert!(
+        closed(&mut idle, Duration::from_secs(5)).await,
+        "idle HTTP connection closed"
+    );
+    let mut kept = TcpStream::connect(addr).await.unwrap();
+    kept.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let head = http_head(&mut kept).await.expect("answered");
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    // (the rest of the response, then EOF once the connection is idle)
+    let mut rest = Vec::new();
+    let eof = tokio::time::timeout(Duration::from_secs(5), kept.read_to_end(&mut rest)).await;
+    assert!(
+        matches!(eof, Ok(Ok(_))),
+        "kept-alive connection closed when idle: {eof:?}"
+    );
+    // Cap: with 2 held, a third is closed at accept.
+    let mut a = TcpStream::connect(addr).await.unwrap();
+    let mut b = TcpStream::connect(addr).await.unwrap();
+    let mut c = TcpStream::connect(addr).await.unwrap();
+    let mut buf = Vec::new();
+    let t = Instant::now();
+    let n = tokio::time::timeout(Duration::from_millis(250), c.read_to_end(&mut buf)).await;
+    assert!(
+        matches!(n, Ok(Ok(0))),
+        "third connection closed at once: {n:?}"
+    );
+    assert!(t.elapsed() < Duration::from_millis(250));
+    for x in [&mut a, &mut b] {
+        x.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+            .await
+            .unwrap();
+        assert!(http_head(x).await.unwrap().starts_with("HTTP/1.1 200"));
+    }
+}

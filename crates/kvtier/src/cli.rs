@@ -27,6 +27,38 @@ pub struct CommonArgs {
     /// Bearer token, for a server with authentication on (docs/security.md).
     #[arg(long, env = "KVTIER_TOKEN", hide_env_values = true)]
     token: Option<String>,
+    /// PEM CA bundle: connect over TLS, verifying the server against it.
+    #[arg(long, env = "KVTIER_TLS_CA")]
+    tls_ca: Option<std::path::PathBuf>,
+    /// PEM client certificate, for servers that verify clients (with --tls-key).
+    #[arg(long, env = "KVTIER_TLS_CERT", requires = "tls_key")]
+    tls_cert: Option<std::path::PathBuf>,
+    /// PEM key of --tls-cert.
+    #[arg(long, env = "KVTIER_TLS_KEY", requires = "tls_cert")]
+    tls_key: Option<std::path::PathBuf>,
+}
+
+impl CommonArgs {
+    fn tls(&self) -> anyhow::Result<Option<kvtier_client::ClientTls>> {
+        let Some(ca) = self.tls_ca.as_deref().filter(|p| !p.as_os_str().is_empty()) else {
+            anyhow::ensure!(self.tls_cert.is_none(), "--tls-cert needs --tls-ca");
+            return Ok(None);
+        };
+        Ok(Some(kvtier_client::ClientTls::from_files(
+            ca,
+            self.tls_cert.as_deref(),
+            self.tls_key.as_deref(),
+        )?))
+    }
+
+    fn client_config(&self) -> anyhow::Result<ClientConfig> {
+        let mut cfg = ClientConfig::new(self.server.clone());
+        cfg.token = self.token.clone();
+        cfg.timeout = std::time::Duration::from_millis(self.timeout_ms);
+        cfg.connect_timeout = cfg.timeout;
+        cfg.tls = self.tls()?;
+        Ok(cfg)
+    }
 }
 
 /// Namespace and key selection.
@@ -118,10 +150,8 @@ pub struct DeleteArgs {
 }
 
 async fn client(c: &CommonArgs) -> anyhow::Result<Client> {
-    let mut cfg = ClientConfig::new(c.server.clone());
+    let mut cfg = c.client_config()?;
     cfg.connections = 1;
-    cfg.token = c.token.clone();
-    cfg.timeout = std::time::Duration::from_millis(c.timeout_ms);
     Client::connect(cfg)
         .await
         .with_context(|| format!("cannot connect to {}", c.server))
@@ -271,9 +301,8 @@ pub async fn stats(a: CommonArgs) -> anyhow::Result<()> {
 /// `auth.public_health = false`; the token is sent when given).
 pub async fn health(a: CommonArgs) -> anyhow::Result<()> {
     use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
-    let ch = tonic::transport::Endpoint::from_shared(a.server.clone())?
+    let ch = kvtier_client::endpoint(&a.client_config()?)?
         .timeout(std::time::Duration::from_millis(a.timeout_ms))
-        .connect_timeout(std::time::Duration::from_millis(a.timeout_ms))
         .connect()
         .await
         .with_context(|| format!("cannot connect to {}", a.server))?;

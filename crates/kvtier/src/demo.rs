@@ -65,6 +65,7 @@ impl Op {
 pub async fn run(a: DemoArgs) -> anyhow::Result<()> {
     let mut cfg = ClientConfig::new(a.server.clone());
     cfg.token = std::env::var("KVTIER_TOKEN").ok().filter(|t| !t.is_empty());
+    cfg.tls = kvtier_client::ClientTls::from_env()?;
     let client = Client::connect(cfg).await?;
     let ns = "demo/llama-3-8b/bf16";
     let bs = client.config().block_size;

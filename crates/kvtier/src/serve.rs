@@ -70,6 +70,15 @@ pub struct ServeArgs {
     /// Allow listening beyond loopback without authentication [auth.insecure, default false].
     #[arg(long)]
     insecure: bool,
+    /// PEM certificate chain; turns TLS on for gRPC, HTTP and the data plane [tls.cert, default "" (plaintext)].
+    #[arg(long, requires = "tls_key")]
+    tls_cert: Option<String>,
+    /// PEM private key of --tls-cert [tls.key, default ""].
+    #[arg(long, requires = "tls_cert")]
+    tls_key: Option<String>,
+    /// PEM CA bundle; clients must then present a certificate it signed [tls.client_ca, default "" (no client certificates)].
+    #[arg(long)]
+    tls_client_ca: Option<String>,
     /// Print the bound addresses as one JSON line on stdout once listening.
     #[arg(long)]
     ready_json: bool,
@@ -134,6 +143,15 @@ impl ServeArgs {
         }
         if self.insecure {
             cfg.auth.insecure = true;
+        }
+        if let Some(v) = &self.tls_cert {
+            cfg.tls.cert = v.clone();
+        }
+        if let Some(v) = &self.tls_key {
+            cfg.tls.key = v.clone();
+        }
+        if let Some(v) = &self.tls_client_ca {
+            cfg.tls.client_ca = v.clone();
         }
         cfg.validate()?;
         Ok(cfg)

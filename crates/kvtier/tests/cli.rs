@@ -329,3 +329,82 @@ fn tokens_are_required_and_reloaded_on_sighup() {
     );
     assert!(s.stop().success());
 }
+
+/// A CA and a server certificate for 127.0.0.1, as PEM files in `dir`.
+fn test_pki(dir: &std::path::Path) {
+    use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
+    let ca_key = KeyPair::generate().unwrap();
+    let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    let ca_cert = ca.self_signed(&ca_key).unwrap();
+    let issuer = Issuer::new(ca, ca_key);
+    let key = KeyPair::generate().unwrap();
+    let cert = CertificateParams::new(vec!["127.0.0.1".to_string()])
+        .unwrap()
+        .signed_by(&key, &issuer)
+        .unwrap();
+    std::fs::write(dir.join("ca.pem"), ca_cert.pem()).unwrap();
+    std::fs::write(dir.join("server.pem"), cert.pem()).unwrap();
+    std::fs::write(dir.join("server.key"), key.serialize_pem()).unwrap();
+}
+
+#[test]
+fn serve_and_the_cli_speak_tls() {
+    let dir = tempfile::tempdir().unwrap();
+    test_pki(dir.path());
+    let p = |n: &str| dir.path().join(n).to_string_lossy().into_owned();
+    let s = Served::start(&[
+        "--tls-cert",
+        &p("server.pem"),
+        "--tls-key",
+        &p("server.key"),
+    ]);
+    let run = |args: &[&str], ca: Option<&str>| {
+        let mut c = Command::new(BIN);
+        c.args(args)
+            .args(["--server", &s.grpc, "--timeout-ms", "3000"])
+            .env_remove("KVTIER_TLS_CA");
+        if let Some(ca) = ca {
+            c.env("KVTIER_TLS_CA", ca);
+        }
+        c.output().unwrap()
+    };
+    let health = run(&["health"], Some(&p("ca.pem")));
+    assert!(
+        health.status.success(),
+        "{}",
+        String::from_utf8_lossy(&health.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&health.stdout).trim(), "SERVING");
+    assert!(
+        !run(&["health"], None).status.success(),
+        "plaintext refused"
+    );
+    let file = dir.path().join("value");
+    std::fs::write(&file, b"over tls").unwrap();
+    let put = run(
+        &[
+            "put",
+            "-n",
+            "t",
+            "--text-key",
+            "k",
+            "--file",
+            file.to_str().unwrap(),
+        ],
+        Some(&p("ca.pem")),
+    );
+    assert!(
+        put.status.success(),
+        "{}",
+        String::from_utf8_lossy(&put.stderr)
+    );
+    let get = run(&["get", "-n", "t", "--text-key", "k"], Some(&p("ca.pem")));
+    assert!(
+        get.status.success(),
+        "{}",
+        String::from_utf8_lossy(&get.stderr)
+    );
+    assert_eq!(get.stdout, b"over tls");
+    assert!(s.stop().success());
+}

@@ -171,12 +171,19 @@ def test_failures_are_recomputed_and_the_engine_keeps_serving(models, kvtier_bin
         # over and over until kvtier holds P's blocks; gRPC's reconnect back-off
         # and the connector's retry pause bound how long that takes).
         server = Server.start(binary=kvtier_bin, listen=url)
-        up = time.monotonic()
+        up, up_wall = time.monotonic(), time.time()
         go[2].touch()
         ns = events(st, "init")[0]["namespace"]
         keys = chain_keys(P, BS)
         with Client(url) as c:
             assert wait_blocks(c, ns, keys, timeout=60) == 16, "blocks never stored after kvtier came back"
+            # The scheduler's own channels reconnect on gRPC's back-off (at
+            # most 2 s), independently of the worker's: wait until its lookups
+            # succeed again too, as a user's next request would.
+            end = time.monotonic() + 60
+            while not [e for e in events(st, "lookup") if not e.get("error") and e["t"] > up_wall]:
+                assert time.monotonic() < end, "the scheduler never looked up again after kvtier came back"
+                time.sleep(0.05)
             recovered = time.monotonic() - up
             assert recovered < 30, f"the engine took {recovered:.1f} s to use kvtier again"
             (d / "stored").touch()
