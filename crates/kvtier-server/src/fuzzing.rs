@@ -55,3 +55,79 @@ pub fn decode_and_validate(data: &[u8]) {
     let _ = kvstore::LookupRequest::decode(data);
     let _ = kvstore::ReadRequest::decode(data);
 }
+
+/// Runs the data plane's connection loop (framing, Hello, Read, Write,
+/// request-memory reservation, timeouts) over an in-memory stream that
+/// carries `input` and then ends, and returns what the server sent. Asserts
+/// that the session ends (within 10 s: no hang) and that the output is a
+/// sequence of whole, valid reply frames.
+pub fn data_plane_session(input: &[u8]) -> Vec<u8> {
+    use kvtier_core::{ByteSize, Engine, EngineConfig};
+    use kvtier_proto::wire::{HEADER_LEN, Header, Kind};
+    use std::time::Duration;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let out = rt.block_on(async {
+        let engine = Engine::new(EngineConfig {
+            memory_capacity: ByteSize::mib(16),
+            max_block_size: ByteSize(FUZZ_MAX_BLOCK),
+            ..Default::default()
+        });
+        let mut shared = crate::state::Shared::new(std::sync::Arc::new(engine), 8);
+        shared.limits = crate::limits::Limits::new(
+            4 << 20,
+            8,
+            Duration::from_millis(500),
+            Duration::from_millis(500),
+        );
+        let (server_end, mut client_end) = tokio::io::duplex(1 << 16);
+        let (_stop_tx, stop) = tokio::sync::watch::channel(false);
+        let server = tokio::spawn(crate::wire::connection(
+            server_end,
+            shared,
+            FUZZ_MAX_BLOCK * 4,
+            stop,
+        ));
+        let input = input.to_vec();
+        let session = async move {
+            let (mut rd, mut wr) = tokio::io::split(&mut client_end);
+            let write = async {
+                let _ = wr.write_all(&input).await;
+                let _ = wr.shutdown().await;
+            };
+            let mut out = Vec::new();
+            let read = rd.read_to_end(&mut out);
+            let (_, r) = tokio::join!(write, read);
+            let _ = r;
+            out
+        };
+        let out = tokio::time::timeout(Duration::from_secs(10), session)
+            .await
+            .expect("the data-plane session ended");
+        let _ = tokio::time::timeout(Duration::from_secs(10), server)
+            .await
+            .expect("the connection task ended");
+        out
+    });
+    let mut rest = &out[..];
+    while !rest.is_empty() {
+        assert!(rest.len() >= HEADER_LEN, "a partial frame header was sent");
+        let h = Header::decode(rest[..HEADER_LEN].try_into().expect("24 bytes"))
+            .expect("the server sends valid headers");
+        assert!(
+            matches!(
+                h.kind,
+                Kind::ReadReply | Kind::WriteReply | Kind::HelloReply | Kind::Error
+            ),
+            "the server sent a request frame {:?}",
+            h.kind
+        );
+        let len = HEADER_LEN + h.meta_len as usize + h.data_len as usize;
+        assert!(rest.len() >= len, "a partial frame was sent");
+        rest = &rest[len..];
+    }
+    out
+}

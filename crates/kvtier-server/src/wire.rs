@@ -120,7 +120,7 @@ fn error_reply(code: tonic::Code, message: impl Into<String>) -> Reply {
     }
 }
 
-async fn connection<S: AsyncRead + AsyncWrite + Unpin>(
+pub(crate) async fn connection<S: AsyncRead + AsyncWrite + Unpin>(
     mut sock: S,
     shared: Shared,
     max_frame: u64,

@@ -535,8 +535,8 @@ fn corruption_while_stopped_is_a_miss_not_wrong_bytes() {
 /// A tier smaller than the data: writes that cannot fit fail with
 /// RESOURCE_EXHAUSTED under `always` and reads of what is stored continue.
 ///
-/// A real ENOSPC needs a small filesystem (root to mount one), so it is the
-/// ignored `enospc_is_resource_exhausted_and_reads_continue` in
+/// A real ENOSPC (on a tmpfs the test mounts) is
+/// `enospc_is_resource_exhausted_and_reads_continue` in
 /// `kvtier-core/tests/disk.rs`; both paths share the same error mapping.
 #[test]
 fn full_disk_tier_refuses_writes_and_keeps_serving_reads() {

@@ -146,7 +146,9 @@ impl CompatService {
         }
         if self.strict {
             return Err(format!(
-                "unknown tenant resource_name={resource:?} container_name={container:?} (strict_tenants is on)"
+                "unknown tenant resource_name={} container_name={} (strict_tenants is on)",
+                clip(resource),
+                clip(container)
             ));
         }
         Ok(tenant_namespace(resource, container))
@@ -217,12 +219,15 @@ impl CompatService {
         clock: &mut Clock,
     ) -> InBand<pb::ReadResponse> {
         let ns = self.tenant(&req.resource_name, &req.container_name)?;
-        let raw = unhex(&req.location)
+        // Checked by length before decoding, and never echoed in full.
+        let raw = Some(&req.location)
+            .filter(|l| l.len() == 50)
+            .and_then(|l| unhex(l))
             .filter(|k| k.len() == 25 && k[0] == b'D')
             .ok_or_else(|| {
                 format!(
-                    "malformed location {:?}: expected the 50-hex-digit string returned by Lookup",
-                    req.location
+                    "malformed location {}: expected the 50-hex-digit string returned by Lookup",
+                    clip(&req.location)
                 )
             })?;
         let id = BlockId::new(ns, Key::new(raw).expect("25 bytes"));
@@ -342,6 +347,16 @@ fn map_write(r: kvtier_core::Result<WriteOutcome>) -> InBand<()> {
 
 fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+/// `s` quoted, cut to 64 characters for error messages (a caller's bad
+/// input can be megabytes; the answer should not be).
+fn clip(s: &str) -> String {
+    const MAX: usize = 64;
+    match s.char_indices().nth(MAX) {
+        None => format!("{s:?}"),
+        Some((cut, _)) => format!("{:?}... ({} bytes)", &s[..cut], s.len()),
+    }
 }
 
 fn unhex(s: &str) -> Option<Vec<u8>> {
@@ -498,5 +513,20 @@ mod tests {
         assert_eq!(unhex("zz"), None);
         assert_eq!(unhex("abc"), None);
         assert_eq!(unhex("é1"), None);
+        let long = "ab".repeat(1 << 19);
+        let c = clip(&long);
+        assert!(c.len() < 100 && c.ends_with("(1048576 bytes)"), "{c}");
+        assert_eq!(clip("abc"), "\"abc\"");
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn locations_and_clipping_never_panic(s in "\\PC{0,120}", bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..40)) {
+            let _ = unhex(&s);
+            let c = clip(&s);
+            // At most 64 characters, each escaped to at most 10 (\u{10ffff}).
+            proptest::prop_assert!(c.chars().count() <= 64 * 10 + 40);
+            proptest::prop_assert_eq!(unhex(&hex(&bytes)), Some(bytes));
+        }
     }
 }
