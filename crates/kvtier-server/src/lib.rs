@@ -100,12 +100,19 @@ impl Server {
             match spec.cpus {
                 None => {
                     let listener = tokio::net::TcpListener::from_std(std_listener)?;
-                    tasks.spawn(serve_grpc(router, listener, rx, addr));
+                    tasks.spawn(serve_grpc(
+                        router,
+                        listener,
+                        rx,
+                        addr,
+                        cfg.server.max_connections,
+                    ));
                     tracing::info!(%addr, "gRPC listening (kvtier.v1, kvstore.KVStoreService, grpc.health.v1)");
                 }
                 Some(cpus) => {
                     // Its own runtime, every worker pinned to the listener's CPU set.
                     let pin = cpus.clone();
+                    let max_conns = cfg.server.max_connections;
                     let rt = tokio::runtime::Builder::new_multi_thread()
                         .worker_threads(cpus.len())
                         .thread_name(format!("kvtier-{}", addr.port()))
@@ -121,7 +128,7 @@ impl Server {
                         .spawn(move || {
                             rt.block_on(async move {
                                 let listener = tokio::net::TcpListener::from_std(std_listener)?;
-                                serve_grpc(router, listener, rx, addr).await
+                                serve_grpc(router, listener, rx, addr, max_conns).await
                             })
                         })?;
                     tasks.spawn(async move {
@@ -238,10 +245,29 @@ async fn serve_grpc(
     listener: tokio::net::TcpListener,
     mut stop: watch::Receiver<bool>,
     addr: SocketAddr,
+    max_connections: usize,
 ) -> anyhow::Result<()> {
+    use futures::StreamExt;
     let incoming = tonic::transport::server::TcpIncoming::from(listener)
         .with_nodelay(Some(true))
         .with_keepalive(Some(Duration::from_secs(60)));
+    // At most server.max_connections at once; more are closed at accept.
+    let slots = Arc::new(tokio::sync::Semaphore::new(max_connections.max(1)));
+    let incoming = incoming.filter_map(move |r| {
+        let slots = slots.clone();
+        async move {
+            match r {
+                Ok(io) => match slots.try_acquire_owned() {
+                    Ok(slot) => Some(Ok(limits::Capped { io, _slot: slot })),
+                    Err(_) => {
+                        tracing::debug!(%addr, "gRPC: connection limit reached; closed");
+                        None
+                    }
+                },
+                Err(e) => Some(Err(e)),
+            }
+        }
+    });
     router
         .serve_with_incoming_shutdown(incoming, async move {
             let _ = stop.wait_for(|s| *s).await;
@@ -328,7 +354,10 @@ fn check_exposure(cfg: &Config, authenticated: bool) -> anyhow::Result<()> {
 }
 
 type GrpcRouter = tonic::transport::server::Router<
-    tower::layer::util::Stack<timing::ArrivalLayer, tower::layer::util::Identity>,
+    tower::layer::util::Stack<
+        limits::ChargeLayer,
+        tower::layer::util::Stack<timing::ArrivalLayer, tower::layer::util::Identity>,
+    >,
 >;
 
 fn grpc_router(cfg: &Config, shared: Shared, tls: Option<&tls::Tls>) -> anyhow::Result<GrpcRouter> {
@@ -383,6 +412,7 @@ fn grpc_router(cfg: &Config, shared: Shared, tls: Option<&tls::Tls>) -> anyhow::
         .http2_keepalive_timeout(Some(Duration::from_secs(20)))
         .tcp_nodelay(true)
         .layer(timing::ArrivalLayer)
+        .layer(limits::ChargeLayer(shared.limits.clone()))
         .add_service(health)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)

@@ -11,6 +11,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
+type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
 /// The shared limits of one server.
 #[derive(Clone)]
 pub struct Limits {
@@ -119,6 +121,174 @@ impl Limits {
         self.memory_bytes
             .min((usize::MAX >> 3) as u64)
             .saturating_sub(free)
+    }
+}
+
+/// Tower layer for the gRPC server: every request body's bytes are charged to
+/// the request memory as its HTTP/2 frames arrive, and held until the
+/// response is ready (a unary handler keeps the decoded message that long).
+/// A frame that does not fit fails the request with RESOURCE_EXHAUSTED, the
+/// rest of its body unread.
+#[derive(Clone)]
+pub struct ChargeLayer(pub Limits);
+
+impl<S> tower::Layer<S> for ChargeLayer {
+    type Service = ChargeService<S>;
+    fn layer(&self, inner: S) -> Self::Service {
+        ChargeService {
+            inner,
+            limits: self.0.clone(),
+        }
+    }
+}
+
+/// See [`ChargeLayer`].
+#[derive(Clone)]
+pub struct ChargeService<S> {
+    inner: S,
+    limits: Limits,
+}
+
+type Held = Arc<parking_lot::Mutex<Vec<Reservation>>>;
+
+impl<S, B> tower::Service<http::Request<B>> for ChargeService<S>
+where
+    S: tower::Service<http::Request<tonic::body::Body>>,
+    S::Future: Send + 'static,
+    B: http_body::Body<Data = bytes::Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future =
+        std::pin::Pin<Box<dyn std::future::Future<Output = Result<S::Response, S::Error>> + Send>>;
+
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: http::Request<B>) -> Self::Future {
+        let held: Held = Default::default();
+        let limits = self.limits.clone();
+        let h = held.clone();
+        let req = req.map(move |b| {
+            tonic::body::Body::new(ChargedBody {
+                inner: Box::pin(b),
+                limits,
+                held: h,
+            })
+        });
+        let fut = self.inner.call(req);
+        Box::pin(async move {
+            let r = fut.await;
+            drop(held);
+            r
+        })
+    }
+}
+
+struct ChargedBody<B> {
+    inner: std::pin::Pin<Box<B>>,
+    limits: Limits,
+    held: Held,
+}
+
+impl<B> http_body::Body for ChargedBody<B>
+where
+    B: http_body::Body<Data = bytes::Bytes>,
+    B::Error: Into<BoxError>,
+{
+    type Data = bytes::Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<bytes::Bytes>, Self::Error>>> {
+        use std::task::Poll;
+        let this = self.get_mut();
+        match this.inner.as_mut().poll_frame(cx) {
+            Poll::Ready(Some(Ok(frame))) => {
+                if let Some(d) = frame.data_ref() {
+                    match this.limits.reserve(d.len() as u64) {
+                        Ok(r) => this.held.lock().push(r),
+                        Err(status) => return Poll::Ready(Some(Err(Box::new(status)))),
+                    }
+                }
+                Poll::Ready(Some(Ok(frame)))
+            }
+            Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(e.into()))),
+            Poll::Ready(None) => Poll::Ready(None),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// A gRPC connection holding one of `server.max_connections` slots.
+pub struct Capped {
+    /// The connection.
+    pub io: tokio::net::TcpStream,
+    /// Given back when the connection ends.
+    pub _slot: OwnedSemaphorePermit,
+}
+
+impl tonic::transport::server::Connected for Capped {
+    type ConnectInfo = tonic::transport::server::TcpConnectInfo;
+    fn connect_info(&self) -> Self::ConnectInfo {
+        self.io.connect_info()
+    }
+}
+
+impl tokio::io::AsyncRead for Capped {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.io).poll_read(cx, buf)
+    }
+}
+
+impl tokio::io::AsyncWrite for Capped {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.io).poll_write(cx, buf)
+    }
+    fn poll_write_vectored(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
+    }
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.io).poll_flush(cx)
+    }
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.io).poll_shutdown(cx)
     }
 }
 

@@ -273,3 +273,59 @@ async fn idle_and_surplus_http_connections_are_closed() {
         assert!(http_head(x).await.unwrap().starts_with("HTTP/1.1 200"));
     }
 }
+
+#[tokio::test]
+async fn grpc_request_bodies_are_charged_to_the_request_memory() {
+    let s = server(64 << 20, 100, 60_000, 60_000).await;
+    let mut cc = kvtier_client::ClientConfig::new(format!("http://{}", s.grpc_addrs[0]));
+    cc.data_plane = false;
+    cc.retries = 0;
+    cc.timeout = Duration::from_secs(20);
+    let c = kvtier_client::Client::connect(cc).await.unwrap();
+    let block = |k: &str, n: usize| kvtier_client::WriteBlock {
+        key: kvtier_core::Key::new(k.as_bytes().to_vec()).unwrap(),
+        parent: None,
+        token_count: 0,
+        payload: bytes::Bytes::from(vec![3u8; n]),
+        ttl_ms: 0,
+    };
+    // Larger than the whole budget: refused while it arrives.
+    let e = c
+        .write("n", &[block("big", 80 << 20)])
+        .await
+        .expect_err("an 80 MiB body against 64 MiB of request memory");
+    assert_eq!(e.code(), Some(tonic::Code::ResourceExhausted), "{e}");
+    assert!(e.to_string().contains("request memory"), "{e}");
+    // What it held was given back: bodies up to the budget still go through,
+    // again and again.
+    for i in 0..3 {
+        c.write("n", &[block(&format!("ok{i}"), 40 << 20)])
+            .await
+            .expect("a 40 MiB write fits");
+    }
+}
+
+#[tokio::test]
+async fn grpc_connections_beyond_the_cap_are_closed() {
+    let s = server(64 << 20, 2, 60_000, 60_000).await;
+    let client = || async {
+        let mut cc = kvtier_client::ClientConfig::new(format!("http://{}", s.grpc_addrs[0]));
+        cc.connections = 1;
+        cc.data_plane = false;
+        cc.retries = 0;
+        cc.timeout = Duration::from_secs(3);
+        let c = kvtier_client::Client::connect(cc).await?;
+        c.stats().await?;
+        Ok::<_, kvtier_client::ClientError>(c)
+    };
+    let a = client().await.expect("first");
+    let b = client().await.expect("second");
+    assert!(client().await.is_err(), "a third connection is refused");
+    drop(a);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while client().await.is_err() {
+        assert!(Instant::now() < deadline, "the slot never came back");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    b.stats().await.expect("the held connection still serves");
+}
