@@ -40,6 +40,32 @@ struct Lease {
     namespace: Option<crate::Namespace>,
 }
 
+/// What pinning `ids` in order holds in one tier, per id: its own entry and
+/// the resident ancestors not already counted (eviction takes leaves only, so
+/// a pinned block keeps its whole chain). `entry` gives a resident block's
+/// cost and parent; absent ids cost 0.
+pub fn chain_costs(
+    ids: &[BlockId],
+    entry: impl Fn(&BlockId) -> Option<(u64, Option<crate::Key>)>,
+) -> Vec<u64> {
+    let mut seen = std::collections::HashSet::new();
+    ids.iter()
+        .map(|id| {
+            let mut cost = 0;
+            let mut cur = Some(id.clone());
+            while let Some(at) = cur.take() {
+                let Some((c, parent)) = entry(&at) else { break };
+                if !seen.insert(at.clone()) {
+                    break;
+                }
+                cost += c;
+                cur = parent.map(|k| BlockId::new(at.namespace.clone(), k));
+            }
+            cost
+        })
+        .collect()
+}
+
 /// Caps on the bytes leases may pin.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PinBudget {

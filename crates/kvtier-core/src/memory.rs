@@ -256,32 +256,15 @@ impl MemoryTier {
         n
     }
 
-    /// What pinning `ids` in order holds here, per id: its own entry and the
-    /// resident ancestors not already counted (eviction takes leaves only, so
-    /// a pinned block keeps its whole chain). Absent ids cost 0.
+    /// What pinning `ids` in order holds here, per id (see
+    /// [`crate::lease::chain_costs`]).
     pub fn pin_costs(&self, ids: &[BlockId]) -> Vec<u64> {
         let g = self.inner.lock();
-        let mut seen = std::collections::HashSet::new();
-        ids.iter()
-            .map(|id| {
-                let mut cost = 0;
-                let mut cur = Some(id.clone());
-                while let Some(at) = cur.take() {
-                    let Some(e) = g.map.get(&at) else { break };
-                    if !seen.insert(at.clone()) {
-                        break;
-                    }
-                    cost += e.cost();
-                    cur = e
-                        .block
-                        .meta
-                        .parent
-                        .clone()
-                        .map(|k| BlockId::new(at.namespace.clone(), k));
-                }
-                cost
-            })
-            .collect()
+        crate::lease::chain_costs(ids, |id| {
+            g.map
+                .get(id)
+                .map(|e| (e.cost(), e.block.meta.parent.clone()))
+        })
     }
 
     /// Counters (same as [`Tier::stats`], without the async trait).

@@ -240,29 +240,11 @@ impl DiskTier {
             .is_some_and(|e| e.expires_unix_ms.is_none_or(|x| x > unix_ms()))
     }
 
-    /// What pinning `ids` in order holds on disk, per id: its record and the
-    /// ancestors not already counted (see `MemoryTier::pin_costs`).
+    /// What pinning `ids` in order holds on disk, per id (see
+    /// [`crate::lease::chain_costs`]).
     pub fn pin_costs(&self, ids: &[BlockId]) -> Vec<u64> {
         let index = self.shared.index.lock();
-        let mut seen = std::collections::HashSet::new();
-        ids.iter()
-            .map(|id| {
-                let mut cost = 0;
-                let mut cur = Some(id.clone());
-                while let Some(at) = cur.take() {
-                    let Some(e) = index.get(&at) else { break };
-                    if !seen.insert(at.clone()) {
-                        break;
-                    }
-                    cost += e.cost;
-                    cur = e
-                        .parent
-                        .clone()
-                        .map(|k| BlockId::new(at.namespace.clone(), k));
-                }
-                cost
-            })
-            .collect()
+        crate::lease::chain_costs(ids, |id| index.get(id).map(|e| (e.cost, e.parent.clone())))
     }
 
     /// Pins present records until `until` (leases); returns how many were present.
