@@ -659,6 +659,23 @@ impl Client {
         Ok(r.into_inner().deleted)
     }
 
+    /// Ends a lease early (after its blocks were read), giving its pins back.
+    pub async fn release_lease(&self, lease_id: u64) -> Result<()> {
+        if lease_id == 0 {
+            return Err(ClientError::Invalid("lease id 0 is not a lease".into()));
+        }
+        let req = pb::LeaseRequest {
+            release_lease_id: lease_id,
+            ..Default::default()
+        };
+        self.retry(|mut c, d| {
+            let rq = self.request(req.clone(), d);
+            async move { c.lease(rq).await }
+        })
+        .await?;
+        Ok(())
+    }
+
     /// Server statistics.
     pub async fn stats(&self) -> Result<pb::StatsResponse> {
         let r = self

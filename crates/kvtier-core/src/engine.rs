@@ -396,13 +396,15 @@ impl Engine {
             return Err(Error::invalid("lease duration must be > 0 ms"));
         }
         let dur = dur.min(self.cfg.max_lease);
+        // A block is pinned in memory and on disk; the larger of the two is
+        // charged (the budget is the memory tier's, and disks are larger).
         let mut costs = self.memory.pin_costs(ids);
         if let Some(d) = &self.disk {
             for (c, d) in costs.iter_mut().zip(d.pin_costs(ids)) {
-                *c += d;
+                *c = (*c).max(d);
             }
         }
-        let (lease_id, n) = self.leases.charge(ids, &costs, dur);
+        let (lease_id, n, until) = self.leases.charge(ids, &costs, dur);
         if n < ids.len() && !partial {
             let budget = self.leases.budget();
             let (total, mine) = self.leases.pinned_bytes(&ids[0].namespace);
@@ -425,7 +427,7 @@ impl Engine {
             self.counters.lease_refusals.fetch_add(1, Ordering::Relaxed);
         }
         let ids = &ids[..n];
-        let grant = self.leases.grant(lease_id, ids, dur)?;
+        let grant = self.leases.grant(lease_id, ids, until)?;
         self.memory.pin(ids, grant.expires_at);
         if let Some(d) = &self.disk {
             d.pin(ids, grant.expires_at);
@@ -443,9 +445,18 @@ impl Engine {
         self.leases.namespace_of(id)
     }
 
-    /// Ends a lease early.
+    /// Ends a lease early: its pin charge is given back and the pins it
+    /// placed are lifted (where a later lease extended a pin, that one
+    /// stays; a block pinned by an earlier-ending lease as well loses its pin
+    /// too, which can only turn that lease's read into a miss, never into
+    /// wrong data).
     pub fn release_lease(&self, id: u64) -> Result<()> {
-        self.leases.release(id)
+        let (ids, until) = self.leases.release(id)?;
+        self.memory.unpin(&ids, until);
+        if let Some(d) = &self.disk {
+            d.unpin(&ids, until);
+        }
+        Ok(())
     }
 
     /// Reads one block from the highest tier that has it, promoting it to memory.

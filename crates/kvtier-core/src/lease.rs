@@ -35,6 +35,8 @@ pub struct LeaseGrant {
 
 struct Lease {
     expires_at: Instant,
+    /// The blocks it pins (unpinned on early release).
+    ids: Vec<BlockId>,
     blocks: usize,
     /// Namespace of the leased blocks (a lease never spans namespaces).
     namespace: Option<crate::Namespace>,
@@ -138,11 +140,11 @@ impl LeaseTable {
     /// How many leading `ids` fit the pin budget, given what pinning each
     /// costs (`costs[i]`, bytes); reserves their bytes until `now + dur` under
     /// a new lease id, returned with the count. 0 fits: nothing is reserved.
-    pub fn charge(&self, ids: &[BlockId], costs: &[u64], dur: Duration) -> (u64, usize) {
-        let Some(first) = ids.first() else {
-            return (0, 0);
-        };
+    pub fn charge(&self, ids: &[BlockId], costs: &[u64], dur: Duration) -> (u64, usize, Instant) {
         let now = Instant::now();
+        let Some(first) = ids.first() else {
+            return (0, 0, now + dur);
+        };
         let mut c = self.charges.lock();
         c.expire(now);
         let ns_used = c.by_namespace.get(&first.namespace).copied().unwrap_or(0);
@@ -166,7 +168,7 @@ impl LeaseTable {
             c.until
                 .insert((now + dur, id), (first.namespace.clone(), bytes));
         }
-        (id, n)
+        (id, n, now + dur)
     }
 
     /// Bytes pinned now: (all namespaces, namespace `ns`).
@@ -189,8 +191,8 @@ impl LeaseTable {
     }
 
     /// Records lease `id` (from [`LeaseTable::charge`]) over `ids`, already
-    /// pinned by the caller, for `dur`.
-    pub fn grant(&self, id: u64, ids: &[BlockId], dur: Duration) -> Result<LeaseGrant> {
+    /// pinned by the caller until `expires_at` (the deadline `charge` gave).
+    pub fn grant(&self, id: u64, ids: &[BlockId], expires_at: Instant) -> Result<LeaseGrant> {
         let now = Instant::now();
         let mut g = self.active.lock();
         if g.len() >= MAX_ACTIVE_LEASES {
@@ -201,11 +203,12 @@ impl LeaseTable {
                 )));
             }
         }
-        let expires_at = now + dur;
+        let dur = expires_at.saturating_duration_since(now);
         g.insert(
             id,
             Lease {
                 expires_at,
+                ids: ids.to_vec(),
                 blocks: ids.len(),
                 namespace: ids.first().map(|b| b.namespace.clone()),
             },
@@ -245,12 +248,23 @@ impl LeaseTable {
             .and_then(|l| l.namespace.clone())
     }
 
-    /// Ends a lease early. Pins already placed run out at their own deadline.
-    pub fn release(&self, id: u64) -> Result<()> {
-        match self.active.lock().remove(&id) {
-            Some(_) => Ok(()),
-            None => Err(Error::not_found(format!("lease {id} is not active"))),
+    /// Ends a lease early and gives its pin charge back; returns its blocks
+    /// and deadline, so the caller can lift the pins this lease placed.
+    pub fn release(&self, id: u64) -> Result<(Vec<BlockId>, Instant)> {
+        let Some(lease) = self.active.lock().remove(&id) else {
+            return Err(Error::not_found(format!("lease {id} is not active")));
+        };
+        let mut c = self.charges.lock();
+        if let Some((ns, bytes)) = c.until.remove(&(lease.expires_at, id)) {
+            c.total -= bytes;
+            if let Some(b) = c.by_namespace.get_mut(&ns) {
+                *b -= bytes;
+                if *b == 0 {
+                    c.by_namespace.remove(&ns);
+                }
+            }
         }
+        Ok((lease.ids, lease.expires_at))
     }
 
     /// Active leases and the blocks they cover (expired ones are dropped).

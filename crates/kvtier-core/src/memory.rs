@@ -267,6 +267,19 @@ impl MemoryTier {
         })
     }
 
+    /// Lifts the pins that end exactly at `until` (placed by the lease being
+    /// released; a pin a later lease extended ends later and stays).
+    pub fn unpin(&self, ids: &[BlockId], until: Instant) {
+        let mut g = self.inner.lock();
+        for id in ids {
+            if let Some(e) = g.map.get_mut(id)
+                && e.pinned_until == Some(until)
+            {
+                e.pinned_until = None;
+            }
+        }
+    }
+
     /// Counters (same as [`Tier::stats`], without the async trait).
     pub fn stats_snapshot(&self) -> TierStats {
         Tier::stats(self)

@@ -430,3 +430,42 @@ async fn child_written_before_parent_is_adopted() {
     e.memory().check_invariants().unwrap();
     assert_eq!(e.delete(&chain[0].meta.id, &mut t).await.unwrap(), 3);
 }
+
+#[tokio::test]
+async fn releasing_a_lease_gives_its_pin_budget_back() {
+    // A client that looks up with a lease, reads and releases, over and over,
+    // must keep getting hits: released leases neither hold the pin budget
+    // nor their pins until their deadline.
+    let size = 1000usize;
+    let block = size as u64 + 300;
+    let e = engine(8 * block); // pin budget: 4 blocks
+    let n = ns("t");
+    let mut t = StorageTiming::default();
+    let chain = chain_blocks(&n, 9, 3, size);
+    for b in &chain {
+        e.write(b.clone(), &mut t).await.unwrap();
+    }
+    for round in 0..10 {
+        let out = e
+            .lookup(&n, &keys_of(&chain), Some(Duration::from_secs(60)), &mut t)
+            .await
+            .unwrap();
+        assert_eq!(out.found, 3, "round {round}: the budget was given back");
+        e.release_lease(out.lease.unwrap().id).unwrap();
+    }
+    assert_eq!(e.stats().pinned_bytes, 0);
+    // The pins were lifted too: memory can evict the chain for new writes.
+    for s in 20..30 {
+        for b in chain_blocks(&n, s, 1, size) {
+            e.write(b, &mut t).await.unwrap();
+        }
+    }
+    assert!(
+        e.lookup(&n, &keys_of(&chain), None, &mut t)
+            .await
+            .unwrap()
+            .found
+            < 3
+    );
+    e.memory().check_invariants().unwrap();
+}

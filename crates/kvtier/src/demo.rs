@@ -105,6 +105,10 @@ pub async fn run(a: DemoArgs) -> anyhow::Result<()> {
                     bytes_read += b.payload.len() as u64;
                     *by_tier.entry(b.tier.as_str_name()).or_default() += 1;
                 }
+                // Read: the pins are no longer needed (as an engine does).
+                if l.lease_id != 0 {
+                    client.release_lease(l.lease_id).await?;
+                }
             }
             // Write back the blocks the server did not have (the "computed" KV).
             let missing = &l.keys[l.found..];

@@ -231,6 +231,17 @@ impl Index {
         out
     }
 
+    /// Lifts the pins that end exactly at `until` (an early-released lease's).
+    pub fn unpin(&mut self, ids: &[BlockId], until: Instant) {
+        for id in ids {
+            if let Some(e) = self.map.get_mut(id)
+                && e.pinned_until == Some(until)
+            {
+                e.pinned_until = None;
+            }
+        }
+    }
+
     /// Pins present records until `until`; returns how many were present.
     pub fn pin(&mut self, ids: &[BlockId], until: Instant) -> usize {
         let mut n = 0;

@@ -247,6 +247,11 @@ impl DiskTier {
         crate::lease::chain_costs(ids, |id| index.get(id).map(|e| (e.cost, e.parent.clone())))
     }
 
+    /// Lifts the pins that end exactly at `until` (see `MemoryTier::unpin`).
+    pub fn unpin(&self, ids: &[BlockId], until: Instant) {
+        self.shared.index.lock().unpin(ids, until);
+    }
+
     /// Pins present records until `until` (leases); returns how many were present.
     pub fn pin(&self, ids: &[BlockId], until: Instant) -> usize {
         self.shared.index.lock().pin(ids, until)
