@@ -448,20 +448,26 @@ impl Collector for EngineCollector {
         if let Some(o) = &stats.object {
             encode_object(o, &mut encoder)?;
         }
-        let g = ConstGauge::new(stats.active_leases as i64);
-        g.encode(encoder.encode_descriptor(
-            "active_leases",
-            "Leases currently pinning blocks",
-            None,
-            prometheus_client::metrics::MetricType::Gauge,
-        )?)?;
-        let g = ConstGauge::new(stats.pinned_bytes as i64);
-        g.encode(encoder.encode_descriptor(
-            "lease_pinned_bytes",
-            "Bytes leases pin (charged against engine.max_pinned)",
-            None,
-            prometheus_client::metrics::MetricType::Gauge,
-        )?)?;
+        let gauges: [(&str, &str, u64); 2] = [
+            (
+                "active_leases",
+                "Leases currently pinning blocks",
+                stats.active_leases,
+            ),
+            (
+                "lease_pinned_bytes",
+                "Bytes leases pin (charged against engine.max_pinned)",
+                stats.pinned_bytes,
+            ),
+        ];
+        for (name, help, v) in gauges {
+            ConstGauge::new(v as i64).encode(encoder.encode_descriptor(
+                name,
+                help,
+                None,
+                prometheus_client::metrics::MetricType::Gauge,
+            )?)?;
+        }
         Ok(())
     }
 }

@@ -121,17 +121,13 @@ impl Shared {
         let hint_ms = self.limits.queue_timeout.as_millis().clamp(10, 1000) as u64;
         let mut status = tonic::Status::unavailable(format!(
             "server overloaded ({why}; {} requests in service, {} waiting); retry in ~{hint_ms} ms with back-off",
-            self.admission_limit(),
+            self.max_inflight,
             self.limits.queued(),
         ));
         if let Ok(v) = hint_ms.to_string().parse() {
             status.metadata_mut().insert("grpc-retry-pushback-ms", v);
         }
         status
-    }
-
-    fn admission_limit(&self) -> usize {
-        self.max_inflight
     }
 
     /// Records the outcome of a request.
