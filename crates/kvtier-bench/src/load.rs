@@ -52,6 +52,9 @@ pub struct Sample {
     pub tokens: u64,
     /// Whether it failed.
     pub error: bool,
+    /// Whether it failed because the server shed it (UNAVAILABLE): the
+    /// worker backs off before its next unit, as a client would.
+    pub shed: bool,
 }
 
 /// A unit of work: one request, or a dependent sequence (a conversation iteration).
@@ -91,12 +94,15 @@ impl Collector {
         for (i, s) in samples.iter().enumerate() {
             let op = self.ops.entry(s.op).or_default();
             op.ops += 1;
+            self.count += 1;
             if s.error {
+                // Counted, not timed: latency figures are those of answered
+                // requests (a shed request's fast refusal would flatter them).
                 op.errors += 1;
-            } else {
-                op.bytes += s.bytes;
-                op.tokens += s.tokens;
+                continue;
             }
+            op.bytes += s.bytes;
+            op.tokens += s.tokens;
             let actual = us(s.done.saturating_duration_since(s.sent));
             // Only the first request of a unit was scheduled; the rest follow it.
             let start = match intended {
@@ -114,8 +120,7 @@ impl Collector {
                 op.record(Phase::E2e, e2e);
             }
             record_us(&mut self.all_e2e, e2e);
-            self.count += 1;
-            if let (Some(t), false) = (s.server, s.error) {
+            if let Some(t) = s.server {
                 if let Some(q) = t.queue_us {
                     op.record(Phase::ServerQueue, q);
                 }
@@ -324,6 +329,10 @@ pub async fn run_repeat<U: Unit>(
                     while Instant::now() < end {
                         buf.clear();
                         w.run(&mut buf).await;
+                        if buf.iter().any(|s| s.shed) {
+                            // A shed request: back off like a client would.
+                            tokio::time::sleep(kvtier_client::backoff(0)).await;
+                        }
                         if let Some(first) = buf.first()
                             && first.sent >= warm_end
                             && first.sent < end
@@ -593,6 +602,7 @@ mod tests {
                 bytes: 100,
                 tokens: 128,
                 error: false,
+                shed: false,
             });
         }
     }

@@ -317,6 +317,7 @@ impl RedisWorker {
             bytes: 0,
             tokens: 0,
             error: r.is_err(),
+            shed: false,
         }
     }
 
@@ -334,6 +335,7 @@ impl RedisWorker {
             bytes: 0,
             tokens: 0,
             error: !matches!(r, Ok(Got::Int(n)) if n == keys.len() as i64),
+            shed: false,
         }
     }
 
@@ -353,6 +355,7 @@ impl RedisWorker {
             bytes,
             tokens: if error { 0 } else { tokens },
             error,
+            shed: false,
         }
     }
 
@@ -368,6 +371,7 @@ impl RedisWorker {
             bytes: p.len() as u64,
             tokens,
             error: r.is_err(),
+            shed: false,
         }
     }
 }

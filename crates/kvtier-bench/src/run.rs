@@ -70,6 +70,10 @@ pub struct BenchConfig {
     pub data_tcp_congestion: String,
     /// HTTP/2 connections per process to kvtier.
     pub connections: usize,
+    /// Client retries of a request the server shed (UNAVAILABLE); `None`:
+    /// the client's default (2). With 0 every attempt is a sample: shed ones
+    /// count as errors and the worker backs off like a client would.
+    pub retries: Option<u32>,
     /// No progress output.
     pub quiet: bool,
     /// The binary to run as `bench --worker` (default: this executable).
@@ -98,6 +102,7 @@ impl BenchConfig {
             target_tokens_per_s: None,
             probe: false,
             connections: 4,
+            retries: None,
             data_tcp_congestion: "reno".into(),
             quiet: false,
             worker_exe: None,
@@ -152,6 +157,9 @@ pub struct WorkerSpec {
     /// TCP congestion control of data-plane connections ("": system default).
     #[serde(default)]
     pub data_tcp_congestion: String,
+    /// Client retries of shed requests (`None`: the client's default).
+    #[serde(default)]
+    pub retries: Option<u32>,
 }
 
 fn workers_of(load: Load) -> u32 {
@@ -189,6 +197,7 @@ async fn local_repeat(
                 // One data-plane connection per worker, like the Redis peer.
                 data_connections: n as usize,
                 data_tcp_congestion: spec.data_tcp_congestion.clone(),
+                retries: spec.retries,
                 ping: matches!(spec.workload, Workload::Ping | Workload::LookupPing),
             };
             let conn = Conn::connect(opts, target).await?;
@@ -268,6 +277,7 @@ impl Runner<'_> {
             first_worker: self.next_worker,
             connections: self.cfg.connections,
             data_tcp_congestion: self.cfg.data_tcp_congestion.clone(),
+            retries: self.cfg.retries,
         };
         self.next_worker += u64::from(p) * u64::from(workers_of(per_proc));
         let r = if p == 1 {
@@ -519,6 +529,7 @@ pub fn run(cfg: &BenchConfig) -> anyhow::Result<Record> {
             transport: cfg.transport,
             data_connections: 1,
             data_tcp_congestion: cfg.data_tcp_congestion.clone(),
+            retries: None,
             ping: false,
         };
         let conn = Conn::connect(opts, &target).await?;

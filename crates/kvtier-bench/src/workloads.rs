@@ -426,6 +426,8 @@ pub struct ConnOpts {
     pub ping: bool,
     /// TCP congestion control of data-plane connections ("": system default).
     pub data_tcp_congestion: String,
+    /// Client retries of shed requests (`None`: the client's default).
+    pub retries: Option<u32>,
 }
 
 impl Conn {
@@ -439,6 +441,9 @@ impl Conn {
         cfg.data_connections = opts.data_connections;
         // "" (system default) is passed on as is: the client skips empty names.
         cfg.data_tcp_congestion = Some(opts.data_tcp_congestion.clone());
+        if let Some(r) = opts.retries {
+            cfg.retries = r;
+        }
         // A server with authentication on (docs/security.md): the token comes
         // from the environment, never from the command line (it would be in
         // the record's command line).
@@ -550,7 +555,18 @@ fn sample(op: &'static str, sent: Instant) -> Sample {
         bytes: 0,
         tokens: 0,
         error: true,
+        shed: false,
     }
+}
+
+/// Whether a v1 call failed because the server shed it.
+fn shed_v1<T>(r: &Result<T, kvtier_client::ClientError>) -> bool {
+    matches!(r, Err(e) if e.code() == Some(tonic::Code::Unavailable))
+}
+
+/// Whether a kvstore call failed because the server shed it.
+fn shed_compat<T>(r: &Result<T, tonic::Status>) -> bool {
+    matches!(r, Err(s) if s.code() == tonic::Code::Unavailable)
 }
 
 impl KvWorker {
@@ -561,6 +577,7 @@ impl KvWorker {
         let sent = Instant::now();
         let r = c.lookup(&self.ctx.ns, keys, None).await;
         let mut s = sample("lookup", sent);
+        s.shed = shed_v1(&r);
         if let Ok(l) = r {
             s.server = Some(v1_times(&l.timing));
             s.error = false;
@@ -575,6 +592,7 @@ impl KvWorker {
         let sent = Instant::now();
         let r = c.read(&self.ctx.ns, std::slice::from_ref(key), 0).await;
         let mut s = sample(op, sent);
+        s.shed = shed_v1(&r);
         if let Ok(r) = r {
             s.server = Some(v1_times(&r.timing));
             s.error = r.partial || r.blocks.is_empty();
@@ -602,6 +620,7 @@ impl KvWorker {
         let sent = Instant::now();
         let r = c.write(&self.ctx.ns, &[b]).await;
         let mut s = sample(op, sent);
+        s.shed = shed_v1(&r);
         if let Ok(w) = r {
             s.server = Some(v1_times(&w.timing));
             s.error = false;
@@ -642,6 +661,7 @@ impl KvWorker {
         let sent = Instant::now();
         let r = c.lookup(req(rq)).await;
         let mut s = sample("lookup", sent);
+        s.shed = shed_compat(&r);
         let mut locs = Vec::new();
         if let Ok(r) = r {
             let r = r.into_inner();
@@ -665,6 +685,7 @@ impl KvWorker {
         let sent = Instant::now();
         let r = c.read(req(rq)).await;
         let mut s = sample("read", sent);
+        s.shed = shed_compat(&r);
         if let Ok(r) = r {
             let r = r.into_inner();
             s.server = compat_times(r.server_metrics.as_ref());
@@ -697,6 +718,7 @@ impl KvWorker {
         let sent = Instant::now();
         let r = c.write(req(rq)).await;
         let mut s = sample("write", sent);
+        s.shed = shed_compat(&r);
         if let Ok(r) = r {
             let r = r.into_inner();
             s.server = compat_times(r.server_metrics.as_ref());

@@ -376,8 +376,9 @@ pub async fn connect_pool(cfg: &ClientConfig) -> Result<Vec<Channel>> {
 }
 
 /// Exponential back-off (20 ms doubling, capped) with full jitter over its
-/// upper half, so clients that failed together do not retry together.
-fn backoff(attempt: u32) -> Duration {
+/// upper half, so clients that failed together do not retry together: the
+/// pause before retry `attempt` (0-based) of a request the server shed.
+pub fn backoff(attempt: u32) -> Duration {
     let base = 20u64 << attempt.min(6);
     Duration::from_millis(base / 2 + rand::random_range(0..=base / 2))
 }

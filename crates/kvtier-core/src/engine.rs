@@ -406,6 +406,8 @@ impl Engine {
         }
         let (lease_id, n, until) = self.leases.charge(ids, &costs, dur);
         if n < ids.len() && !partial {
+            // Refused whole: what was reserved for the leading blocks goes back.
+            self.leases.refund(lease_id, until);
             let budget = self.leases.budget();
             let (total, mine) = self.leases.pinned_bytes(&ids[0].namespace);
             return Err(Error::exhausted(format!(
@@ -427,7 +429,14 @@ impl Engine {
             self.counters.lease_refusals.fetch_add(1, Ordering::Relaxed);
         }
         let ids = &ids[..n];
-        let grant = self.leases.grant(lease_id, ids, until)?;
+        let grant = match self.leases.grant(lease_id, ids, until) {
+            Ok(g) => g,
+            Err(e) => {
+                // Too many leases: nothing is pinned, so nothing stays charged.
+                self.leases.refund(lease_id, until);
+                return Err(e);
+            }
+        };
         self.memory.pin(ids, grant.expires_at);
         if let Some(d) = &self.disk {
             d.pin(ids, grant.expires_at);

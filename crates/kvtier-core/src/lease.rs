@@ -254,8 +254,15 @@ impl LeaseTable {
         let Some(lease) = self.active.lock().remove(&id) else {
             return Err(Error::not_found(format!("lease {id} is not active")));
         };
+        self.refund(id, lease.expires_at);
+        Ok((lease.ids, lease.expires_at))
+    }
+
+    /// Gives back the pin charge [`LeaseTable::charge`] reserved under `id`
+    /// until `until` (a lease refused after its charge, or released early).
+    pub fn refund(&self, id: u64, until: Instant) {
         let mut c = self.charges.lock();
-        if let Some((ns, bytes)) = c.until.remove(&(lease.expires_at, id)) {
+        if let Some((ns, bytes)) = c.until.remove(&(until, id)) {
             c.total -= bytes;
             if let Some(b) = c.by_namespace.get_mut(&ns) {
                 *b -= bytes;
@@ -264,7 +271,6 @@ impl LeaseTable {
                 }
             }
         }
-        Ok((lease.ids, lease.expires_at))
     }
 
     /// Active leases and the blocks they cover (expired ones are dropped).

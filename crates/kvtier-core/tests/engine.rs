@@ -385,6 +385,35 @@ async fn per_namespace_pin_cap_truncates_lookups_and_refuses_leases() {
 }
 
 #[tokio::test]
+async fn a_refused_lease_keeps_no_charge() {
+    // A lease that does not fit whole is refused; the bytes reserved for its
+    // leading blocks while deciding go back at once, not at its deadline.
+    let size = 1000usize;
+    let block = size as u64 + 300;
+    let e = Engine::new(EngineConfig {
+        memory_capacity: ByteSize(16 * block),
+        max_pinned_per_namespace: ByteSize(2 * block),
+        ..Default::default()
+    });
+    let a = ns("a");
+    let mut t = StorageTiming::default();
+    let ca = chain_blocks(&a, 1, 4, size);
+    for blk in &ca {
+        e.write(blk.clone(), &mut t).await.unwrap();
+    }
+    for _ in 0..3 {
+        let err = e
+            .lease(&a, &keys_of(&ca), Duration::from_secs(60))
+            .unwrap_err();
+        assert_eq!(err.kind, ErrorKind::ResourceExhausted);
+        assert_eq!(e.stats().pinned_bytes, 0, "a refused lease holds nothing");
+    }
+    // So a lease that fits is still granted.
+    e.lease(&a, &keys_of(&ca[..1]), Duration::from_secs(60))
+        .expect("one block fits the cap");
+}
+
+#[tokio::test]
 async fn pinning_a_chain_tail_charges_its_ancestors() {
     // Eviction takes leaves only, so pinning the last block of a chain keeps
     // the whole chain: the charge must say so.

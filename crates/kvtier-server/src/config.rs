@@ -268,8 +268,15 @@ pub struct ServerSection {
     /// "cubic" or "bbr". The kernel must allow it for unprivileged processes
     /// (`net.ipv4.tcp_allowed_congestion_control`; "reno" always is).
     pub data_tcp_congestion: String,
-    /// Requests served at once per process; the rest wait in a queue
-    /// (counted as queue time), bounded by `max_queued` and `queue_timeout`.
+    /// How each front (gRPC, HTTP, data plane) limits the requests it
+    /// serves at once: "static" (`max_inflight`, then a queue bounded by
+    /// `max_queued` and `queue_timeout`) or "adaptive" (a limit that follows
+    /// measured service latency, at most `max_inflight`, shedding past it
+    /// without a queue; docs/operations.md, notes/012).
+    pub concurrency_limit: crate::admission::Mode,
+    /// Requests served at once per front (adaptive: the most the limit
+    /// reaches); in static mode the rest wait in a queue (counted as queue
+    /// time), bounded by `max_queued` and `queue_timeout`.
     pub max_inflight: usize,
     /// Requests that may wait for admission at once; past it requests are
     /// shed at once (UNAVAILABLE / HTTP 503, with a retry hint).
@@ -294,9 +301,16 @@ pub struct ServerSection {
     /// with RESOURCE_EXHAUSTED before its body is read. 0 = a quarter of the
     /// memory tier, at least 64 MiB.
     pub request_memory: ByteSize,
-    /// Open connections per data-plane listener; more are closed at accept.
+    /// Open connections per listener (gRPC, HTTP, data plane); more are
+    /// closed at accept.
     pub max_connections: usize,
-    /// A data-plane connection with no request for this long is closed.
+    /// Requests in flight at once on one gRPC (HTTP/2) connection: the
+    /// SETTINGS_MAX_CONCURRENT_STREAMS the server announces; clients queue
+    /// past it. Data-plane and HTTP/1.1 connections serve one request at a
+    /// time.
+    pub max_streams_per_connection: u32,
+    /// A connection (any listener) with no request in service for this long
+    /// is closed.
     #[serde(with = "humantime_serde")]
     pub idle_timeout: Duration,
     /// Once a request's first byte arrived, all of it must arrive within this.
@@ -312,6 +326,7 @@ impl Default for ServerSection {
             http_listen: "127.0.0.1:8080".into(),
             data_listen: "auto".into(),
             data_tcp_congestion: "reno".into(),
+            concurrency_limit: crate::admission::Mode::Static,
             max_inflight: 1024,
             max_queued: 1024,
             queue_timeout: Duration::from_secs(1),
@@ -322,6 +337,7 @@ impl Default for ServerSection {
             shutdown_grace: Duration::from_secs(10),
             request_memory: ByteSize(0),
             max_connections: 4096,
+            max_streams_per_connection: 256,
             idle_timeout: Duration::from_secs(300),
             read_timeout: Duration::from_secs(60),
         }
@@ -471,6 +487,9 @@ impl Config {
         }
         if self.server.max_inflight == 0 {
             anyhow::bail!("server.max_inflight must be > 0");
+        }
+        if self.server.max_streams_per_connection == 0 {
+            anyhow::bail!("server.max_streams_per_connection must be > 0");
         }
         let e = &self.engine;
         if e.max_block_size.bytes() == 0 {

@@ -13,6 +13,7 @@
 //! Fronts know protocols, not storage: each translates its requests into calls
 //! on [`kvtier_core::Engine`] and reports the server timing it measured.
 
+pub mod admission;
 pub mod auth;
 pub mod config;
 pub mod fuzzing;
@@ -84,18 +85,19 @@ impl Server {
             cfg.server.max_connections,
             cfg.server.idle_timeout,
             cfg.server.read_timeout,
-        )
-        .with_queue(cfg.server.max_queued, cfg.server.queue_timeout);
+        );
         let (stop, stop_rx) = watch::channel(false);
         let mut tasks = JoinSet::new();
         let mut grpc_addrs = Vec::new();
+        // One concurrency limit per front (docs/operations.md).
+        let grpc_shared = shared.for_front("grpc", &cfg.server);
         for spec in cfg.listeners()? {
             let std_listener = std::net::TcpListener::bind(spec.addr)
                 .with_context(|| format!("cannot listen for gRPC on {}", spec.addr))?;
             std_listener.set_nonblocking(true)?;
             let addr = std_listener.local_addr()?;
             grpc_addrs.push(addr);
-            let router = grpc_router(&cfg, shared.clone(), tls.as_ref())?;
+            let router = grpc_router(&cfg, grpc_shared.clone(), tls.as_ref())?;
             let rx = stop_rx.clone();
             match spec.cpus {
                 None => {
@@ -106,6 +108,7 @@ impl Server {
                         rx,
                         addr,
                         cfg.server.max_connections,
+                        cfg.server.idle_timeout,
                     ));
                     tracing::info!(%addr, "gRPC listening (kvtier.v1, kvstore.KVStoreService, grpc.health.v1)");
                 }
@@ -113,6 +116,7 @@ impl Server {
                     // Its own runtime, every worker pinned to the listener's CPU set.
                     let pin = cpus.clone();
                     let max_conns = cfg.server.max_connections;
+                    let idle = cfg.server.idle_timeout;
                     let rt = tokio::runtime::Builder::new_multi_thread()
                         .worker_threads(cpus.len())
                         .thread_name(format!("kvtier-{}", addr.port()))
@@ -128,7 +132,7 @@ impl Server {
                         .spawn(move || {
                             rt.block_on(async move {
                                 let listener = tokio::net::TcpListener::from_std(std_listener)?;
-                                serve_grpc(router, listener, rx, addr, max_conns).await
+                                serve_grpc(router, listener, rx, addr, max_conns, idle).await
                             })
                         })?;
                     tasks.spawn(async move {
@@ -148,7 +152,7 @@ impl Server {
                 .with_context(|| format!("cannot listen for HTTP on {a}"))?;
             let addr = listener.local_addr()?;
             http_addr = Some(addr);
-            let app = http::router(shared.clone());
+            let app = http::router(shared.for_front("http", &cfg.server));
             tasks.spawn(http::serve(
                 listener,
                 app,
@@ -170,7 +174,7 @@ impl Server {
             tasks.spawn(wire::serve(
                 listener,
                 tls.as_ref().map(tls::Tls::acceptor),
-                shared.clone(),
+                shared.for_front("data", &cfg.server),
                 cfg.server.max_message_size.bytes(),
                 stop_rx.clone(),
             ));
@@ -246,6 +250,7 @@ async fn serve_grpc(
     mut stop: watch::Receiver<bool>,
     addr: SocketAddr,
     max_connections: usize,
+    idle: Duration,
 ) -> anyhow::Result<()> {
     use futures::StreamExt;
     let incoming = tonic::transport::server::TcpIncoming::from(listener)
@@ -258,7 +263,7 @@ async fn serve_grpc(
         async move {
             match r {
                 Ok(io) => match slots.try_acquire_owned() {
-                    Ok(slot) => Some(Ok(limits::Capped { io, _slot: slot })),
+                    Ok(slot) => Some(Ok(limits::Capped::new(io, slot, idle))),
                     Err(_) => {
                         tracing::debug!(%addr, "gRPC: connection limit reached; closed");
                         None
@@ -410,6 +415,7 @@ fn grpc_router(cfg: &Config, shared: Shared, tls: Option<&tls::Tls>) -> anyhow::
         .max_frame_size(Some((1 << 24) - 1))
         .http2_keepalive_interval(Some(cfg.server.keepalive_interval))
         .http2_keepalive_timeout(Some(Duration::from_secs(20)))
+        .max_concurrent_streams(Some(cfg.server.max_streams_per_connection))
         .tcp_nodelay(true)
         .layer(timing::ArrivalLayer)
         .layer(limits::ChargeLayer(shared.limits.clone()))

@@ -6,9 +6,10 @@
 //! data-plane connections each sending most of a 251 MiB Write and stalling
 //! held 4 GiB against a 512 MiB memory tier (issue 18); idle connections were
 //! never closed, so enough of them exhausted the file descriptors.
+use std::future::Future;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::Duration;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
@@ -25,20 +26,6 @@ pub struct Limits {
     pub idle_timeout: Duration,
     /// `server.read_timeout`.
     pub read_timeout: Duration,
-    /// `server.max_queued`: requests that may wait for admission at once.
-    pub max_queued: usize,
-    /// `server.queue_timeout`: the longest a request waits for admission.
-    pub queue_timeout: Duration,
-    waiting: Arc<AtomicUsize>,
-}
-
-/// One place in the admission queue; given back when dropped.
-pub struct QueueSlot(Arc<AtomicUsize>);
-
-impl Drop for QueueSlot {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::Relaxed);
-    }
 }
 
 /// Bytes of a request being held; released when dropped.
@@ -57,29 +44,7 @@ impl Limits {
             max_connections: max_connections.max(1),
             idle_timeout: idle,
             read_timeout: read,
-            max_queued: usize::MAX >> 4,
-            queue_timeout: Duration::from_secs(3600),
-            waiting: Arc::new(AtomicUsize::new(0)),
         }
-    }
-
-    /// With an admission queue of `max_queued` waiting at most `timeout`.
-    pub fn with_queue(mut self, max_queued: usize, timeout: Duration) -> Self {
-        self.max_queued = max_queued;
-        self.queue_timeout = timeout;
-        self
-    }
-
-    /// A place in the admission queue, or None when `max_queued` wait already.
-    pub fn enqueue(&self) -> Option<QueueSlot> {
-        let before = self.waiting.fetch_add(1, Ordering::Relaxed);
-        let slot = QueueSlot(self.waiting.clone());
-        (before < self.max_queued).then_some(slot)
-    }
-
-    /// Requests waiting for admission now.
-    pub fn queued(&self) -> usize {
-        self.waiting.load(Ordering::Relaxed)
     }
 
     /// Limits that never refuse (tests, embedding).
@@ -171,6 +136,8 @@ where
     }
 
     fn call(&mut self, req: http::Request<B>) -> Self::Future {
+        // The connection is in use until the response is ready.
+        let in_use = activity_of(req.extensions()).map(|a| a.start());
         let held: Held = Default::default();
         let limits = self.limits.clone();
         let h = held.clone();
@@ -185,6 +152,7 @@ where
         Box::pin(async move {
             let r = fut.await;
             drop(held);
+            drop(in_use);
             r
         })
     }
@@ -235,19 +203,107 @@ where
     }
 }
 
-/// A gRPC connection holding one of `server.max_connections` slots.
+/// Requests in service on one gRPC connection, and when the last one ended:
+/// what "idle" means for `server.idle_timeout` (HTTP/2 pings are traffic, not
+/// use).
+#[derive(Default)]
+pub struct Activity {
+    active: AtomicUsize,
+    /// When the connection was last in use (ms since `epoch`).
+    last_ms: AtomicU64,
+    epoch: OnceInstant,
+}
+
+#[derive(Default)]
+struct OnceInstant(std::sync::OnceLock<Instant>);
+
+impl OnceInstant {
+    fn get(&self) -> Instant {
+        *self.0.get_or_init(Instant::now)
+    }
+}
+
+impl Activity {
+    fn now_ms(&self) -> u64 {
+        self.epoch.get().elapsed().as_millis() as u64
+    }
+
+    /// A request started; it ends when the guard drops.
+    pub fn start(self: &Arc<Self>) -> InUse {
+        self.active.fetch_add(1, Ordering::AcqRel);
+        InUse(self.clone())
+    }
+
+    /// How long the connection has been idle (zero while a request is served).
+    pub fn idle_for(&self) -> Duration {
+        if self.active.load(Ordering::Acquire) > 0 {
+            return Duration::ZERO;
+        }
+        let last = self.last_ms.load(Ordering::Acquire);
+        Duration::from_millis(self.now_ms().saturating_sub(last))
+    }
+}
+
+/// A request in service on a connection (see [`Activity`]).
+pub struct InUse(Arc<Activity>);
+
+impl Drop for InUse {
+    fn drop(&mut self) {
+        self.0.last_ms.store(self.0.now_ms(), Ordering::Release);
+        self.0.active.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// What a gRPC request learns of its connection (request extensions).
+#[derive(Clone)]
+pub struct ConnInfo {
+    /// Addresses, as tonic reports them for plain TCP.
+    pub tcp: tonic::transport::server::TcpConnectInfo,
+    /// The connection's use, for the idle timeout.
+    pub activity: Arc<Activity>,
+}
+
+/// A gRPC connection holding one of `server.max_connections` slots, closed
+/// once no request has been in service on it for `server.idle_timeout`.
 pub struct Capped {
-    /// The connection.
-    pub io: tokio::net::TcpStream,
-    /// Given back when the connection ends.
-    pub _slot: OwnedSemaphorePermit,
+    io: tokio::net::TcpStream,
+    _slot: OwnedSemaphorePermit,
+    activity: Arc<Activity>,
+    idle: Duration,
+    check: std::pin::Pin<Box<tokio::time::Sleep>>,
+}
+
+impl Capped {
+    /// Wraps an accepted connection.
+    pub fn new(io: tokio::net::TcpStream, slot: OwnedSemaphorePermit, idle: Duration) -> Self {
+        let activity = Arc::new(Activity::default());
+        activity.epoch.get();
+        Self {
+            io,
+            _slot: slot,
+            activity,
+            idle,
+            check: Box::pin(tokio::time::sleep(idle)),
+        }
+    }
 }
 
 impl tonic::transport::server::Connected for Capped {
-    type ConnectInfo = tonic::transport::server::TcpConnectInfo;
+    type ConnectInfo = ConnInfo;
     fn connect_info(&self) -> Self::ConnectInfo {
-        self.io.connect_info()
+        ConnInfo {
+            tcp: self.io.connect_info(),
+            activity: self.activity.clone(),
+        }
     }
+}
+
+/// The connection's activity, from a request's extensions (plain or TLS).
+pub fn activity_of(ext: &http::Extensions) -> Option<Arc<Activity>> {
+    use tonic::transport::server::TlsConnectInfo;
+    ext.get::<ConnInfo>()
+        .or_else(|| ext.get::<TlsConnectInfo<ConnInfo>>().map(|t| t.get_ref()))
+        .map(|c| c.activity.clone())
 }
 
 impl tokio::io::AsyncRead for Capped {
@@ -256,7 +312,25 @@ impl tokio::io::AsyncRead for Capped {
         cx: &mut std::task::Context<'_>,
         buf: &mut tokio::io::ReadBuf<'_>,
     ) -> std::task::Poll<std::io::Result<()>> {
-        std::pin::Pin::new(&mut self.io).poll_read(cx, buf)
+        use std::task::Poll;
+        let this = &mut *self;
+        match std::pin::Pin::new(&mut this.io).poll_read(cx, buf) {
+            Poll::Pending => {}
+            ready => return ready,
+        }
+        // Nothing to read: is the connection past its idle time?
+        while this.check.as_mut().poll(cx).is_ready() {
+            let idle = this.activity.idle_for();
+            if idle >= this.idle {
+                tracing::debug!(?idle, "gRPC: idle connection closed (server.idle_timeout)");
+                // End of stream: the HTTP/2 connection ends.
+                return Poll::Ready(Ok(()));
+            }
+            let left = this.idle.saturating_sub(idle).max(Duration::from_millis(1));
+            let next = tokio::time::Instant::now() + left;
+            this.check.as_mut().reset(next);
+        }
+        Poll::Pending
     }
 }
 

@@ -6,6 +6,8 @@
 //! * `kvtier_tier_{blocks,bytes,capacity_bytes}{tier}`: gauges read from the engine at scrape.
 //! * `kvtier_tier_{hits,misses,evictions,expirations}_total{tier}`: counters read at scrape.
 //! * `kvtier_active_leases`, `kvtier_lease_pinned_bytes`, `kvtier_inflight_requests`.
+//! * `kvtier_shed_total`: requests refused for overload;
+//!   `kvtier_concurrency_limit{front}`: each front's current limit.
 //! * `kvtier_auth_denied_total{reason}`: requests refused by authentication
 //!   (`unauthenticated`) or access control (`permission_denied`).
 //! * `kvtier_engine_{degraded_writes,demotions,demotion_failures}_total`: engine counters.
@@ -50,6 +52,13 @@ pub struct OutcomeLabels {
     pub code: String,
 }
 
+/// Labels of per-front series.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct FrontLabels {
+    /// `grpc`, `http` or `data`.
+    pub front: &'static str,
+}
+
 /// Labels of refused requests.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct DeniedLabels {
@@ -65,8 +74,10 @@ pub struct Metrics {
     latency: Family<OpLabels, Histogram>,
     /// Requests being served now.
     pub inflight: Gauge,
-    /// Requests shed for overload (server.max_queued / queue_timeout).
+    /// Requests shed for overload (server.max_queued / queue_timeout, or
+    /// the adaptive concurrency limit).
     pub shed: Counter,
+    limits: Family<FrontLabels, Gauge>,
     /// Payload bytes received in writes.
     pub bytes_in: Counter,
     /// Payload bytes sent in reads.
@@ -102,6 +113,12 @@ impl Metrics {
             "Server time per request (queue + service)",
             latency.clone(),
         );
+        let limits = Family::<FrontLabels, Gauge>::default();
+        registry.register(
+            "concurrency_limit",
+            "Requests a front serves at once before shedding (server.concurrency_limit)",
+            limits.clone(),
+        );
         let inflight = Gauge::default();
         registry.register(
             "inflight_requests",
@@ -135,6 +152,7 @@ impl Metrics {
         registry.register_collector(Box::new(EngineCollector(engine)));
         Self {
             shed,
+            limits,
             registry,
             requests,
             denied,
@@ -143,6 +161,11 @@ impl Metrics {
             bytes_in,
             bytes_out,
         }
+    }
+
+    /// The gauge showing `front`'s concurrency limit.
+    pub fn concurrency_limit(&self, front: &'static str) -> Gauge {
+        self.limits.get_or_create(&FrontLabels { front }).clone()
     }
 
     /// Records one finished request.

@@ -1,11 +1,11 @@
 //! State shared by every front: the engine, metrics, admission control.
+use crate::admission::{Limiter, Permit, Refused};
 use crate::auth::{Auth, Denied, Principal};
 use crate::metrics::Metrics;
 use crate::timing::{Arrival, Clock};
 use kvtier_core::{Engine, Key, Namespace};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 /// Everything a request handler needs.
 #[derive(Clone)]
@@ -14,8 +14,9 @@ pub struct Shared {
     pub engine: Arc<Engine>,
     /// Metrics registry.
     pub metrics: Arc<Metrics>,
-    /// Bounds requests served at once; waiting for it is queue time.
-    pub admission: Arc<Semaphore>,
+    /// Bounds requests served at once by this front; waiting for it is
+    /// queue time (each front gets its own, see [`Shared::for_front`]).
+    pub admission: Arc<Limiter>,
     /// Bound address of the bulk data plane, once listening (reported by Stats).
     pub data_addr: Arc<std::sync::OnceLock<std::net::SocketAddr>>,
     /// Who may do what (docs/security.md); allows everything when off.
@@ -26,16 +27,33 @@ pub struct Shared {
     pub public_health: bool,
     /// Request memory, connections, timeouts (docs/operations.md).
     pub limits: crate::limits::Limits,
-    /// `server.max_inflight` (the size of `admission`).
-    pub max_inflight: usize,
 }
 
 /// A request admitted for service: its clock and its admission permit.
 pub struct Admitted {
     /// Timing so far.
     pub clock: Clock,
-    _permit: OwnedSemaphorePermit,
+    _permit: Permit,
     metrics: Arc<Metrics>,
+}
+
+/// A response stream that holds its request's admission until it is dropped
+/// (after its last message was sent).
+pub struct Holding<S> {
+    /// The stream.
+    pub inner: S,
+    /// Given back with the stream.
+    pub _hold: Admitted,
+}
+
+impl<S: tokio_stream::Stream + Unpin> tokio_stream::Stream for Holding<S> {
+    type Item = S::Item;
+    fn poll_next(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<S::Item>> {
+        std::pin::Pin::new(&mut self.inner).poll_next(cx)
+    }
 }
 
 impl Drop for Admitted {
@@ -51,14 +69,28 @@ impl Shared {
         Self {
             engine,
             metrics,
-            admission: Arc::new(Semaphore::new(max_inflight)),
+            admission: Arc::new(Limiter::fixed(max_inflight, 1024, Duration::from_secs(1))),
             data_addr: Default::default(),
             auth: Arc::new(Auth::disabled()),
             public_metrics: true,
             public_health: true,
             limits: crate::limits::Limits::unlimited(),
-            max_inflight,
         }
+    }
+
+    /// A copy for one front (`grpc`, `http`, `data`) with its own
+    /// concurrency limit (docs/operations.md, "Load shedding").
+    pub fn for_front(&self, front: &'static str, cfg: &crate::config::ServerSection) -> Self {
+        let gauge = self.metrics.concurrency_limit(front);
+        let mut s = self.clone();
+        s.admission = Arc::new(Limiter::from_config(
+            cfg.concurrency_limit,
+            cfg.max_inflight,
+            cfg.max_queued,
+            cfg.queue_timeout,
+            gauge,
+        ));
+        s
     }
 
     /// The caller of a gRPC request, from its `authorization` metadata.
@@ -84,26 +116,20 @@ impl Shared {
         })
     }
 
-    /// Admits a request: at once while fewer than `server.max_inflight` are
-    /// served, else after waiting in a queue of at most `server.max_queued`
-    /// for at most `server.queue_timeout` (the wait counts as queue time).
-    /// Past those it is shed: UNAVAILABLE with a retry hint (gRPC metadata
-    /// `grpc-retry-pushback-ms`; the clients retry UNAVAILABLE with jittered
-    /// back-off), rather than queued without bound (docs/operations.md).
+    /// Admits a request under this front's concurrency limit
+    /// (`server.concurrency_limit`): static, at once while fewer than
+    /// `server.max_inflight` are served, else after waiting in a queue of at
+    /// most `server.max_queued` for at most `server.queue_timeout` (the wait
+    /// counts as queue time); adaptive, at once under the limit measured
+    /// latency sets. Past those it is shed: UNAVAILABLE with a retry hint
+    /// (gRPC metadata `grpc-retry-pushback-ms`; the clients retry UNAVAILABLE
+    /// with jittered back-off), rather than queued without bound
+    /// (docs/operations.md).
     pub async fn admit(&self, arrived: Option<Instant>) -> Result<Admitted, tonic::Status> {
         let mut clock = Clock::start(arrived);
-        let permit = match self.admission.clone().try_acquire_owned() {
+        let permit = match self.admission.acquire().await {
             Ok(p) => p,
-            Err(_) => {
-                let Some(_slot) = self.limits.enqueue() else {
-                    return Err(self.shed("the admission queue is full"));
-                };
-                let wait = self.admission.clone().acquire_owned();
-                match tokio::time::timeout(self.limits.queue_timeout, wait).await {
-                    Ok(p) => p.expect("semaphore never closed"),
-                    Err(_) => return Err(self.shed("no capacity within server.queue_timeout")),
-                }
-            }
+            Err(why) => return Err(self.shed(why)),
         };
         clock.admitted();
         self.metrics.inflight.inc();
@@ -115,14 +141,20 @@ impl Shared {
     }
 
     /// A request refused for overload, counted in `kvtier_shed_total`.
-    fn shed(&self, why: &str) -> tonic::Status {
+    fn shed(&self, why: Refused) -> tonic::Status {
         self.metrics.shed.inc();
-        // Hint: about one queue timeout, so retries arrive after the backlog moved.
-        let hint_ms = self.limits.queue_timeout.as_millis().clamp(10, 1000) as u64;
+        let why = match why {
+            Refused::QueueFull => "the admission queue is full",
+            Refused::Timeout => "no capacity within server.queue_timeout",
+            Refused::AtLimit => "at the adaptive concurrency limit",
+        };
+        // Hint: about when the backlog (or the limit) will have moved.
+        let hint_ms = self.admission.retry_hint().as_millis().clamp(10, 1000) as u64;
         let mut status = tonic::Status::unavailable(format!(
-            "server overloaded ({why}; {} requests in service, {} waiting); retry in ~{hint_ms} ms with back-off",
-            self.max_inflight,
-            self.limits.queued(),
+            "server overloaded ({why}; {} requests in service, limit {}, {} waiting); retry in ~{hint_ms} ms with back-off",
+            self.admission.inflight(),
+            self.admission.limit(),
+            self.admission.queued(),
         ));
         if let Ok(v) = hint_ms.to_string().parse() {
             status.metadata_mut().insert("grpc-retry-pushback-ms", v);
@@ -207,13 +239,13 @@ mod tests {
     #[tokio::test]
     async fn past_the_queue_requests_are_shed_with_a_retry_hint() {
         let mut s = Shared::new(Arc::new(Engine::new(EngineConfig::default())), 1);
-        s.limits = crate::limits::Limits::unlimited().with_queue(1, Duration::from_millis(200));
+        s.admission = Arc::new(Limiter::fixed(1, 1, Duration::from_millis(200)));
         let first = s.admit(None).await.expect("admitted at once");
         // The second waits in the queue (its one place)...
         let s2 = s.clone();
         let second = tokio::spawn(async move { s2.admit(None).await.map(|_| ()) });
         let t = Instant::now();
-        while s.limits.queued() == 0 {
+        while s.admission.queued() == 0 {
             assert!(t.elapsed() < Duration::from_secs(5), "never queued");
             tokio::task::yield_now().await;
         }
@@ -231,7 +263,7 @@ mod tests {
         let e = second.await.unwrap().unwrap_err();
         assert!(e.message().contains("queue_timeout"), "{e:?}");
         assert!(t.elapsed() >= Duration::from_millis(150));
-        assert_eq!(s.limits.queued(), 0, "queue places given back");
+        assert_eq!(s.admission.queued(), 0, "queue places given back");
         // Capacity back: admitted again; waiting requests are admitted in turn.
         drop(first);
         let again = s.admit(None).await.expect("admitted");

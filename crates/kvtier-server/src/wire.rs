@@ -105,6 +105,10 @@ struct Reply {
     kind: Kind,
     meta: Vec<u8>,
     data: Vec<Bytes>,
+    /// The request's admission, given back once the reply is written: a
+    /// read's cost is mostly sending its payloads, and the concurrency limit
+    /// must see it (docs/operations.md, "Load shedding").
+    hold: Option<state::Admitted>,
 }
 
 fn error_reply(code: tonic::Code, message: impl Into<String>) -> Reply {
@@ -117,6 +121,7 @@ fn error_reply(code: tonic::Code, message: impl Into<String>) -> Reply {
         kind: Kind::Error,
         meta,
         data: Vec::new(),
+        hold: None,
     }
 }
 
@@ -197,6 +202,7 @@ pub(crate) async fn connection<S: AsyncRead + AsyncWrite + Unpin>(
                         kind: Kind::HelloReply,
                         meta: Vec::new(),
                         data: Vec::new(),
+                        hold: None,
                     };
                     write_reply(&mut sock, header.request_id, reply).await?;
                     continue;
@@ -324,7 +330,9 @@ async fn read(
         Err(s) => state::code_name(s.code()),
     };
     shared.observe(API, "read", code, &clock);
-    r.unwrap_or_else(status_reply)
+    let mut reply = r.unwrap_or_else(status_reply);
+    reply.hold = Some(adm);
+    reply
 }
 
 /// Room a block takes in a `WireReadReply` besides its payload: its
@@ -379,6 +387,7 @@ async fn read_inner(
         kind: Kind::ReadReply,
         meta: reply.encode_to_vec(),
         data,
+        hold: None,
     })
 }
 
@@ -458,6 +467,7 @@ async fn write_inner(
         kind: Kind::WriteReply,
         meta: resp.encode_to_vec(),
         data: Vec::new(),
+        hold: None,
     })
 }
 

@@ -329,3 +329,66 @@ async fn grpc_connections_beyond_the_cap_are_closed() {
     }
     b.stats().await.expect("the held connection still serves");
 }
+
+#[tokio::test]
+async fn idle_grpc_connections_are_closed_and_busy_ones_kept() {
+    // One connection slot, 400 ms idle timeout: a second client gets in only
+    // once the first one's connection was closed for idleness.
+    let s = server(64 << 20, 1, 400, 60_000).await;
+    let client = || async {
+        let mut cc = kvtier_client::ClientConfig::new(format!("http://{}", s.grpc_addrs[0]));
+        cc.connections = 1;
+        cc.data_plane = false;
+        cc.retries = 0;
+        cc.timeout = Duration::from_secs(3);
+        let c = kvtier_client::Client::connect(cc).await?;
+        c.stats().await?;
+        Ok::<_, kvtier_client::ClientError>(c)
+    };
+    // A raw TCP connection that never speaks is closed after the timeout.
+    // (The server speaks first, its HTTP/2 SETTINGS; then EOF.)
+    let mut silent = TcpStream::connect(s.grpc_addrs[0]).await.unwrap();
+    let t = Instant::now();
+    let mut sink = Vec::new();
+    let eof = tokio::time::timeout(Duration::from_secs(5), silent.read_to_end(&mut sink)).await;
+    assert!(
+        matches!(eof, Ok(Ok(_))),
+        "silent connection closed: {eof:?}"
+    );
+    assert!(
+        t.elapsed() >= Duration::from_millis(350),
+        "{:?}",
+        t.elapsed()
+    );
+    let a = client().await.expect("first");
+    // Busy (a request every 100 ms, for three idle timeouts): kept open, so
+    // the slot stays taken.
+    let busy_until = Instant::now() + Duration::from_millis(1200);
+    while Instant::now() < busy_until {
+        a.stats().await.expect("the busy connection serves");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(
+            TcpStream::connect(s.grpc_addrs[0]).await.is_ok(),
+            "accept still works"
+        );
+    }
+    assert!(
+        client().await.is_err(),
+        "the busy connection holds the slot"
+    );
+    // Idle: closed after the timeout, the slot comes back.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let b = loop {
+        match client().await {
+            Ok(b) => break b,
+            Err(_) => {
+                assert!(
+                    Instant::now() < deadline,
+                    "the idle connection was never closed"
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    };
+    b.stats().await.expect("the new connection serves");
+}

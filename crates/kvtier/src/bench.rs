@@ -91,6 +91,12 @@ struct RunArgs {
     /// HTTP/2 connections per process to kvtier.
     #[arg(long, default_value_t = 4)]
     connections: usize,
+    /// Client retries of a request the server shed (UNAVAILABLE) [default:
+    /// the client's, 2]. With 0 every attempt is measured: shed requests
+    /// count as errors, admitted ones keep their own latency, and the worker
+    /// backs off 10–20 ms (jittered, the client's first back-off) after a shed, as a client would.
+    #[arg(long)]
+    retries: Option<u32>,
     /// TCP congestion control of the data-plane connections ("" = system
     /// default); the server sets its own (server.data_tcp_congestion).
     #[arg(long, default_value = "reno")]
@@ -170,6 +176,7 @@ pub async fn run(a: BenchArgs) -> anyhow::Result<()> {
     cfg.probe = r.probe;
     cfg.connections = r.connections.max(1);
     cfg.data_tcp_congestion = r.data_tcp_congestion;
+    cfg.retries = r.retries;
     cfg.quiet = r.quiet;
     // The sweep builds its own runtimes: run it on a plain thread.
     let record = tokio::task::spawn_blocking(move || {

@@ -38,9 +38,13 @@ pub struct ServeArgs {
     /// Default tokens per block [engine.block_size, default 128].
     #[arg(long)]
     block_size: Option<usize>,
-    /// Requests served at once [server.max_inflight, default 1024].
+    /// Requests served at once per front [server.max_inflight, default 1024].
     #[arg(long)]
     max_inflight: Option<usize>,
+    /// static | adaptive: how each front limits requests in service; adaptive
+    /// sheds at the latency knee [server.concurrency_limit, default static].
+    #[arg(long)]
+    concurrency_limit: Option<kvtier_server::admission::Mode>,
     /// Largest gRPC message [server.max_message_size, default 256MiB].
     #[arg(long)]
     max_message_size: Option<ByteSize>,
@@ -116,6 +120,9 @@ impl ServeArgs {
         }
         if let Some(v) = self.max_inflight {
             cfg.server.max_inflight = v;
+        }
+        if let Some(v) = self.concurrency_limit {
+            cfg.server.concurrency_limit = v;
         }
         if let Some(v) = self.max_message_size {
             cfg.server.max_message_size = v;

@@ -238,7 +238,6 @@ impl KvTier for V1Service {
         let (tx, rx) = tokio::sync::mpsc::channel::<Result<pb::ReadResponse, Status>>(2);
         let shared = self.shared.clone();
         tokio::spawn(kvtier_core::deadline::scope(deadline, async move {
-            let _adm = adm;
             let mut reader = crate::read::PrefixReader::new(ns, keys, deadline);
             loop {
                 match reader.next(&shared, &mut clock).await {
@@ -266,9 +265,13 @@ impl KvTier for V1Service {
             let item = Some(pb::read_response::Item::Done(done));
             let _ = tx.send(Ok(pb::ReadResponse { item })).await;
         }));
-        Ok(Response::new(Box::pin(
-            tokio_stream::wrappers::ReceiverStream::new(rx),
-        )))
+        // The admission is held by the stream, so given back once the last
+        // message was encoded and sent: sending the payloads is most of a
+        // read's cost, and the concurrency limit must see it.
+        Ok(Response::new(Box::pin(state::Holding {
+            inner: tokio_stream::wrappers::ReceiverStream::new(rx),
+            _hold: adm,
+        })))
     }
 
     async fn write(
