@@ -39,7 +39,7 @@
 use parking_lot::Mutex;
 use prometheus_client::metrics::gauge::Gauge;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
@@ -86,8 +86,6 @@ pub enum Refused {
     Timeout,
     /// At the adaptive limit.
     AtLimit,
-    /// The runtime's run queue delays tasks past `DELAY_TARGET` (adaptive).
-    Backlog,
 }
 
 /// A request's place in service; gives it back (and, adaptive, reports the
@@ -145,15 +143,9 @@ impl Limiter {
     }
 
     /// An adaptive limit of at most `max`; `gauge` shows the current limit.
-    /// Inside a Tokio runtime it also watches the runtime's run-queue delay
-    /// (see [`RunQueueDelay`]).
     pub fn adaptive(max: usize, gauge: Gauge) -> Self {
-        let mut a = Adaptive::new(max, gauge, Instant::now());
-        if tokio::runtime::Handle::try_current().is_ok() {
-            a.delay = Some(RunQueueDelay::spawn());
-        }
         Self {
-            kind: Kind::Adaptive(Arc::new(a)),
+            kind: Kind::Adaptive(Arc::new(Adaptive::new(max, gauge, Instant::now()))),
             max_queued: 0,
             queue_timeout: Duration::ZERO,
             waiting: AtomicUsize::new(0),
@@ -210,7 +202,7 @@ impl Limiter {
     /// Admits a request now, after a bounded wait (static), or refuses it.
     pub async fn acquire(&self) -> Result<Permit, Refused> {
         match &self.kind {
-            Kind::Adaptive(a) => a.try_acquire(Instant::now()),
+            Kind::Adaptive(a) => a.try_acquire(Instant::now()).ok_or(Refused::AtLimit),
             Kind::Static(sem, _) => {
                 if let Ok(p) = sem.clone().try_acquire_owned() {
                     return Ok(Permit {
@@ -248,61 +240,6 @@ pub struct Adaptive {
     limit: AtomicUsize,
     gauge: Gauge,
     state: Mutex<Gradient>,
-    delay: Option<Arc<RunQueueDelay>>,
-}
-
-/// How long a task that became ready waits before it runs: the queue that
-/// forms *before* admission when the server's cores are saturated (a
-/// data-plane request is only seen once its task runs, so the concurrency
-/// limit cannot count the ones still waiting; notes/012). Probed every
-/// `DELAY_PROBE_EVERY` by yielding once and timing the way back, smoothed.
-pub struct RunQueueDelay {
-    micros: AtomicU64,
-}
-
-/// How often the run-queue delay is probed.
-pub const DELAY_PROBE_EVERY: Duration = Duration::from_millis(5);
-/// Run-queue delay past which new requests are shed, in proportion to the
-/// excess (`1 − target / delay` of them): tasks on a healthy runtime run
-/// within tens of µs of being woken.
-pub const DELAY_TARGET: Duration = Duration::from_millis(1);
-
-impl RunQueueDelay {
-    /// Starts probing on the current runtime; stops when dropped.
-    pub fn spawn() -> Arc<Self> {
-        let me = Arc::new(Self {
-            micros: AtomicU64::new(0),
-        });
-        let weak = Arc::downgrade(&me);
-        tokio::spawn(async move {
-            loop {
-                tokio::time::sleep(DELAY_PROBE_EVERY).await;
-                let Some(me) = weak.upgrade() else { return };
-                let t = Instant::now();
-                tokio::task::yield_now().await;
-                me.observe(t.elapsed());
-            }
-        });
-        me
-    }
-
-    fn observe(&self, d: Duration) {
-        let v = d.as_micros().min(u64::MAX as u128) as u64;
-        let old = self.micros.load(Ordering::Relaxed);
-        // Smoothed over a few probes (~20 ms): one slow poll is not overload.
-        self.micros.store((old * 3 + v) / 4, Ordering::Relaxed);
-    }
-
-    /// The smoothed delay.
-    pub fn get(&self) -> Duration {
-        Duration::from_micros(self.micros.load(Ordering::Relaxed))
-    }
-}
-
-/// Whether to shed a request when the run queue delays tasks by `delay`:
-/// never under `DELAY_TARGET`, else with probability `1 − target / delay`.
-fn shed_for_delay(delay: Duration, draw: f64) -> bool {
-    delay > DELAY_TARGET && draw < 1.0 - DELAY_TARGET.as_secs_f64() / delay.as_secs_f64()
 }
 
 struct Gradient {
@@ -340,32 +277,26 @@ impl Adaptive {
                 window_peak: 0,
                 next_min_rtt: now,
             }),
-            delay: None,
         }
     }
 
     /// Takes a place under the limit; whether it counts for `min_rtt`.
-    fn try_admit(&self) -> Result<bool, Refused> {
-        if let Some(d) = &self.delay
-            && shed_for_delay(d.get(), rand::random())
-        {
-            return Err(Refused::Backlog);
-        }
+    fn try_admit(&self) -> Option<bool> {
         let limit = self.limit.load(Ordering::Relaxed);
         let prev = self
             .inflight
             .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |n| {
                 (n < limit).then_some(n + 1)
             })
-            .map_err(|_| Refused::AtLimit)?;
+            .ok()?;
         let mut g = self.state.lock();
         g.window_peak = g.window_peak.max(prev + 1);
-        Ok(g.measuring.is_some())
+        Some(g.measuring.is_some())
     }
 
-    fn try_acquire(self: &Arc<Self>, now: Instant) -> Result<Permit, Refused> {
+    fn try_acquire(self: &Arc<Self>, now: Instant) -> Option<Permit> {
         let probe = self.try_admit()?;
-        Ok(Permit {
+        Some(Permit {
             inner: PermitInner::Adaptive {
                 limiter: self.clone(),
                 started: now,
@@ -476,52 +407,6 @@ mod tests {
     }
 
     #[test]
-    fn run_queue_delay_sheds_in_proportion_to_its_excess() {
-        let ms = |v: u64| Duration::from_millis(v);
-        assert!(!shed_for_delay(ms(1), 0.0), "at the target nothing is shed");
-        let share = |d| {
-            (0..1000)
-                .filter(|i| shed_for_delay(d, *i as f64 / 1000.0))
-                .count()
-        };
-        assert_eq!(share(ms(2)), 500);
-        assert_eq!(share(ms(4)), 750);
-    }
-
-    #[tokio::test(flavor = "current_thread")]
-    async fn the_probe_sees_a_busy_runtime() {
-        let d = RunQueueDelay::spawn();
-        // Keep the only thread busy with tasks that each hold it for 2 ms.
-        let busy = tokio::spawn(async {
-            for _ in 0..200 {
-                std::thread::sleep(Duration::from_millis(2));
-                tokio::task::yield_now().await;
-            }
-        });
-        let others: Vec<_> = (0..4)
-            .map(|_| {
-                tokio::spawn(async {
-                    for _ in 0..100 {
-                        std::thread::sleep(Duration::from_millis(2));
-                        tokio::task::yield_now().await;
-                    }
-                })
-            })
-            .collect();
-        let t = Instant::now();
-        let mut seen = Duration::ZERO;
-        while t.elapsed() < Duration::from_secs(2) && seen < DELAY_TARGET * 2 {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-            seen = seen.max(d.get());
-        }
-        busy.abort();
-        for o in others {
-            o.abort();
-        }
-        assert!(seen >= DELAY_TARGET * 2, "probe saw {seen:?}");
-    }
-
-    #[test]
     fn an_unused_limit_does_not_grow() {
         assert_eq!(next_limit(100.0, ms(1.0), ms(0.5), 10, 1000), 100.0);
         assert!(next_limit(100.0, ms(1.0), ms(0.5), 60, 1000) > 100.0);
@@ -543,12 +428,8 @@ mod tests {
         let t0 = Instant::now();
         let a = Adaptive::new(1000, Gauge::default(), t0);
         for i in 0..MIN_RTT_SAMPLES {
-            assert_eq!(a.try_admit(), Ok(true), "probe admission {i}");
-            assert_eq!(
-                a.try_admit(),
-                Err(Refused::AtLimit),
-                "one at a time while probing"
-            );
+            assert_eq!(a.try_admit(), Some(true), "probe admission {i}");
+            assert_eq!(a.try_admit(), None, "one at a time while probing");
             a.inflight.fetch_sub(1, Ordering::AcqRel);
             a.record(ms(1.0), true, t0 + ms(i as f64));
         }
@@ -559,7 +440,7 @@ mod tests {
         let mut window = |took: f64, a: &Adaptive| {
             let limit = a.limit.load(Ordering::Relaxed);
             for _ in 0..limit {
-                assert_eq!(a.try_admit(), Ok(false));
+                assert_eq!(a.try_admit(), Some(false));
             }
             // One window closes with the last of them.
             for i in 0..limit {
@@ -645,8 +526,8 @@ mod tests {
                     {
                         let probe = if adaptive {
                             match lim.try_admit() {
-                                Ok(p) => Some(p),
-                                Err(_) => {
+                                Some(p) => Some(p),
+                                None => {
                                     shed += usize::from(now >= from);
                                     *c = C::Waiting(now + rand::random_range(0.010..0.020));
                                     continue;

@@ -147,7 +147,6 @@ impl Shared {
             Refused::QueueFull => "the admission queue is full",
             Refused::Timeout => "no capacity within server.queue_timeout",
             Refused::AtLimit => "at the adaptive concurrency limit",
-            Refused::Backlog => "tasks wait too long for a CPU (run-queue delay)",
         };
         // Hint: about when the backlog (or the limit) will have moved.
         let hint_ms = self.admission.retry_hint().as_millis().clamp(10, 1000) as u64;

@@ -61,25 +61,14 @@ pub(crate) fn check_count(n: usize) -> Result<(), Status> {
     Ok(())
 }
 
-/// Converts a wire block that arrived over gRPC into a verified core block
-/// (checksum checked first).
-///
-/// The payload is copied into a buffer of its own size: as decoded it is a
-/// slice of tonic's receive buffer, which grows by doubling and holds the
-/// rest of the message, so storing the slice kept up to twice the payload
-/// alive per block (a 32-writer gRPC flood reached 1.69x the memory tier,
-/// notes/012). The data plane reads payloads into exact-size buffers and
-/// skips this copy.
+/// Converts a wire block into a verified core block (checksum checked first).
 pub fn block_from_pb(
     ns: &Namespace,
     i: usize,
-    mut b: pb::Block,
+    b: pb::Block,
     max_size: u64,
 ) -> Result<Block, Status> {
     let actual = crc32c::crc32c(&b.payload);
-    if b.payload.len() as u64 <= max_size {
-        b.payload = bytes::Bytes::copy_from_slice(&b.payload);
-    }
     block_from_pb_checked(ns, i, b, max_size, actual)
 }
 
