@@ -59,6 +59,13 @@ impl Error {
     ctor!(unavailable, Unavailable);
     ctor!(deadline, DeadlineExceeded);
     ctor!(internal, Internal);
+
+    /// The same error with `context` before its message ("context: message"):
+    /// callers add where it happened without losing what kind it is.
+    pub fn context(mut self, context: impl std::fmt::Display) -> Self {
+        self.message = format!("{context}: {}", self.message);
+        self
+    }
 }
 
 /// Result alias for the core.

@@ -153,9 +153,10 @@ impl Default for ObjectStoreSection {
 impl ObjectStoreSection {
     /// The engine's write policy towards the store.
     pub fn policy(&self) -> anyhow::Result<kvtier_core::ObjectWritePolicy> {
-        self.write_policy.parse().map_err(|e: kvtier_core::Error| {
-            anyhow::anyhow!("object_store.write_policy: {}", e.message)
-        })
+        anyhow::Context::context(
+            self.write_policy.parse::<kvtier_core::ObjectWritePolicy>(),
+            "object_store.write_policy",
+        )
     }
 }
 
@@ -404,7 +405,7 @@ impl ListenSpec {
     /// Parses `ADDR` or `ADDR@CPUSET` (CPUSET like `0-3,8,10-11`).
     pub fn parse(s: &str) -> anyhow::Result<Self> {
         let (addr, cpus) = match s.split_once('@') {
-            Some((a, c)) => (a, Some(parse_cpuset(c)?)),
+            Some((a, c)) => (a, Some(crate::numa::parse_cpuset(c)?)),
             None => (s, None),
         };
         let addr = addr.parse().map_err(|e| {
@@ -412,31 +413,6 @@ impl ListenSpec {
         })?;
         Ok(Self { addr, cpus })
     }
-}
-
-/// Parses a CPU list like `0-3,8,10-11`.
-pub fn parse_cpuset(s: &str) -> anyhow::Result<Vec<usize>> {
-    let mut out = Vec::new();
-    for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
-        let bad = || anyhow::anyhow!("invalid CPU set {s:?}: expected e.g. 0-3,8");
-        match part.split_once('-') {
-            Some((a, b)) => {
-                let (a, b): (usize, usize) =
-                    (a.parse().map_err(|_| bad())?, b.parse().map_err(|_| bad())?);
-                if a > b {
-                    return Err(bad());
-                }
-                out.extend(a..=b);
-            }
-            None => out.push(part.parse().map_err(|_| bad())?),
-        }
-    }
-    if out.is_empty() {
-        anyhow::bail!("empty CPU set {s:?}");
-    }
-    out.sort_unstable();
-    out.dedup();
-    Ok(out)
 }
 
 impl Config {

@@ -223,9 +223,7 @@ async fn put_value(
         let id = id(&ns, &key)?;
         let len = body.len() as u64;
         let mut block = Block::new(id, None, 0, body);
-        if let Some(ttl) = params.ttl_ms.filter(|t| *t > 0) {
-            block.meta.expires_unix_ms = Some(kvtier_core::memory::unix_ms().saturating_add(ttl));
-        }
+        block.meta.expire_after_ms(params.ttl_ms.unwrap_or(0));
         s.engine
             .put_value(block, &mut clock.storage)
             .await

@@ -88,98 +88,9 @@ impl Server {
         );
         let (stop, stop_rx) = watch::channel(false);
         let mut tasks = JoinSet::new();
-        let mut grpc_addrs = Vec::new();
-        // One concurrency limit per front (docs/operations.md).
-        let grpc_shared = shared.for_front("grpc", &cfg.server);
-        for spec in cfg.listeners()? {
-            let std_listener = std::net::TcpListener::bind(spec.addr)
-                .with_context(|| format!("cannot listen for gRPC on {}", spec.addr))?;
-            std_listener.set_nonblocking(true)?;
-            let addr = std_listener.local_addr()?;
-            grpc_addrs.push(addr);
-            let router = grpc_router(&cfg, grpc_shared.clone(), tls.as_ref())?;
-            let rx = stop_rx.clone();
-            match spec.cpus {
-                None => {
-                    let listener = tokio::net::TcpListener::from_std(std_listener)?;
-                    tasks.spawn(serve_grpc(
-                        router,
-                        listener,
-                        rx,
-                        addr,
-                        cfg.server.max_connections,
-                        cfg.server.idle_timeout,
-                    ));
-                    tracing::info!(%addr, "gRPC listening (kvtier.v1, kvstore.KVStoreService, grpc.health.v1)");
-                }
-                Some(cpus) => {
-                    // Its own runtime, every worker pinned to the listener's CPU set.
-                    let pin = cpus.clone();
-                    let max_conns = cfg.server.max_connections;
-                    let idle = cfg.server.idle_timeout;
-                    let rt = tokio::runtime::Builder::new_multi_thread()
-                        .worker_threads(cpus.len())
-                        .thread_name(format!("kvtier-{}", addr.port()))
-                        .on_thread_start(move || {
-                            if let Err(e) = numa::pin_current_thread(&pin) {
-                                tracing::warn!(error = %e, "could not pin listener thread");
-                            }
-                        })
-                        .enable_all()
-                        .build()?;
-                    let thread = std::thread::Builder::new()
-                        .name(format!("kvtier-listener-{}", addr.port()))
-                        .spawn(move || {
-                            rt.block_on(async move {
-                                let listener = tokio::net::TcpListener::from_std(std_listener)?;
-                                serve_grpc(router, listener, rx, addr, max_conns, idle).await
-                            })
-                        })?;
-                    tasks.spawn(async move {
-                        tokio::task::spawn_blocking(move || thread.join())
-                            .await?
-                            .map_err(|_| anyhow::anyhow!("listener thread for {addr} panicked"))?
-                    });
-                    tracing::info!(%addr, ?cpus, "gRPC listening on a pinned runtime");
-                }
-            }
-        }
-        let mut http_addr = None;
-        if !cfg.server.http_listen.is_empty() {
-            let a: SocketAddr = cfg.server.http_listen.parse()?;
-            let listener = tokio::net::TcpListener::bind(a)
-                .await
-                .with_context(|| format!("cannot listen for HTTP on {a}"))?;
-            let addr = listener.local_addr()?;
-            http_addr = Some(addr);
-            let app = http::router(shared.for_front("http", &cfg.server));
-            tasks.spawn(http::serve(
-                listener,
-                app,
-                tls.as_ref().map(tls::Tls::acceptor),
-                shared.limits.clone(),
-                stop_rx.clone(),
-            ));
-            tracing::info!(%addr, "HTTP listening (/v1/kv, /healthz, /metrics)");
-        }
-        let mut data_addr = None;
-        if let Some(a) = cfg.data_listen()? {
-            let listener = tokio::net::TcpListener::bind(a)
-                .await
-                .with_context(|| format!("cannot listen for the data plane on {a}"))?;
-            let addr = listener.local_addr()?;
-            wire::set_congestion(&listener, &cfg.server.data_tcp_congestion);
-            data_addr = Some(addr);
-            let _ = shared.data_addr.set(addr);
-            tasks.spawn(wire::serve(
-                listener,
-                tls.as_ref().map(tls::Tls::acceptor),
-                shared.for_front("data", &cfg.server),
-                cfg.server.max_message_size.bytes(),
-                stop_rx.clone(),
-            ));
-            tracing::info!(%addr, "data plane listening (Read/Write payloads, docs/wire.md)");
-        }
+        let grpc_addrs = start_grpc(&cfg, &shared, tls.as_ref(), &stop_rx, &mut tasks)?;
+        let http_addr = start_http(&cfg, &shared, tls.as_ref(), &stop_rx, &mut tasks).await?;
+        let data_addr = start_data_plane(&cfg, &shared, tls.as_ref(), &stop_rx, &mut tasks).await?;
         // Expired blocks are also dropped lazily on access; this bounds the memory
         // they hold when nobody asks for them.
         let eng = engine.clone();
@@ -244,6 +155,145 @@ impl Server {
     }
 }
 
+type Tasks = JoinSet<anyhow::Result<()>>;
+
+/// Binds every gRPC listener (one per `server.listen` entry, or one per NUMA
+/// node) and serves them; returns their bound addresses in config order.
+fn start_grpc(
+    cfg: &Config,
+    shared: &Shared,
+    tls: Option<&tls::Tls>,
+    stop_rx: &watch::Receiver<bool>,
+    tasks: &mut Tasks,
+) -> anyhow::Result<Vec<SocketAddr>> {
+    let mut grpc_addrs = Vec::new();
+    // One concurrency limit per front (docs/operations.md).
+    let grpc_shared = shared.for_front("grpc", &cfg.server);
+    let (max_conns, idle) = (cfg.server.max_connections, cfg.server.idle_timeout);
+    for spec in cfg.listeners()? {
+        let std_listener = std::net::TcpListener::bind(spec.addr)
+            .with_context(|| format!("cannot listen for gRPC on {}", spec.addr))?;
+        std_listener.set_nonblocking(true)?;
+        let addr = std_listener.local_addr()?;
+        grpc_addrs.push(addr);
+        let router = grpc_router(cfg, grpc_shared.clone(), tls)?;
+        let rx = stop_rx.clone();
+        match spec.cpus {
+            None => {
+                let listener = tokio::net::TcpListener::from_std(std_listener)?;
+                tasks.spawn(serve_grpc(router, listener, rx, addr, max_conns, idle));
+                tracing::info!(%addr, "gRPC listening (kvtier.v1, kvstore.KVStoreService, grpc.health.v1)");
+            }
+            Some(cpus) => {
+                tasks.spawn(serve_grpc_pinned(
+                    router,
+                    std_listener,
+                    rx,
+                    addr,
+                    cpus.clone(),
+                    max_conns,
+                    idle,
+                )?);
+                tracing::info!(%addr, ?cpus, "gRPC listening on a pinned runtime");
+            }
+        }
+    }
+    Ok(grpc_addrs)
+}
+
+/// Serves one gRPC listener on its own runtime, every worker pinned to
+/// `cpus`; the returned future ends when that runtime's thread does.
+fn serve_grpc_pinned(
+    router: GrpcRouter,
+    std_listener: std::net::TcpListener,
+    rx: watch::Receiver<bool>,
+    addr: SocketAddr,
+    cpus: Vec<usize>,
+    max_conns: usize,
+    idle: Duration,
+) -> anyhow::Result<impl std::future::Future<Output = anyhow::Result<()>> + use<>> {
+    let pin = cpus.clone();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(cpus.len())
+        .thread_name(format!("kvtier-{}", addr.port()))
+        .on_thread_start(move || {
+            if let Err(e) = numa::pin_current_thread(&pin) {
+                tracing::warn!(error = %e, "could not pin listener thread");
+            }
+        })
+        .enable_all()
+        .build()?;
+    let thread = std::thread::Builder::new()
+        .name(format!("kvtier-listener-{}", addr.port()))
+        .spawn(move || {
+            rt.block_on(async move {
+                let listener = tokio::net::TcpListener::from_std(std_listener)?;
+                serve_grpc(router, listener, rx, addr, max_conns, idle).await
+            })
+        })?;
+    Ok(async move {
+        tokio::task::spawn_blocking(move || thread.join())
+            .await?
+            .map_err(|_| anyhow::anyhow!("listener thread for {addr} panicked"))?
+    })
+}
+
+/// Binds and serves the HTTP API, if `server.http_listen` is set.
+async fn start_http(
+    cfg: &Config,
+    shared: &Shared,
+    tls: Option<&tls::Tls>,
+    stop_rx: &watch::Receiver<bool>,
+    tasks: &mut Tasks,
+) -> anyhow::Result<Option<SocketAddr>> {
+    if cfg.server.http_listen.is_empty() {
+        return Ok(None);
+    }
+    let a: SocketAddr = cfg.server.http_listen.parse()?;
+    let listener = tokio::net::TcpListener::bind(a)
+        .await
+        .with_context(|| format!("cannot listen for HTTP on {a}"))?;
+    let addr = listener.local_addr()?;
+    let app = http::router(shared.for_front("http", &cfg.server));
+    tasks.spawn(http::serve(
+        listener,
+        app,
+        tls.map(tls::Tls::acceptor),
+        shared.limits.clone(),
+        stop_rx.clone(),
+    ));
+    tracing::info!(%addr, "HTTP listening (/v1/kv, /healthz, /metrics)");
+    Ok(Some(addr))
+}
+
+/// Binds and serves the bulk data plane, if `server.data_listen` enables it.
+async fn start_data_plane(
+    cfg: &Config,
+    shared: &Shared,
+    tls: Option<&tls::Tls>,
+    stop_rx: &watch::Receiver<bool>,
+    tasks: &mut Tasks,
+) -> anyhow::Result<Option<SocketAddr>> {
+    let Some(a) = cfg.data_listen()? else {
+        return Ok(None);
+    };
+    let listener = tokio::net::TcpListener::bind(a)
+        .await
+        .with_context(|| format!("cannot listen for the data plane on {a}"))?;
+    let addr = listener.local_addr()?;
+    wire::set_congestion(&listener, &cfg.server.data_tcp_congestion);
+    let _ = shared.data_addr.set(addr);
+    tasks.spawn(wire::serve(
+        listener,
+        tls.map(tls::Tls::acceptor),
+        shared.for_front("data", &cfg.server),
+        cfg.server.max_message_size.bytes(),
+        stop_rx.clone(),
+    ));
+    tracing::info!(%addr, "data plane listening (Read/Write payloads, docs/wire.md)");
+    Ok(Some(addr))
+}
+
 async fn serve_grpc(
     router: GrpcRouter,
     listener: tokio::net::TcpListener,
@@ -299,7 +349,7 @@ async fn build_local_engine(cfg: &Config) -> anyhow::Result<Engine> {
     dc.verify_on_open = d.verify_on_open;
     let (disk, rep) = kvtier_core::DiskTier::open_async(dc)
         .await
-        .map_err(|e| anyhow::anyhow!("disk tier: {}", e.message))?;
+        .context("disk tier")?;
     tracing::info!(
         dir = %d.dir,
         blocks = rep.blocks,

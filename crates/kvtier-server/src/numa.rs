@@ -27,7 +27,7 @@ fn nodes_from(root: &Path) -> Vec<Vec<usize>> {
             let Ok(list) = std::fs::read_to_string(e.path().join("cpulist")) else {
                 continue;
             };
-            if let Ok(cpus) = crate::config::parse_cpuset(list.trim()) {
+            if let Ok(cpus) = parse_cpuset(list.trim()) {
                 out.push((n, cpus));
             }
         }
@@ -77,6 +77,31 @@ pub fn current_affinity() -> anyhow::Result<Vec<usize>> {
     Ok((0..nix::sched::CpuSet::count())
         .filter(|&c| set.is_set(c).unwrap_or(false))
         .collect())
+}
+
+/// Parses a CPU list like `0-3,8,10-11`.
+pub fn parse_cpuset(s: &str) -> anyhow::Result<Vec<usize>> {
+    let mut out = Vec::new();
+    for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let bad = || anyhow::anyhow!("invalid CPU set {s:?}: expected e.g. 0-3,8");
+        match part.split_once('-') {
+            Some((a, b)) => {
+                let (a, b): (usize, usize) =
+                    (a.parse().map_err(|_| bad())?, b.parse().map_err(|_| bad())?);
+                if a > b {
+                    return Err(bad());
+                }
+                out.extend(a..=b);
+            }
+            None => out.push(part.parse().map_err(|_| bad())?),
+        }
+    }
+    if out.is_empty() {
+        anyhow::bail!("empty CPU set {s:?}");
+    }
+    out.sort_unstable();
+    out.dedup();
+    Ok(out)
 }
 
 #[cfg(test)]

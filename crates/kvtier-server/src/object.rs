@@ -42,7 +42,7 @@ pub fn attach(engine: Engine, cfg: &Config) -> anyhow::Result<Engine> {
         return Ok(engine);
     };
     let o = &cfg.object_store;
-    let tier = ObjectTier::open(tc).map_err(|e| anyhow::anyhow!("{}", e.message))?;
+    let tier = anyhow::Context::context(ObjectTier::open(tc), "object_store.url")?;
     let opts = ObjectOptions {
         policy: o.policy()?,
         queue_capacity: o.queue_capacity,

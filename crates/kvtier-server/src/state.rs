@@ -185,26 +185,15 @@ pub fn keys(raw: &[bytes::Bytes]) -> Result<Vec<Key>, tonic::Status> {
         .enumerate()
         .map(|(i, k)| {
             Key::new(k.clone())
-                .map_err(|e| tonic::Status::invalid_argument(format!("keys[{i}]: {}", e.message)))
+                .map_err(|e| crate::status::to_status(e.context(format!("keys[{i}]"))))
         })
         .collect()
 }
 
 /// The request deadline from the `grpc-timeout` header, if the client set one.
 pub fn deadline(md: &tonic::metadata::MetadataMap, arrived: Instant) -> Option<Instant> {
-    let v = md.get("grpc-timeout")?.to_str().ok()?;
-    let (num, unit) = v.split_at(v.len().checked_sub(1)?);
-    let n: u64 = num.parse().ok()?;
-    let d = match unit {
-        "H" => Duration::from_secs(n.saturating_mul(3600)),
-        "M" => Duration::from_secs(n.saturating_mul(60)),
-        "S" => Duration::from_secs(n),
-        "m" => Duration::from_millis(n),
-        "u" => Duration::from_micros(n),
-        "n" => Duration::from_nanos(n),
-        _ => return None,
-    };
-    arrived.checked_add(d)
+    let timeout = crate::timing::grpc_timeout(md.get("grpc-timeout")?.to_str().ok()?)?;
+    arrived.checked_add(timeout)
 }
 
 /// Name of a gRPC code for metrics labels.

@@ -46,13 +46,28 @@ where
         let now = Instant::now();
         req.extensions_mut().insert(Arrival(now));
         // The handler (and the tiers below it) see the client's deadline.
-        let deadline = req.headers().get("grpc-timeout").and_then(|v| {
-            let mut h = http::HeaderMap::new();
-            h.insert("grpc-timeout", v.clone());
-            crate::state::deadline(&tonic::metadata::MetadataMap::from_headers(h), now)
-        });
+        let deadline = req
+            .headers()
+            .get("grpc-timeout")
+            .and_then(|v| grpc_timeout(v.to_str().ok()?))
+            .and_then(|t| now.checked_add(t));
         kvtier_core::deadline::scope(deadline, self.inner.call(req))
     }
+}
+
+/// A `grpc-timeout` header value ("100m", "5S", …) as a duration.
+pub fn grpc_timeout(v: &str) -> Option<Duration> {
+    let (num, unit) = v.split_at(v.len().checked_sub(1)?);
+    let n: u64 = num.parse().ok()?;
+    Some(match unit {
+        "H" => Duration::from_secs(n.saturating_mul(3600)),
+        "M" => Duration::from_secs(n.saturating_mul(60)),
+        "S" => Duration::from_secs(n),
+        "m" => Duration::from_millis(n),
+        "u" => Duration::from_micros(n),
+        "n" => Duration::from_nanos(n),
+        _ => return None,
+    })
 }
 
 /// Timing of one request in progress.

@@ -82,18 +82,21 @@ pub fn block_from_pb_checked(
     max_size: u64,
     actual: u32,
 ) -> Result<Block, Status> {
-    let ctx = |m: String| Status::invalid_argument(format!("blocks[{i}]: {m}"));
-    let key = Key::new(b.key).map_err(|e| ctx(e.message))?;
+    let at = format!("blocks[{i}]");
+    let key = Key::new(b.key).map_err(|e| to_status(e.context(&at)))?;
     if b.payload.len() as u64 > max_size {
-        return Err(ctx(format!(
-            "payload of {} bytes exceeds the maximum block size of {max_size} bytes",
+        return Err(Status::invalid_argument(format!(
+            "{at}: payload of {} bytes exceeds the maximum block size of {max_size} bytes",
             b.payload.len()
         )));
     }
     let parent = if b.parent_key.is_empty() {
         None
     } else {
-        Some(Key::new(b.parent_key).map_err(|e| ctx(format!("parent_key: {}", e.message)))?)
+        Some(
+            Key::new(b.parent_key)
+                .map_err(|e| to_status(e.context(format!("{at}: parent_key"))))?,
+        )
     };
     let mut block = Block::with_computed_checksum(
         BlockId::new(ns.clone(), key),
@@ -103,10 +106,8 @@ pub fn block_from_pb_checked(
         actual,
         b.payload,
     )
-    .map_err(|e| Status::data_loss(format!("blocks[{i}]: {}", e.message)))?;
-    if b.ttl_ms > 0 {
-        block.meta.expires_unix_ms = Some(kvtier_core::memory::unix_ms().saturating_add(b.ttl_ms));
-    }
+    .map_err(|e| to_status(e.context(&at)))?;
+    block.meta.expire_after_ms(b.ttl_ms);
     Ok(block)
 }
 
