@@ -119,14 +119,9 @@ pub struct LookupOutcome {
     pub lease: Option<LeaseGrant>,
 }
 
-/// Result of a write.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum WriteOutcome {
-    /// Newly stored.
-    Stored,
-    /// Identical block already present.
-    Existing,
-}
+/// Result of a write: the tiers' own [`PutOutcome`] (newly stored, or an
+/// identical block was already there).
+pub type WriteOutcome = PutOutcome;
 
 /// Engine-wide counters.
 #[derive(Debug, Clone, Default)]
@@ -327,11 +322,9 @@ impl Engine {
             && ids.len() < keys.len()
         {
             let t0 = Instant::now();
-            let disk = self.disk.clone();
-            let mem = &self.memory;
-            let known =
-                |id: &BlockId| mem.contains_block(id) || disk.as_ref().is_some_and(|d| d.has(id));
-            let n = obj.lookup(ns, &keys[ids.len()..], known).await;
+            let n = obj
+                .lookup(ns, &keys[ids.len()..], |id: &BlockId| self.held_locally(id))
+                .await;
             timing.add(TierKind::Object, t0.elapsed());
             for key in &keys[ids.len()..ids.len() + n] {
                 tiers.push(TierKind::Object);
@@ -371,7 +364,7 @@ impl Engine {
             .map(|k| BlockId::new(ns.clone(), k.clone()))
             .collect();
         for id in &ids {
-            if !self.memory.contains_block(id) && !self.disk.as_ref().is_some_and(|d| d.has(id)) {
+            if !self.held_locally(id) {
                 return Err(Error::not_found(format!(
                     "cannot lease key {:?} in namespace {}: not present",
                     id.key, id.namespace
@@ -537,8 +530,7 @@ impl Engine {
     ) -> Result<WriteOutcome> {
         self.check_size(block.payload.len())?;
         let id = block.meta.id.clone();
-        let locally_known =
-            self.memory.contains_block(&id) || self.disk.as_ref().is_some_and(|d| d.has(&id));
+        let locally_known = self.held_locally(&id);
         if mode == Overwrite::Never && locally_known {
             // Already stored (and uploaded or queued) or a conflict: local decides.
             return self.store_local(block, mode, timing).await;
@@ -617,7 +609,7 @@ impl Engine {
         let r = self.memory.put_block_evicting(block.clone(), mode);
         timing.add(TierKind::Memory, t0.elapsed());
         let Some(disk) = &self.disk else {
-            return Ok(outcome(r?.0));
+            return Ok(r?.0);
         };
         let (mem, evicted) = match r {
             Ok((o, ev)) => (Some(o), ev),
@@ -656,7 +648,7 @@ impl Engine {
             }
         };
         self.demote(evicted, timing).await;
-        result.map(outcome)
+        result
     }
 
     /// Writes blocks evicted from memory to the disk tier unless it holds them
@@ -687,6 +679,11 @@ impl Engine {
                 }
             };
         }
+    }
+
+    /// Whether memory or disk holds `id` (the object store not asked).
+    fn held_locally(&self, id: &BlockId) -> bool {
+        self.memory.contains_block(id) || self.disk.as_ref().is_some_and(|d| d.has(id))
     }
 
     /// Fails with `InvalidArgument` naming the limit if `len` is too large.
@@ -768,12 +765,5 @@ impl Drop for WritingGuard<'_> {
                 set.remove(&self.id);
             }
         }
-    }
-}
-
-fn outcome(o: PutOutcome) -> WriteOutcome {
-    match o {
-        PutOutcome::Stored => WriteOutcome::Stored,
-        PutOutcome::Existing => WriteOutcome::Existing,
     }
 }

@@ -2,14 +2,9 @@
 //! listeners as `kvtier.v1`, mapped onto the engine without special cases in it.
 //!
 //! The seed service addresses a block by its own 128 tokens and lets the same
-//! tokens exist in several *versions* (one per distinct prefix). Mapping, per
-//! tenant namespace, with `d = xxh3-128(tokens as i64 LE)`:
-//!
-//! ```text
-//!   'D' d hash        data:  [u32 LE meta_len][meta: PromptChunk without buffer][buffer]
-//!   'M' d parent_hash meta:  PromptChunk without buffer   (the version reached from `parent_hash`)
-//!   'H' d             meta of the first version written   (block 0 matches any version)
-//! ```
+//! tokens exist in several *versions* (one per distinct prefix); how those
+//! are stored is [`super::kvstore_records`] (data `D`, version `M` and first
+//! version `H` records per token digest).
 //!
 //! `Lookup` walks the prompt's full blocks: block 0 via `H d0`, block i via
 //! `M di hash(i-1)`, stopping at the first miss. Locations are the hex of the
@@ -19,10 +14,11 @@
 //! Errors are in-band (`success = false`, `error`), as in the original; the gRPC
 //! status is OK. `ServerMetrics` are measured: storage = time inside the tiers,
 //! total = request arrival to response ready, overhead = total − storage.
+use super::kvstore_records as records;
 use crate::config::CompatSection;
 use crate::state::{self, Shared};
 use crate::timing::Clock;
-use bytes::{Buf, BufMut, Bytes, BytesMut};
+use bytes::Bytes;
 use futures::{Stream, StreamExt};
 use kvtier_core::{Block, BlockId, Key, Namespace, WriteOutcome};
 use kvtier_proto::kvstore as pb;
@@ -49,24 +45,6 @@ pub struct CompatService {
 
 /// An in-band error: reported as `success = false` with a message.
 type InBand<T> = Result<T, String>;
-
-fn digest(tokens: &[i64]) -> [u8; 16] {
-    let mut buf = Vec::with_capacity(tokens.len() * 8);
-    for t in tokens {
-        buf.extend_from_slice(&t.to_le_bytes());
-    }
-    xxhash_rust::xxh3::xxh3_128(&buf).to_be_bytes()
-}
-
-fn key(tag: u8, d: &[u8; 16], h: Option<u64>) -> Key {
-    let mut k = Vec::with_capacity(25);
-    k.push(tag);
-    k.extend_from_slice(d);
-    if let Some(h) = h {
-        k.extend_from_slice(&h.to_be_bytes());
-    }
-    Key::new(k).expect("non-empty, short")
-}
 
 fn metrics(clock: &Clock) -> pb::ServerMetrics {
     let t = clock.finish();
@@ -181,11 +159,11 @@ impl CompatService {
         let mut locations = Vec::new();
         let mut last_hash = 0u64;
         for (i, toks) in req.tokens.chunks_exact(bs).enumerate() {
-            let d = digest(toks);
+            let d = records::digest(toks);
             let k = if i == 0 {
-                key(b'H', &d, None)
+                records::first_key(&d)
             } else {
-                key(b'M', &d, Some(last_hash))
+                records::version_key(&d, last_hash)
             };
             let Some(meta) = self.meta(BlockId::new(ns.clone(), k), clock).await? else {
                 break;
@@ -200,7 +178,7 @@ impl CompatService {
             last_hash = meta.hash;
             locations.push(pb::BlockLocation {
                 hash: meta.hash,
-                location: hex(key(b'D', &d, Some(meta.hash)).as_bytes()),
+                location: records::location(&records::data_key(&d, meta.hash)),
             });
         }
         Ok(pb::LookupResponse {
@@ -220,17 +198,13 @@ impl CompatService {
     ) -> InBand<pb::ReadResponse> {
         let ns = self.tenant(&req.resource_name, &req.container_name)?;
         // Checked by length before decoding, and never echoed in full.
-        let raw = Some(&req.location)
-            .filter(|l| l.len() == 50)
-            .and_then(|l| unhex(l))
-            .filter(|k| k.len() == 25 && k[0] == b'D')
-            .ok_or_else(|| {
-                format!(
-                    "malformed location {}: expected the 50-hex-digit string returned by Lookup",
-                    clip(&req.location)
-                )
-            })?;
-        let id = BlockId::new(ns, Key::new(raw).expect("25 bytes"));
+        let key = records::parse_location(&req.location).ok_or_else(|| {
+            format!(
+                "malformed location {}: expected the 50-hex-digit string returned by Lookup",
+                clip(&req.location)
+            )
+        })?;
+        let id = BlockId::new(ns, key);
         let not_found = || pb::ReadResponse {
             found: false,
             chunk: None,
@@ -243,17 +217,9 @@ impl CompatService {
             Ok(None) => return Ok(not_found()),
             Err(e) => return Err(e.message),
         };
-        let mut p = b.payload.clone();
-        if p.len() < 4 {
-            return Err(format!("stored chunk at {} is truncated", req.location));
-        }
-        let mlen = p.get_u32_le() as usize;
-        if p.len() < mlen {
-            return Err(format!("stored chunk at {} is truncated", req.location));
-        }
-        let mut chunk = pb::PromptChunk::decode(p.split_to(mlen))
-            .map_err(|e| format!("stored chunk unreadable: {e}"))?;
-        chunk.buffer = p; // zero-copy slice of the stored payload
+        // The buffer is a zero-copy slice of the stored payload.
+        let chunk = records::decode_data(b.payload.clone())
+            .map_err(|e| format!("{e} (location {})", req.location))?;
         self.shared
             .metrics
             .bytes_out
@@ -273,7 +239,7 @@ impl CompatService {
         clock: &mut Clock,
     ) -> InBand<pb::WriteResponse> {
         let ns = self.tenant(&req.resource_name, &req.container_name)?;
-        let mut chunk = req.chunk.ok_or("WriteRequest has no chunk")?;
+        let chunk = req.chunk.ok_or("WriteRequest has no chunk")?;
         if chunk.tokens.len() != self.block_size {
             return Err(format!(
                 "chunk has {} tokens; blocks are exactly {} tokens",
@@ -281,20 +247,13 @@ impl CompatService {
                 self.block_size
             ));
         }
-        let max = self.shared.engine.config().max_block_size.bytes() as usize;
-        if chunk.buffer.len() > max {
-            return Err(format!(
-                "chunk buffer of {} bytes exceeds the maximum block size of {max} bytes",
-                chunk.buffer.len()
-            ));
-        }
-        let d = digest(&chunk.tokens);
-        let buffer = std::mem::take(&mut chunk.buffer);
-        let meta = Bytes::from(chunk.encode_to_vec());
-        let mut data = BytesMut::with_capacity(4 + meta.len() + buffer.len());
-        data.put_u32_le(meta.len() as u32);
-        data.put_slice(&meta);
-        data.put_slice(&buffer);
+        self.shared
+            .engine
+            .check_size(chunk.buffer.len())
+            .map_err(|e| e.context("chunk buffer").message)?;
+        let d = records::digest(&chunk.tokens);
+        let (hash, parent_hash, len) = (chunk.hash, chunk.parent_hash, chunk.buffer.len());
+        let (data, meta) = records::encode(chunk);
         let engine = &self.shared.engine;
         let put = |k: Key, payload: Bytes| {
             Block::new(
@@ -307,26 +266,23 @@ impl CompatService {
         // Data first, then the metadata that makes it findable: a crash in between
         // leaves an unreachable data entry, never a lookup hit without data.
         let outcome = engine
-            .write(
-                put(key(b'D', &d, Some(chunk.hash)), data.freeze()),
-                &mut clock.storage,
-            )
+            .write(put(records::data_key(&d, hash), data), &mut clock.storage)
             .await;
         map_write(outcome)?;
         map_write(
             engine
                 .write(
-                    put(key(b'M', &d, Some(chunk.parent_hash)), meta.clone()),
+                    put(records::version_key(&d, parent_hash), meta.clone()),
                     &mut clock.storage,
                 )
                 .await,
         )?;
         map_write(
             engine
-                .write(put(key(b'H', &d, None), meta), &mut clock.storage)
+                .write(put(records::first_key(&d), meta), &mut clock.storage)
                 .await,
         )?;
-        self.shared.metrics.bytes_in.inc_by(buffer.len() as u64);
+        self.shared.metrics.bytes_in.inc_by(len as u64);
         Ok(pb::WriteResponse {
             success: true,
             error: String::new(),
@@ -345,10 +301,6 @@ fn map_write(r: kvtier_core::Result<WriteOutcome>) -> InBand<()> {
     }
 }
 
-fn hex(b: &[u8]) -> String {
-    b.iter().map(|x| format!("{x:02x}")).collect()
-}
-
 /// `s` quoted, cut to 64 characters for error messages (a caller's bad
 /// input can be megabytes; the answer should not be).
 fn clip(s: &str) -> String {
@@ -357,16 +309,6 @@ fn clip(s: &str) -> String {
         None => format!("{s:?}"),
         Some((cut, _)) => format!("{:?}... ({} bytes)", &s[..cut], s.len()),
     }
-}
-
-fn unhex(s: &str) -> Option<Vec<u8>> {
-    if !s.len().is_multiple_of(2) || !s.is_ascii() {
-        return None;
-    }
-    (0..s.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).ok())
-        .collect()
 }
 
 macro_rules! respond {
@@ -508,11 +450,7 @@ mod tests {
     }
 
     #[test]
-    fn hex_roundtrip() {
-        assert_eq!(unhex(&hex(&[0, 255, 16])), Some(vec![0, 255, 16]));
-        assert_eq!(unhex("zz"), None);
-        assert_eq!(unhex("abc"), None);
-        assert_eq!(unhex("é1"), None);
+    fn clipping() {
         let long = "ab".repeat(1 << 19);
         let c = clip(&long);
         assert!(c.len() < 100 && c.ends_with("(1048576 bytes)"), "{c}");
@@ -522,11 +460,10 @@ mod tests {
     proptest::proptest! {
         #[test]
         fn locations_and_clipping_never_panic(s in "\\PC{0,120}", bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..40)) {
-            let _ = unhex(&s);
+            let _ = bytes;
             let c = clip(&s);
             // At most 64 characters, each escaped to at most 10 (\u{10ffff}).
             proptest::prop_assert!(c.chars().count() <= 64 * 10 + 40);
-            proptest::prop_assert_eq!(unhex(&hex(&bytes)), Some(bytes));
         }
     }
 }
