@@ -3,7 +3,7 @@
 //! validation the handlers run. It must never panic, and whatever validation
 //! accepts must satisfy the invariants asserted here (a block that passes has a
 //! payload matching its checksum, a valid key and a size within the limit).
-use crate::grpc::v1::block_from_pb;
+use crate::messages::block_from_pb;
 use crate::state;
 use kvtier_core::Namespace;
 use kvtier_proto::{kvstore, v1};

@@ -20,6 +20,7 @@ pub mod fuzzing;
 pub mod grpc;
 pub mod http;
 pub mod limits;
+pub mod messages;
 pub mod metrics;
 pub mod numa;
 pub mod object;

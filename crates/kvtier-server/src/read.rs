@@ -2,7 +2,7 @@
 //! `grpc::v1`, data plane in `wire`): validate the request, then read the keys
 //! in order, stopping at the first missing block or at the deadline, handing
 //! each block to a transport-specific sink (which counts the bytes it sends).
-use crate::grpc::v1::{check_count, tier_of};
+use crate::messages::check_count;
 use crate::state::{self, Shared};
 use crate::status::to_status;
 use crate::timing::Clock;
@@ -65,7 +65,7 @@ pub fn read_block(index: u32, b: &Block, tier: TierKind, payload: Bytes) -> pb::
             payload,
             ttl_ms: 0,
         }),
-        tier: tier_of(tier),
+        tier: crate::messages::tier(tier),
     }
 }
 

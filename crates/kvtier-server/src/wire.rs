@@ -15,7 +15,7 @@
 //! frames carrying a gRPC status code and message; a malformed frame closes
 //! the connection after the error frame.
 use crate::auth::Principal;
-use crate::grpc::v1::block_from_pb_checked;
+use crate::messages::block_from_pb_checked;
 use crate::state::{self, Shared};
 use crate::timing::Clock;
 use bytes::Bytes;
