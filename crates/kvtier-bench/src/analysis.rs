@@ -6,15 +6,16 @@
 //! rises, errors. Flagged steps stay in every table, marked; recommendations
 //! say when they rest on a flagged step. The heavier pieces live in their own
 //! modules: [`crate::knee`], [`crate::usl`], [`crate::sla`], [`crate::co`].
+pub use crate::record::{
+    Analysis, Degradation, DegradationRow, Knee, LittleCheck, Multipliers, OpUsl, Thresholds,
+};
 
 use std::collections::BTreeMap;
 
-use serde::{Deserialize, Serialize};
-
 use crate::knee::{Shape, kneedle, prefers_log_x};
 use crate::record::{Flag, Mode, Phase, Record, Step};
-use crate::sla::{CapacityPlan, Recommendation, parse_slas, plan_capacity, recommend};
-use crate::usl::{UslFit, fit_usl};
+use crate::sla::{parse_slas, plan_capacity, recommend};
+use crate::usl::fit_usl;
 
 /// Flag kinds set by [`check_steps`]; others (set by the generator) are kept untouched.
 pub const ANALYSIS_FLAG_KINDS: [&str; 5] = [
@@ -25,20 +26,6 @@ pub const ANALYSIS_FLAG_KINDS: [&str; 5] = [
     "errors",
 ];
 
-/// Tolerances of the self-checks.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
-#[serde(default)]
-pub struct Thresholds {
-    /// Little's law: flag when |X·W / N − 1| exceeds this (0.10 = 10 %).
-    pub littles_law_tolerance: f64,
-    /// Flag when generator CPU / (wall × cores) exceeds this.
-    pub client_cpu_max: f64,
-    /// Open loop: flag when the schedule lag p99 exceeds this many µs.
-    pub schedule_lag_p99_us: f64,
-    /// Flag when p50 falls by more than this fraction vs the next lower load.
-    pub latency_fall_tolerance: f64,
-}
-
 impl Default for Thresholds {
     fn default() -> Self {
         Thresholds {
@@ -48,97 +35,6 @@ impl Default for Thresholds {
             latency_fall_tolerance: 0.10,
         }
     }
-}
-
-/// Little's law at one step: in-flight = throughput × mean latency.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct LittleCheck {
-    /// Step label.
-    pub step: String,
-    /// Concurrency (closed) or measured mean in-flight (open); `None` in open loop without a sample.
-    pub expected_in_flight: Option<f64>,
-    /// Σ over ops of throughput × mean e2e latency.
-    pub predicted_in_flight: f64,
-    /// predicted / expected.
-    pub ratio: Option<f64>,
-    /// Within tolerance (or not checkable).
-    pub ok: bool,
-}
-
-/// A knee found on one curve.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Knee {
-    /// Op name, or `all` for the total throughput.
-    pub op: String,
-    /// `throughput`, `p50` or `p99`.
-    pub curve: String,
-    /// Total concurrency at the knee.
-    pub concurrency: f64,
-    /// Curve value there (ops/s or µs).
-    pub value: f64,
-}
-
-/// USL fit of one op's (or `all` ops') throughput vs total concurrency.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct OpUsl {
-    /// Op name or `all`.
-    pub op: String,
-    /// The fit.
-    pub fit: UslFit,
-}
-
-/// p50 / p99 multipliers of one phase vs the baseline step.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
-pub struct Multipliers {
-    /// p50 / baseline p50.
-    pub p50: f64,
-    /// p99 / baseline p99.
-    pub p99: f64,
-}
-
-/// One row of a degradation table.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct DegradationRow {
-    /// Step label.
-    pub step: String,
-    /// Total concurrency.
-    pub concurrency: f64,
-    /// Per phase.
-    pub phases: BTreeMap<Phase, Multipliers>,
-    /// The step carries flags.
-    pub flagged: bool,
-}
-
-/// Latency growth of one op vs the lowest-concurrency step (seed 000's tables).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Degradation {
-    /// Op name.
-    pub op: String,
-    /// Total concurrency of the baseline step (1 in a full sweep).
-    pub baseline_concurrency: f64,
-    /// One row per closed-loop step, by concurrency.
-    pub rows: Vec<DegradationRow>,
-}
-
-/// Everything [`analyze`] derives from a record.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
-pub struct Analysis {
-    /// Tolerances used.
-    pub thresholds: Thresholds,
-    /// Little's law per step.
-    pub littles_law: Vec<LittleCheck>,
-    /// Knees of latency and throughput vs concurrency.
-    pub knees: Vec<Knee>,
-    /// USL fits per op and for all ops.
-    pub usl: Vec<OpUsl>,
-    /// Degradation multipliers per op.
-    pub degradation: Vec<Degradation>,
-    /// Recommended maximum load per SLA.
-    pub recommendations: Vec<Recommendation>,
-    /// Servers needed per SLA for the capacity target.
-    pub capacity: Vec<CapacityPlan>,
-    /// Problems met while analysing (bad SLA strings, too few points, ...).
-    pub warnings: Vec<String>,
 }
 
 fn flag(kind: &str, message: String) -> Flag {

@@ -10,15 +10,14 @@
 //! are never averaged. Per-repeat figures are kept only to show the spread
 //! (median, min, max) and to test significance in [`crate::compare`].
 //!
-//! The load generator builds steps with [`StepBuilder`] from raw histograms.
+//! The load generator builds steps with [`crate::builder::StepBuilder`] from
+//! raw histograms; this module depends on no other module of the crate.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
 use hdrhistogram::Histogram;
 use serde::{Deserialize, Serialize};
-
-use crate::analysis::Analysis;
 
 /// Schema version of [`Record`]; bumped on any incompatible change.
 pub const SCHEMA_VERSION: u32 = 1;
@@ -491,8 +490,6 @@ pub struct LinkProbe {
     pub method: String,
 }
 
-pub use crate::builder::{OpInput, RepeatInput, StepBuilder};
-
 /// `git rev-parse HEAD` in the current directory (read-only), if git and a repository are there.
 pub fn git_commit() -> Option<String> {
     let out = std::process::Command::new("git")
@@ -532,6 +529,182 @@ pub fn rfc3339(unix_secs: u64) -> String {
         rem % 3600 / 60,
         rem % 60
     )
+}
+
+// The analysis section, computed by crate::analysis, crate::sla and
+// crate::usl; its schema lives here with the rest of the record.
+
+/// Tolerances of the self-checks.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Thresholds {
+    /// Little's law: flag when |X·W / N − 1| exceeds this (0.10 = 10 %).
+    pub littles_law_tolerance: f64,
+    /// Flag when generator CPU / (wall × cores) exceeds this.
+    pub client_cpu_max: f64,
+    /// Open loop: flag when the schedule lag p99 exceeds this many µs.
+    pub schedule_lag_p99_us: f64,
+    /// Flag when p50 falls by more than this fraction vs the next lower load.
+    pub latency_fall_tolerance: f64,
+}
+
+/// Little's law at one step: in-flight = throughput × mean latency.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LittleCheck {
+    /// Step label.
+    pub step: String,
+    /// Concurrency (closed) or measured mean in-flight (open); `None` in open loop without a sample.
+    pub expected_in_flight: Option<f64>,
+    /// Σ over ops of throughput × mean e2e latency.
+    pub predicted_in_flight: f64,
+    /// predicted / expected.
+    pub ratio: Option<f64>,
+    /// Within tolerance (or not checkable).
+    pub ok: bool,
+}
+
+/// A knee found on one curve.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Knee {
+    /// Op name, or `all` for the total throughput.
+    pub op: String,
+    /// `throughput`, `p50` or `p99`.
+    pub curve: String,
+    /// Total concurrency at the knee.
+    pub concurrency: f64,
+    /// Curve value there (ops/s or µs).
+    pub value: f64,
+}
+
+/// USL fit of one op's (or `all` ops') throughput vs total concurrency.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct OpUsl {
+    /// Op name or `all`.
+    pub op: String,
+    /// The fit.
+    pub fit: UslFit,
+}
+
+/// p50 / p99 multipliers of one phase vs the baseline step.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Multipliers {
+    /// p50 / baseline p50.
+    pub p50: f64,
+    /// p99 / baseline p99.
+    pub p99: f64,
+}
+
+/// One row of a degradation table.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DegradationRow {
+    /// Step label.
+    pub step: String,
+    /// Total concurrency.
+    pub concurrency: f64,
+    /// Per phase.
+    pub phases: BTreeMap<Phase, Multipliers>,
+    /// The step carries flags.
+    pub flagged: bool,
+}
+
+/// Latency growth of one op vs the lowest-concurrency step (seed 000's tables).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Degradation {
+    /// Op name.
+    pub op: String,
+    /// Total concurrency of the baseline step (1 in a full sweep).
+    pub baseline_concurrency: f64,
+    /// One row per closed-loop step, by concurrency.
+    pub rows: Vec<DegradationRow>,
+}
+
+/// Everything [`analyze`] derives from a record.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+pub struct Analysis {
+    /// Tolerances used.
+    pub thresholds: Thresholds,
+    /// Little's law per step.
+    pub littles_law: Vec<LittleCheck>,
+    /// Knees of latency and throughput vs concurrency.
+    pub knees: Vec<Knee>,
+    /// USL fits per op and for all ops.
+    pub usl: Vec<OpUsl>,
+    /// Degradation multipliers per op.
+    pub degradation: Vec<Degradation>,
+    /// Recommended maximum load per SLA.
+    pub recommendations: Vec<Recommendation>,
+    /// Servers needed per SLA for the capacity target.
+    pub capacity: Vec<CapacityPlan>,
+    /// Problems met while analysing (bad SLA strings, too few points, ...).
+    pub warnings: Vec<String>,
+}
+
+/// One latency constraint.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Sla {
+    /// Operation name (`read`, `lookup`, ...).
+    pub op: String,
+    /// Phase, `e2e` unless given.
+    pub phase: Phase,
+    /// `p50`, `p90`, `p99`, `p999`, `max` or `mean`.
+    pub stat: String,
+    /// Upper bound in microseconds (a step meets it when its value is ≤ this).
+    pub limit_us: f64,
+}
+
+/// Largest load that meets a set of constraints.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Recommendation {
+    /// The constraints, as text.
+    pub sla: String,
+    /// `closed` (concurrency) or `open` (rate).
+    pub mode: String,
+    /// Step label of the recommended point, `None` if no step meets the SLA.
+    pub step: Option<String>,
+    /// Total concurrency (closed) or rate (open) of that step.
+    pub load: Option<f64>,
+    /// Throughput of all ops there, ops/s.
+    pub throughput_ops_s: Option<f64>,
+    /// Tokens/s of all ops there.
+    pub tokens_per_s: Option<f64>,
+    /// The measured values of the constraints there, µs (same order as the constraints).
+    pub measured_us: Vec<f64>,
+    /// The step carries flags: the recommendation rests on suspicious data.
+    pub flagged: bool,
+}
+
+/// Servers needed for a target throughput at an SLA (seed 001's scaling formula).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CapacityPlan {
+    /// The constraints, as text.
+    pub sla: String,
+    /// Target tokens/s, all servers together.
+    pub target_tokens_per_s: f64,
+    /// Tokens/s one server sustains within the SLA (the recommended step).
+    pub per_server_tokens_per_s: f64,
+    /// Load per server at that point (concurrency or rate).
+    pub per_server_load: f64,
+    /// `ceil(target / per_server)`.
+    pub servers_needed: u64,
+}
+
+/// Fitted USL parameters.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq)]
+pub struct UslFit {
+    /// Throughput of one unit of concurrency without contention (ops/s).
+    pub lambda: f64,
+    /// Contention (serial fraction), ≥ 0.
+    pub sigma: f64,
+    /// Coherency (crosstalk), ≥ 0.
+    pub kappa: f64,
+    /// Concurrency of peak throughput `sqrt((1−σ)/κ)`; `None` when κ = 0 or σ ≥ 1.
+    pub peak_concurrency: Option<f64>,
+    /// Predicted throughput at the peak (or the asymptote λ/σ when there is none).
+    pub peak_throughput: Option<f64>,
+    /// Coefficient of determination on the input points.
+    pub r_squared: f64,
+    /// Number of points fitted.
+    pub points: usize,
 }
 
 #[cfg(test)]

@@ -6,23 +6,9 @@
 //! units are `us`/`µs`, `ms` (default) or `s`. Each constraint gets its own
 //! recommendation; when there are several, one more recommendation requires
 //! all of them at once.
-
-use serde::{Deserialize, Serialize};
+pub use crate::record::{CapacityPlan, Recommendation, Sla};
 
 use crate::record::{Phase, Step};
-
-/// One latency constraint.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Sla {
-    /// Operation name (`read`, `lookup`, ...).
-    pub op: String,
-    /// Phase, `e2e` unless given.
-    pub phase: Phase,
-    /// `p50`, `p90`, `p99`, `p999`, `max` or `mean`.
-    pub stat: String,
-    /// Upper bound in microseconds (a step meets it when its value is ≤ this).
-    pub limit_us: f64,
-}
 
 impl std::fmt::Display for Sla {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -112,27 +98,6 @@ pub fn measured(step: &Step, sla: &Sla) -> Option<f64> {
     step.ops.get(&sla.op)?.phase(sla.phase)?.get(&sla.stat)
 }
 
-/// Largest load that meets a set of constraints.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Recommendation {
-    /// The constraints, as text.
-    pub sla: String,
-    /// `closed` (concurrency) or `open` (rate).
-    pub mode: String,
-    /// Step label of the recommended point, `None` if no step meets the SLA.
-    pub step: Option<String>,
-    /// Total concurrency (closed) or rate (open) of that step.
-    pub load: Option<f64>,
-    /// Throughput of all ops there, ops/s.
-    pub throughput_ops_s: Option<f64>,
-    /// Tokens/s of all ops there.
-    pub tokens_per_s: Option<f64>,
-    /// The measured values of the constraints there, µs (same order as the constraints).
-    pub measured_us: Vec<f64>,
-    /// The step carries flags: the recommendation rests on suspicious data.
-    pub flagged: bool,
-}
-
 /// For closed-loop and open-loop steps separately, the step with the largest
 /// load whose measurements meet every constraint in `slas`. Steps that did not
 /// measure a constrained op are ignored. Returns one recommendation per mode
@@ -190,21 +155,6 @@ pub fn recommend(steps: &[Step], slas: &[Sla]) -> Vec<Recommendation> {
         });
     }
     out
-}
-
-/// Servers needed for a target throughput at an SLA (seed 001's scaling formula).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct CapacityPlan {
-    /// The constraints, as text.
-    pub sla: String,
-    /// Target tokens/s, all servers together.
-    pub target_tokens_per_s: f64,
-    /// Tokens/s one server sustains within the SLA (the recommended step).
-    pub per_server_tokens_per_s: f64,
-    /// Load per server at that point (concurrency or rate).
-    pub per_server_load: f64,
-    /// `ceil(target / per_server)`.
-    pub servers_needed: u64,
 }
 
 /// `servers = ceil(target / per-server capacity at the recommendation)`;

@@ -5,27 +5,7 @@
 //! fit searches only the (σ, κ) plane: a coarse grid (σ linear, κ
 //! log-spaced), then a shrinking pattern search around the best point. This is
 //! slower than Gauss–Newton but cannot diverge and honours the constraints.
-
-use serde::{Deserialize, Serialize};
-
-/// Fitted USL parameters.
-#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq)]
-pub struct UslFit {
-    /// Throughput of one unit of concurrency without contention (ops/s).
-    pub lambda: f64,
-    /// Contention (serial fraction), ≥ 0.
-    pub sigma: f64,
-    /// Coherency (crosstalk), ≥ 0.
-    pub kappa: f64,
-    /// Concurrency of peak throughput `sqrt((1−σ)/κ)`; `None` when κ = 0 or σ ≥ 1.
-    pub peak_concurrency: Option<f64>,
-    /// Predicted throughput at the peak (or the asymptote λ/σ when there is none).
-    pub peak_throughput: Option<f64>,
-    /// Coefficient of determination on the input points.
-    pub r_squared: f64,
-    /// Number of points fitted.
-    pub points: usize,
-}
+pub use crate::record::UslFit;
 
 impl UslFit {
     /// Predicted throughput at concurrency `n`.
