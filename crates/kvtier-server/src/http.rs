@@ -192,12 +192,7 @@ async fn put_value(
     params: Result<Query<PutParams>, axum::extract::rejection::QueryRejection>,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    let adm = match s.admit(Some(Instant::now())).await {
-        Ok(a) => a,
-        Err(shed) => return overloaded(shed),
-    };
-    let mut clock = adm.clock;
-    let resp = async {
+    handle(&s, "put", async |clock| {
         let Query(params) = params
             .map_err(|e| error(StatusCode::BAD_REQUEST, "invalid_argument", e.body_text()))?;
         let body = body.map_err(|e| {
@@ -230,19 +225,12 @@ async fn put_value(
             .map_err(core_error)?;
         s.metrics.bytes_in.inc_by(len);
         Ok::<_, Response>(StatusCode::NO_CONTENT.into_response())
-    }
+    })
     .await
-    .unwrap_or_else(|r| r);
-    finish(&s, "put", &clock, resp)
 }
 
 async fn get_value(State(s): State<Shared>, Path((ns, key)): Path<(String, String)>) -> Response {
-    let adm = match s.admit(Some(Instant::now())).await {
-        Ok(a) => a,
-        Err(shed) => return overloaded(shed),
-    };
-    let mut clock = adm.clock;
-    let resp = async {
+    handle(&s, "get", async |clock| {
         let id = id(&ns, &key)?;
         match s
             .engine
@@ -270,22 +258,15 @@ async fn get_value(State(s): State<Shared>, Path((ns, key)): Path<(String, Strin
                 format!("key {key:?} not found in namespace {ns:?}"),
             )),
         }
-    }
+    })
     .await
-    .unwrap_or_else(|r| r);
-    finish(&s, "get", &clock, resp)
 }
 
 async fn delete_value(
     State(s): State<Shared>,
     Path((ns, key)): Path<(String, String)>,
 ) -> Response {
-    let adm = match s.admit(Some(Instant::now())).await {
-        Ok(a) => a,
-        Err(shed) => return overloaded(shed),
-    };
-    let mut clock = adm.clock;
-    let resp = async {
+    handle(&s, "delete", async |clock| {
         let id = id(&ns, &key)?;
         match s
             .engine
@@ -300,21 +281,34 @@ async fn delete_value(
             )),
             _ => Ok(StatusCode::NO_CONTENT.into_response()),
         }
-    }
+    })
     .await
-    .unwrap_or_else(|r| r);
-    finish(&s, "delete", &clock, resp)
 }
 
-fn finish(
+/// Handles request `op` through the shared prologue ([`Shared::serve`]): 503
+/// when shed, the `server-timing` header on every answer, the HTTP status as
+/// the metrics outcome.
+async fn handle(
     s: &Shared,
     op: &'static str,
-    clock: &crate::timing::Clock,
-    mut resp: Response,
+    f: impl AsyncFnOnce(&mut crate::timing::Clock) -> Result<Response, Response>,
 ) -> Response {
+    let code = |r: &Response| r.status().as_u16().to_string().into();
+    s.serve(
+        (API, op),
+        Some(Instant::now()),
+        overloaded,
+        code,
+        async |clock| {
+            let resp = f(clock).await.unwrap_or_else(|r| r);
+            with_timing(resp, clock)
+        },
+    )
+    .await
+}
+
+fn with_timing(mut resp: Response, clock: &crate::timing::Clock) -> Response {
     let t = clock.finish();
-    let code = resp.status().as_u16().to_string();
-    s.observe(API, op, &code, clock);
     if let Ok(v) = format!(
         "queue;dur={:.3}, service;dur={:.3}, storage;dur={:.3}",
         t.queue_us as f64 / 1e3,

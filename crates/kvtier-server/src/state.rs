@@ -162,10 +162,43 @@ impl Shared {
         status
     }
 
+    /// The request prologue and epilogue every front shares: admission under
+    /// the front's concurrency limit (a shed request becomes `on_shed`), the
+    /// request's clock, then its outcome in the metrics (`api`, `op`, and
+    /// `code` of what `f` returned). Fronts keep only what differs: decoding,
+    /// access checks and their own error representation. (Reads that hold
+    /// their admission while the payload is sent call [`Shared::admit`]
+    /// themselves: the permit outlives this scope.)
+    pub async fn serve<R>(
+        &self,
+        (api, op): (&'static str, &'static str),
+        arrived: Option<Instant>,
+        on_shed: impl FnOnce(tonic::Status) -> R,
+        code: impl FnOnce(&R) -> std::borrow::Cow<'static, str>,
+        f: impl AsyncFnOnce(&mut Clock) -> R,
+    ) -> R {
+        let adm = match self.admit(arrived).await {
+            Ok(a) => a,
+            Err(shed) => return on_shed(shed),
+        };
+        let mut clock = adm.clock;
+        let r = f(&mut clock).await;
+        self.observe(api, op, &code(&r), &clock);
+        r
+    }
+
     /// Records the outcome of a request.
     pub fn observe(&self, api: &'static str, op: &'static str, code: &str, clock: &Clock) {
         self.metrics
             .observe(api, op, code, clock.queue() + clock.started.elapsed());
+    }
+}
+
+/// The metrics outcome of a gRPC-style result: `ok` or the status code name.
+pub fn result_code<T>(r: &Result<T, tonic::Status>) -> std::borrow::Cow<'static, str> {
+    match r {
+        Ok(_) => "ok".into(),
+        Err(s) => code_name(s.code()).into(),
     }
 }
 

@@ -405,18 +405,16 @@ async fn write(
     payloads: Vec<(Bytes, u32)>,
     arrived: Instant,
 ) -> Reply {
-    let adm = match shared.admit(Some(arrived)).await {
-        Ok(a) => a,
-        Err(shed) => return status_reply(shed),
-    };
-    let mut clock = adm.clock;
-    let r = write_inner(shared, req, payloads, arrived, &mut clock).await;
-    let code = match &r {
-        Ok(_) => "ok",
-        Err(s) => state::code_name(s.code()),
-    };
-    shared.observe(API, "write", code, &clock);
-    r.unwrap_or_else(status_reply)
+    shared
+        .serve(
+            (API, "write"),
+            Some(arrived),
+            Err,
+            state::result_code,
+            async |clock| write_inner(shared, req, payloads, arrived, clock).await,
+        )
+        .await
+        .unwrap_or_else(status_reply)
 }
 
 async fn write_inner(

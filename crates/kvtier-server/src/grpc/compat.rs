@@ -311,40 +311,76 @@ fn clip(s: &str) -> String {
     }
 }
 
-macro_rules! respond {
-    ($self:ident, $op:literal, $clock:ident, $r:expr, $ty:ident) => {{
-        let (resp, code) = match $r {
-            Ok(mut resp) => {
-                resp.server_metrics = Some(metrics(&$clock));
-                let code = if resp.success { "ok" } else { "not_found" };
-                (resp, code)
+/// A response of this API: its outcome travels in-band.
+trait InBandResponse: Default {
+    fn success(&self) -> bool;
+    fn fail(error: String) -> Self;
+    fn set_metrics(&mut self, m: pb::ServerMetrics);
+}
+
+macro_rules! in_band {
+    ($($ty:ident),*) => {$(
+        impl InBandResponse for pb::$ty {
+            fn success(&self) -> bool {
+                self.success
             }
             #[allow(clippy::needless_update)]
-            Err(error) => (
-                pb::$ty {
-                    error,
-                    success: false,
-                    server_metrics: Some(metrics(&$clock)),
-                    ..Default::default()
-                },
-                "error",
-            ),
-        };
-        $self.shared.observe(API, $op, code, &$clock);
-        resp
-    }};
+            fn fail(error: String) -> Self {
+                pb::$ty { error, success: false, ..Default::default() }
+            }
+            fn set_metrics(&mut self, m: pb::ServerMetrics) {
+                self.server_metrics = Some(m);
+            }
+        }
+    )*};
+}
+in_band!(LookupResponse, ReadResponse, WriteResponse);
+
+/// The in-band response for `r`, its metrics filled in, with its outcome
+/// code: `ok`, `not_found` (answered, nothing there) or `error`.
+fn respond<T: InBandResponse>(r: InBand<T>, clock: &Clock) -> (T, &'static str) {
+    let (mut resp, code) = match r {
+        Ok(resp) => {
+            let code = if resp.success() { "ok" } else { "not_found" };
+            (resp, code)
+        }
+        Err(error) => (T::fail(error), "error"),
+    };
+    resp.set_metrics(metrics(clock));
+    (resp, code)
 }
 
 impl CompatService {
+    /// Runs `f` as request `op` (see [`Shared::serve`]): a shed request is a
+    /// gRPC error (clients retry it), everything else an in-band answer.
+    async fn serve<T: InBandResponse>(
+        &self,
+        op: &'static str,
+        arrived: Option<Instant>,
+        f: impl AsyncFnOnce(&mut Clock) -> InBand<T>,
+    ) -> Result<T, Status> {
+        let code = |r: &Result<(T, &'static str), Status>| match r {
+            Ok((_, code)) => (*code).into(),
+            Err(s) => state::code_name(s.code()).into(),
+        };
+        self.shared
+            .serve((API, op), arrived, Err, code, async |clock| {
+                let r = f(clock).await;
+                Ok(respond(r, clock))
+            })
+            .await
+            .map(|(resp, _)| resp)
+    }
+
     async fn read_one(
         &self,
         req: pb::ReadRequest,
         arrived: Option<Instant>,
     ) -> Result<pb::ReadResponse, Status> {
-        let adm = self.shared.admit(arrived).await?;
-        let mut clock = adm.clock;
-        let r = self.read_inner(req, &mut clock).await;
-        Ok(respond!(self, "read", clock, r, ReadResponse))
+        self.serve("read", arrived, async |clock| {
+            self.read_inner(req, clock).await
+        })
+        .await
     }
 }
 
@@ -359,19 +395,13 @@ impl KvStoreService for CompatService {
         let who = self.shared.caller(request.metadata())?;
         let r = request.get_ref();
         self.authorize(&who, &r.resource_name, &r.container_name, false)?;
-        let adm = self
-            .shared
-            .admit(state::arrival(request.extensions()))
-            .await?;
-        let mut clock = adm.clock;
-        let r = self.lookup_inner(request.into_inner(), &mut clock).await;
-        Ok(Response::new(respond!(
-            self,
-            "lookup",
-            clock,
-            r,
-            LookupResponse
-        )))
+        let arrived = state::arrival(request.extensions());
+        let req = request.into_inner();
+        self.serve("lookup", arrived, async |clock| {
+            self.lookup_inner(req, clock).await
+        })
+        .await
+        .map(Response::new)
     }
 
     async fn read(
@@ -394,19 +424,13 @@ impl KvStoreService for CompatService {
         let who = self.shared.caller(request.metadata())?;
         let r = request.get_ref();
         self.authorize(&who, &r.resource_name, &r.container_name, true)?;
-        let adm = self
-            .shared
-            .admit(state::arrival(request.extensions()))
-            .await?;
-        let mut clock = adm.clock;
-        let r = self.write_inner(request.into_inner(), &mut clock).await;
-        Ok(Response::new(respond!(
-            self,
-            "write",
-            clock,
-            r,
-            WriteResponse
-        )))
+        let arrived = state::arrival(request.extensions());
+        let req = request.into_inner();
+        self.serve("write", arrived, async |clock| {
+            self.write_inner(req, clock).await
+        })
+        .await
+        .map(Response::new)
     }
 
     type StreamingReadStream = ReadStream;

@@ -29,13 +29,17 @@ impl V1Service {
         Self { shared }
     }
 
-    fn done<T>(&self, op: &'static str, clock: &Clock, r: Result<T, Status>) -> Result<T, Status> {
-        let code = match &r {
-            Ok(_) => "ok",
-            Err(s) => state::code_name(s.code()),
-        };
-        self.shared.observe(API, op, code, clock);
-        r
+    /// Runs `f` as request `op` of this API (see [`Shared::serve`]).
+    async fn serve<T>(
+        &self,
+        op: &'static str,
+        arrived: Option<Instant>,
+        f: impl AsyncFnOnce(&mut Clock) -> Result<T, Status>,
+    ) -> Result<Response<T>, Status> {
+        self.shared
+            .serve((API, op), arrived, Err, state::result_code, f)
+            .await
+            .map(Response::new)
     }
 }
 
@@ -137,15 +141,12 @@ impl KvTier for V1Service {
         request: Request<pb::LookupRequest>,
     ) -> Result<Response<pb::LookupResponse>, Status> {
         let who = self.shared.caller(request.metadata())?;
-        let adm = self
-            .shared
-            .admit(state::arrival(request.extensions()))
-            .await?;
-        let mut clock = adm.clock;
-        let r = self
-            .lookup_inner(&who, request.into_inner(), &mut clock)
-            .await;
-        self.done("lookup", &clock, r).map(Response::new)
+        let arrived = state::arrival(request.extensions());
+        let req = request.into_inner();
+        self.serve("lookup", arrived, async |clock| {
+            self.lookup_inner(&who, req, clock).await
+        })
+        .await
     }
 
     type ReadStream = ReadStream;
@@ -162,7 +163,11 @@ impl KvTier for V1Service {
         let mut clock = adm.clock;
         let (ns, keys) = match crate::read::prepare(&self.shared, &who, &req) {
             Ok(v) => v,
-            Err(e) => return Err(self.done("read", &clock, Err::<(), _>(e)).unwrap_err()),
+            Err(e) => {
+                self.shared
+                    .observe(API, "read", state::code_name(e.code()), &clock);
+                return Err(e);
+            }
         };
         let (tx, rx) = tokio::sync::mpsc::channel::<Result<pb::ReadResponse, Status>>(2);
         let shared = self.shared.clone();
@@ -208,17 +213,15 @@ impl KvTier for V1Service {
         request: Request<pb::WriteRequest>,
     ) -> Result<Response<pb::WriteResponse>, Status> {
         let who = self.shared.caller(request.metadata())?;
-        let adm = self
-            .shared
-            .admit(state::arrival(request.extensions()))
-            .await?;
-        let mut clock = adm.clock;
-        let mut resp = pb::WriteResponse::default();
-        let r = self
-            .write_batch(&who, request.into_inner(), &mut clock, &mut resp)
-            .await;
-        resp.timing = Some(clock.finish());
-        self.done("write", &clock, r.map(|_| Response::new(resp)))
+        let arrived = state::arrival(request.extensions());
+        let req = request.into_inner();
+        self.serve("write", arrived, async |clock| {
+            let mut resp = pb::WriteResponse::default();
+            self.write_batch(&who, req, clock, &mut resp).await?;
+            resp.timing = Some(clock.finish());
+            Ok(resp)
+        })
+        .await
     }
 
     async fn write_stream(
@@ -226,22 +229,17 @@ impl KvTier for V1Service {
         request: Request<Streaming<pb::WriteRequest>>,
     ) -> Result<Response<pb::WriteResponse>, Status> {
         let who = self.shared.caller(request.metadata())?;
-        let adm = self
-            .shared
-            .admit(state::arrival(request.extensions()))
-            .await?;
-        let mut clock = adm.clock;
+        let arrived = state::arrival(request.extensions());
         let mut stream = request.into_inner();
-        let mut resp = pb::WriteResponse::default();
-        let r = async {
+        self.serve("write_stream", arrived, async |clock| {
+            let mut resp = pb::WriteResponse::default();
             while let Some(msg) = stream.next().await {
-                self.write_batch(&who, msg?, &mut clock, &mut resp).await?;
+                self.write_batch(&who, msg?, clock, &mut resp).await?;
             }
-            Ok(())
-        }
-        .await;
-        resp.timing = Some(clock.finish());
-        self.done("write_stream", &clock, r.map(|_| Response::new(resp)))
+            resp.timing = Some(clock.finish());
+            Ok(resp)
+        })
+        .await
     }
 
     async fn delete(
@@ -249,13 +247,9 @@ impl KvTier for V1Service {
         request: Request<pb::DeleteRequest>,
     ) -> Result<Response<pb::DeleteResponse>, Status> {
         let who = self.shared.caller(request.metadata())?;
-        let adm = self
-            .shared
-            .admit(state::arrival(request.extensions()))
-            .await?;
-        let mut clock = adm.clock;
+        let arrived = state::arrival(request.extensions());
         let req = request.into_inner();
-        let r = async {
+        self.serve("delete", arrived, async |clock| {
             let ns = state::namespace(&req.namespace)?;
             self.shared.allow(&who, ns.as_str(), true)?;
             check_count(req.keys.len())?;
@@ -273,9 +267,8 @@ impl KvTier for V1Service {
                 deleted: deleted as u32,
                 timing: Some(clock.finish()),
             })
-        }
-        .await;
-        self.done("delete", &clock, r.map(Response::new))
+        })
+        .await
     }
 
     async fn lease(
@@ -283,13 +276,9 @@ impl KvTier for V1Service {
         request: Request<pb::LeaseRequest>,
     ) -> Result<Response<pb::LeaseResponse>, Status> {
         let who = self.shared.caller(request.metadata())?;
-        let adm = self
-            .shared
-            .admit(state::arrival(request.extensions()))
-            .await?;
-        let clock = adm.clock;
+        let arrived = state::arrival(request.extensions());
         let req = request.into_inner();
-        let r = (|| {
+        self.serve("lease", arrived, async |clock| {
             let engine = &self.shared.engine;
             if req.release_lease_id != 0 {
                 if let Some(ns) = engine.lease_namespace(req.release_lease_id) {
@@ -316,8 +305,8 @@ impl KvTier for V1Service {
                 lease_expires_unix_ms: g.expires_unix_ms,
                 timing: Some(clock.finish()),
             })
-        })();
-        self.done("lease", &clock, r.map(Response::new))
+        })
+        .await
     }
 
     async fn stats(
@@ -325,37 +314,35 @@ impl KvTier for V1Service {
         request: Request<pb::StatsRequest>,
     ) -> Result<Response<pb::StatsResponse>, Status> {
         self.shared.caller(request.metadata())?;
-        let adm = self
-            .shared
-            .admit(state::arrival(request.extensions()))
-            .await?;
-        let clock = adm.clock;
-        let s = self.shared.engine.stats();
-        let resp = pb::StatsResponse {
-            tiers: s
-                .tiers
-                .iter()
-                .map(|(k, t)| pb::TierStats {
-                    tier: tier(*k),
-                    blocks: t.blocks,
-                    bytes: t.bytes,
-                    capacity_bytes: t.capacity_bytes,
-                    hits: t.hits,
-                    misses: t.misses,
-                    evictions: t.evictions,
-                })
-                .collect(),
-            active_leases: s.active_leases,
-            expired_blocks: s.tiers.iter().map(|(_, t)| t.expirations).sum(),
-            version: env!("CARGO_PKG_VERSION").to_string(),
-            data_listen: self
-                .shared
-                .data_addr
-                .get()
-                .map(|a| a.to_string())
-                .unwrap_or_default(),
-            timing: Some(clock.finish()),
-        };
-        self.done("stats", &clock, Ok(Response::new(resp)))
+        let arrived = state::arrival(request.extensions());
+        self.serve("stats", arrived, async |clock| {
+            let s = self.shared.engine.stats();
+            Ok(pb::StatsResponse {
+                tiers: s
+                    .tiers
+                    .iter()
+                    .map(|(k, t)| pb::TierStats {
+                        tier: tier(*k),
+                        blocks: t.blocks,
+                        bytes: t.bytes,
+                        capacity_bytes: t.capacity_bytes,
+                        hits: t.hits,
+                        misses: t.misses,
+                        evictions: t.evictions,
+                    })
+                    .collect(),
+                active_leases: s.active_leases,
+                expired_blocks: s.tiers.iter().map(|(_, t)| t.expirations).sum(),
+                version: env!("CARGO_PKG_VERSION").to_string(),
+                data_listen: self
+                    .shared
+                    .data_addr
+                    .get()
+                    .map(|a| a.to_string())
+                    .unwrap_or_default(),
+                timing: Some(clock.finish()),
+            })
+        })
+        .await
     }
 }
