@@ -334,8 +334,9 @@ async fn a_lease_flood_from_one_namespace_leaves_others_writes_working() {
     e.memory().check_invariants().unwrap();
 }
 
-#[tokio::test]
-async fn per_namespace_pin_cap_truncates_lookups_and_refuses_leases() {
+/// An engine of 16 blocks' memory whose namespaces may each pin 2 blocks of
+/// the returned payload size.
+fn two_block_pin_cap() -> (Engine, usize) {
     let size = 1000usize;
     let block = size as u64 + 300;
     let e = Engine::new(EngineConfig {
@@ -343,6 +344,12 @@ async fn per_namespace_pin_cap_truncates_lookups_and_refuses_leases() {
         max_pinned_per_namespace: ByteSize(2 * block),
         ..Default::default()
     });
+    (e, size)
+}
+
+#[tokio::test]
+async fn per_namespace_pin_cap_truncates_lookups_and_refuses_leases() {
+    let (e, size) = two_block_pin_cap();
     let (a, b) = (ns("a"), ns("b"));
     let mut t = StorageTiming::default();
     let ca = chain_blocks(&a, 1, 3, size);
@@ -388,13 +395,7 @@ async fn per_namespace_pin_cap_truncates_lookups_and_refuses_leases() {
 async fn a_refused_lease_keeps_no_charge() {
     // A lease that does not fit whole is refused; the bytes reserved for its
     // leading blocks while deciding go back at once, not at its deadline.
-    let size = 1000usize;
-    let block = size as u64 + 300;
-    let e = Engine::new(EngineConfig {
-        memory_capacity: ByteSize(16 * block),
-        max_pinned_per_namespace: ByteSize(2 * block),
-        ..Default::default()
-    });
+    let (e, size) = two_block_pin_cap();
     let a = ns("a");
     let mut t = StorageTiming::default();
     let ca = chain_blocks(&a, 1, 4, size);

@@ -305,19 +305,24 @@ async fn grpc_request_bodies_are_charged_to_the_request_memory() {
     }
 }
 
+/// A gRPC client on one connection, no retries, that has been answered once.
+async fn one_connection_client(
+    addr: std::net::SocketAddr,
+) -> Result<kvtier_client::Client, kvtier_client::ClientError> {
+    let mut cc = kvtier_client::ClientConfig::new(format!("http://{addr}"));
+    cc.connections = 1;
+    cc.data_plane = false;
+    cc.retries = 0;
+    cc.timeout = Duration::from_secs(3);
+    let c = kvtier_client::Client::connect(cc).await?;
+    c.stats().await?;
+    Ok(c)
+}
+
 #[tokio::test]
 async fn grpc_connections_beyond_the_cap_are_closed() {
     let s = server(64 << 20, 2, 60_000, 60_000).await;
-    let client = || async {
-        let mut cc = kvtier_client::ClientConfig::new(format!("http://{}", s.grpc_addrs[0]));
-        cc.connections = 1;
-        cc.data_plane = false;
-        cc.retries = 0;
-        cc.timeout = Duration::from_secs(3);
-        let c = kvtier_client::Client::connect(cc).await?;
-        c.stats().await?;
-        Ok::<_, kvtier_client::ClientError>(c)
-    };
+    let client = || one_connection_client(s.grpc_addrs[0]);
     let a = client().await.expect("first");
     let b = client().await.expect("second");
     assert!(client().await.is_err(), "a third connection is refused");
@@ -335,16 +340,7 @@ async fn idle_grpc_connections_are_closed_and_busy_ones_kept() {
     // One connection slot, 400 ms idle timeout: a second client gets in only
     // once the first one's connection was closed for idleness.
     let s = server(64 << 20, 1, 400, 60_000).await;
-    let client = || async {
-        let mut cc = kvtier_client::ClientConfig::new(format!("http://{}", s.grpc_addrs[0]));
-        cc.connections = 1;
-        cc.data_plane = false;
-        cc.retries = 0;
-        cc.timeout = Duration::from_secs(3);
-        let c = kvtier_client::Client::connect(cc).await?;
-        c.stats().await?;
-        Ok::<_, kvtier_client::ClientError>(c)
-    };
+    let client = || one_connection_client(s.grpc_addrs[0]);
     // A raw TCP connection that never speaks is closed after the timeout.
     // (The server speaks first, its HTTP/2 SETTINGS; then EOF.)
     let mut silent = TcpStream::connect(s.grpc_addrs[0]).await.unwrap();
