@@ -21,6 +21,7 @@ the memory budget + 10 % + the fixed overhead measured on the idle server.
 
 usage: python3 scripts/overload-knee.py [--kvtier target/release/kvtier]
        [--sweep 1,2,4,8,16] [--duration 4s] [--repeat 3]
+       [--transports data-plane,grpc] [--pin] [--no-flood]
        [--out notes/012-load-shedding.json]
 """
 from __future__ import annotations
@@ -45,6 +46,9 @@ sys.path.insert(0, str(ROOT / "python"))
 from kvtier.server import Server  # noqa: E402
 
 MIB = 1 << 20
+# --pin: the server's threads on CPU 0, the generator on CPU 1 (taskset), so
+# neither takes the other's core and the server's own queueing is what it sees.
+PIN = False
 
 
 def rss_mib(pid: int) -> float:
@@ -87,6 +91,8 @@ def metric(http: str, name: str, labels: str = "") -> float:
 
 def bench(binary: Path, srv: Server, out: Path, args: list[str]) -> dict:
     cmd = [str(binary), "bench", "--target", f"grpc://{srv.grpc}", "-q", "--out", str(out), *args]
+    if PIN:
+        cmd = ["taskset", "-c", "1", *cmd]
     subprocess.run(cmd, check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
     rec = json.loads((out / "record.json").read_text())
     rec["_cmd"] = cmd
@@ -117,10 +123,13 @@ def step_summary(step: dict, op: str) -> dict:
 
 
 def serve(binary: Path, tmp: Path, mode: str, memory: str) -> Server:
-    return Server.start(
+    srv = Server.start(
         binary,
         ["--memory-capacity", memory, "--concurrency-limit", mode],
     )
+    if PIN:
+        subprocess.run(["taskset", "-a", "-cp", "0", str(srv.pid)], check=True, stdout=subprocess.DEVNULL)
+    return srv
 
 
 def overload(binary: Path, tmp: Path, mode: str, c: int, common: list[str]) -> dict:
@@ -175,11 +184,18 @@ def main() -> None:
     ap.add_argument("--transports", default="data-plane,grpc",
                     help="Read transports to measure, each with its own knee")
     ap.add_argument("--out", default=str(ROOT / "notes/012-load-shedding.json"))
+    ap.add_argument("--pin", action="store_true",
+                    help="server on CPU 0, generator on CPU 1 (taskset)")
+    ap.add_argument("--no-flood", action="store_true", help="skip the write flood")
     a = ap.parse_args()
+    global PIN
+    PIN = a.pin
     binary = Path(a.kvtier)
     results = {tr: measure(binary, a, tr) for tr in a.transports.split(",")}
-    with tempfile.TemporaryDirectory(prefix="kvtier-flood-") as t:
-        floods = {tr: flood(binary, Path(t), tr, a.duration) for tr in ("data-plane", "grpc")}
+    floods = {}
+    if not a.no_flood:
+        with tempfile.TemporaryDirectory(prefix="kvtier-flood-") as t:
+            floods = {tr: flood(binary, Path(t), tr, a.duration) for tr in ("data-plane", "grpc")}
     commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
     dirty = bool(subprocess.run(["git", "status", "--porcelain"], cwd=ROOT, capture_output=True, text=True).stdout.strip())
     record = {
@@ -187,6 +203,7 @@ def main() -> None:
         "git_commit": commit + ("-dirty" if dirty else ""),
         "machine": {"host": platform.node(), "cpus": os.cpu_count(), "kernel": platform.release()},
         "command": " ".join([sys.executable, *sys.argv]),
+        "pinned": PIN,
         "reads": results,
         "write_flood_32": floods,
     }
