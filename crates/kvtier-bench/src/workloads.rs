@@ -554,6 +554,14 @@ enum Op {
 }
 
 impl Op {
+    /// Unit `seq` of worker `id`: its operation, its unique number and the
+    /// chain block it reads.
+    fn next(ctx: &Ctx, id: WorkerId, seq: u64) -> (Op, u64, usize) {
+        let u = id.unique(seq);
+        let pick = (mix(u) % CHAIN_BLOCKS as u64) as usize;
+        (Op::of(ctx.workload, seq), u, pick)
+    }
+
     /// The operation of unit `seq` of `workload`.
     fn of(workload: Workload, seq: u64) -> Op {
         match workload {
@@ -690,10 +698,8 @@ impl V1Worker {
 
     async fn unit(&mut self, out: &mut Vec<Sample>) {
         let ctx = self.ctx.clone();
-        let seq = self.seq;
-        let u = self.id.unique(seq);
-        let pick = (mix(u) % CHAIN_BLOCKS as u64) as usize;
-        match Op::of(ctx.workload, seq) {
+        let (op, u, pick) = Op::next(&ctx, self.id, self.seq);
+        match op {
             Op::Ping => out.push(self.ping().await),
             Op::Lookup => out.push(self.lookup(&ctx.chain_keys).await),
             Op::Read => out.push(self.read("read", &ctx.chain_keys[pick]).await),
@@ -712,7 +718,7 @@ impl V1Worker {
                 }
             }
             Op::Kv => {
-                if seq.is_multiple_of(2) {
+                if self.seq.is_multiple_of(2) {
                     let k = kv_key(ctx.nonce, mix(u) % KV_KEYS as u64);
                     out.push(self.read("get", &k).await);
                 } else {
@@ -796,10 +802,8 @@ impl CompatWorker {
 
     async fn unit(&mut self, out: &mut Vec<Sample>) {
         let ctx = self.ctx.clone();
-        let seq = self.seq;
-        let u = self.id.unique(seq);
-        let pick = (mix(u) % CHAIN_BLOCKS as u64) as usize;
-        match Op::of(ctx.workload, seq) {
+        let (op, u, pick) = Op::next(&ctx, self.id, self.seq);
+        match op {
             Op::Lookup => out.push(self.c_lookup(stream_chain(), CHAIN_BLOCKS).await.0),
             Op::Read => out.push(self.c_read(&ctx.chain_locs[pick]).await),
             Op::Write => out.push(self.c_write(u, 0).await),
