@@ -39,7 +39,7 @@
 use parking_lot::Mutex;
 use prometheus_client::metrics::gauge::Gauge;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
@@ -119,26 +119,37 @@ impl Drop for Permit {
 /// The concurrency limit of one front.
 pub struct Limiter {
     kind: Kind,
-    /// `server.max_queued` (static mode).
-    max_queued: usize,
-    /// `server.queue_timeout` (static mode).
-    queue_timeout: Duration,
-    waiting: AtomicUsize,
 }
 
 enum Kind {
-    Static(Arc<Semaphore>, usize),
+    Static(Fixed),
     Adaptive(Arc<Adaptive>),
+}
+
+/// `server.max_inflight` in service, then a bounded queue.
+struct Fixed {
+    permits: Arc<Semaphore>,
+    max: usize,
+    /// `server.max_queued`.
+    max_queued: usize,
+    /// `server.queue_timeout`.
+    queue_timeout: Duration,
+    /// Requests waiting now.
+    waiting: AtomicUsize,
 }
 
 impl Limiter {
     /// A static limit of `max` with a queue of `max_queued` waiting at most `timeout`.
     pub fn fixed(max: usize, max_queued: usize, timeout: Duration) -> Self {
+        let max = max.max(1);
         Self {
-            kind: Kind::Static(Arc::new(Semaphore::new(max.max(1))), max.max(1)),
-            max_queued,
-            queue_timeout: timeout,
-            waiting: AtomicUsize::new(0),
+            kind: Kind::Static(Fixed {
+                permits: Arc::new(Semaphore::new(max)),
+                max,
+                max_queued,
+                queue_timeout: timeout,
+                waiting: AtomicUsize::new(0),
+            }),
         }
     }
 
@@ -146,9 +157,6 @@ impl Limiter {
     pub fn adaptive(max: usize, gauge: Gauge) -> Self {
         Self {
             kind: Kind::Adaptive(Arc::new(Adaptive::new(max, gauge, Instant::now()))),
-            max_queued: 0,
-            queue_timeout: Duration::ZERO,
-            waiting: AtomicUsize::new(0),
         }
     }
 
@@ -172,7 +180,7 @@ impl Limiter {
     /// The current limit.
     pub fn limit(&self) -> usize {
         match &self.kind {
-            Kind::Static(_, max) => *max,
+            Kind::Static(f) => f.max,
             Kind::Adaptive(a) => a.limit.load(Ordering::Relaxed),
         }
     }
@@ -180,20 +188,23 @@ impl Limiter {
     /// Requests in service now.
     pub fn inflight(&self) -> usize {
         match &self.kind {
-            Kind::Static(s, max) => max - s.available_permits(),
+            Kind::Static(f) => f.max - f.permits.available_permits(),
             Kind::Adaptive(a) => a.inflight.load(Ordering::Relaxed),
         }
     }
 
     /// Requests waiting for admission now (static mode).
     pub fn queued(&self) -> usize {
-        self.waiting.load(Ordering::Relaxed)
+        match &self.kind {
+            Kind::Static(f) => f.waiting.load(Ordering::Relaxed),
+            Kind::Adaptive(_) => 0,
+        }
     }
 
     /// The queue timeout, the base of the retry hint.
     pub fn retry_hint(&self) -> Duration {
         match &self.kind {
-            Kind::Static(..) => self.queue_timeout,
+            Kind::Static(f) => f.queue_timeout,
             // A few windows: long enough for the limit to have moved.
             Kind::Adaptive(_) => WINDOW * 2,
         }
@@ -203,18 +214,19 @@ impl Limiter {
     pub async fn acquire(&self) -> Result<Permit, Refused> {
         match &self.kind {
             Kind::Adaptive(a) => a.try_acquire(Instant::now()).ok_or(Refused::AtLimit),
-            Kind::Static(sem, _) => {
-                if let Ok(p) = sem.clone().try_acquire_owned() {
+            Kind::Static(f) => {
+                if let Ok(p) = f.permits.clone().try_acquire_owned() {
                     return Ok(Permit {
                         inner: PermitInner::Static(p),
                     });
                 }
-                let before = self.waiting.fetch_add(1, Ordering::Relaxed);
-                let _slot = Slot(&self.waiting);
-                if before >= self.max_queued {
+                let before = f.waiting.fetch_add(1, Ordering::Relaxed);
+                let _slot = Slot(&f.waiting);
+                if before >= f.max_queued {
                     return Err(Refused::QueueFull);
                 }
-                match tokio::time::timeout(self.queue_timeout, sem.clone().acquire_owned()).await {
+                match tokio::time::timeout(f.queue_timeout, f.permits.clone().acquire_owned()).await
+                {
                     Ok(p) => Ok(Permit {
                         inner: PermitInner::Static(p.expect("semaphore never closed")),
                     }),
@@ -239,21 +251,23 @@ pub struct Adaptive {
     inflight: AtomicUsize,
     limit: AtomicUsize,
     gauge: Gauge,
+    /// Whether `min_rtt` is being measured (admissions count for it).
+    probing: AtomicBool,
+    /// Most requests in service at once during the current window.
+    window_peak: AtomicUsize,
     state: Mutex<Gradient>,
 }
 
 struct Gradient {
     /// The limit as a real number (the atomic holds its ceiling).
     limit: f64,
-    /// Latency at `MIN_CONCURRENCY`; `None` until first measured.
+    /// Latency at `PROBE_CONCURRENCY`; `None` until first measured.
     min_rtt: Option<Duration>,
     /// `Some(limit to restore)` while `min_rtt` is being measured.
     measuring: Option<f64>,
     probe_samples: Vec<Duration>,
     window: Vec<Duration>,
     window_start: Instant,
-    /// Most requests in service at once during the window.
-    window_peak: usize,
     next_min_rtt: Instant,
 }
 
@@ -267,6 +281,8 @@ impl Adaptive {
             // Starts by measuring min_rtt, like Envoy.
             limit: AtomicUsize::new(PROBE_CONCURRENCY),
             gauge,
+            probing: AtomicBool::new(true),
+            window_peak: AtomicUsize::new(0),
             state: Mutex::new(Gradient {
                 limit: MIN_CONCURRENCY as f64,
                 min_rtt: None,
@@ -274,7 +290,6 @@ impl Adaptive {
                 probe_samples: Vec::with_capacity(MIN_RTT_SAMPLES),
                 window: Vec::new(),
                 window_start: now,
-                window_peak: 0,
                 next_min_rtt: now,
             }),
         }
@@ -289,9 +304,8 @@ impl Adaptive {
                 (n < limit).then_some(n + 1)
             })
             .ok()?;
-        let mut g = self.state.lock();
-        g.window_peak = g.window_peak.max(prev + 1);
-        Some(g.measuring.is_some())
+        self.window_peak.fetch_max(prev + 1, Ordering::Relaxed);
+        Some(self.probing.load(Ordering::Relaxed))
     }
 
     fn try_acquire(self: &Arc<Self>, now: Instant) -> Option<Permit> {
@@ -321,10 +335,11 @@ impl Adaptive {
                 let mut s = std::mem::take(&mut g.probe_samples);
                 g.min_rtt = Some(median(&mut s));
                 g.measuring = None;
+                self.probing.store(false, Ordering::Relaxed);
                 g.limit = restore;
                 g.window.clear();
                 g.window_start = now;
-                g.window_peak = 0;
+                self.window_peak.store(0, Ordering::Relaxed);
                 g.next_min_rtt = now + jitter(MIN_RTT_INTERVAL);
                 self.publish(restore);
             }
@@ -335,16 +350,15 @@ impl Adaptive {
             return;
         }
         let min_rtt = g.min_rtt.expect("measured before leaving the first probe");
-        let mut w = std::mem::take(&mut g.window);
-        let sample = median(&mut w);
-        let peak = std::mem::take(&mut g.window_peak);
-        g.window_start = now;
-        g.window = w;
+        let sample = median(&mut g.window);
         g.window.clear();
+        let peak = self.window_peak.swap(0, Ordering::Relaxed);
+        g.window_start = now;
         let next = next_limit(g.limit, min_rtt, sample, peak, self.max);
         g.limit = next;
         if now >= g.next_min_rtt {
             g.measuring = Some(next);
+            self.probing.store(true, Ordering::Relaxed);
             g.probe_samples.clear();
             self.limit.store(PROBE_CONCURRENCY, Ordering::Relaxed);
             self.gauge.set(PROBE_CONCURRENCY as i64);

@@ -467,6 +467,11 @@ impl Config {
         if self.server.max_streams_per_connection == 0 {
             anyhow::bail!("server.max_streams_per_connection must be > 0");
         }
+        if self.server.idle_timeout.is_zero() || self.server.read_timeout.is_zero() {
+            anyhow::bail!(
+                "server.idle_timeout and server.read_timeout must be > 0 (a zero timeout would close every connection between requests)"
+            );
+        }
         let e = &self.engine;
         if e.max_block_size.bytes() == 0 {
             anyhow::bail!("engine.max_block_size must be > 0");
@@ -608,6 +613,16 @@ mod tests {
             .to_string();
         assert!(e.contains("below 4 GiB"), "{e}");
         assert!(Config::parse("[server]\nmax_message_size = \"3GiB\"\n").is_ok());
+        for bad in [
+            "max_streams_per_connection = 0",
+            "idle_timeout = \"0s\"",
+            "read_timeout = \"0s\"",
+        ] {
+            let e = Config::parse(&format!("[server]\n{bad}\n"))
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("must be > 0"), "{bad}: {e}");
+        }
     }
 
     #[test]

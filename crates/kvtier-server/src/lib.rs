@@ -89,9 +89,15 @@ impl Server {
         );
         let (stop, stop_rx) = watch::channel(false);
         let mut tasks = JoinSet::new();
-        let grpc_addrs = start_grpc(&cfg, &shared, tls.as_ref(), &stop_rx, &mut tasks)?;
-        let http_addr = start_http(&cfg, &shared, tls.as_ref(), &stop_rx, &mut tasks).await?;
-        let data_addr = start_data_plane(&cfg, &shared, tls.as_ref(), &stop_rx, &mut tasks).await?;
+        let fronts = Fronts {
+            cfg: &cfg,
+            shared: &shared,
+            tls: tls.as_ref(),
+            stop_rx: &stop_rx,
+        };
+        let grpc_addrs = fronts.start_grpc(&mut tasks)?;
+        let http_addr = fronts.start_http(&mut tasks).await?;
+        let data_addr = fronts.start_data_plane(&mut tasks).await?;
         // Expired blocks are also dropped lazily on access; this bounds the memory
         // they hold when nobody asks for them.
         let eng = engine.clone();
@@ -158,48 +164,114 @@ impl Server {
 
 type Tasks = JoinSet<anyhow::Result<()>>;
 
-/// Binds every gRPC listener (one per `server.listen` entry, or one per NUMA
-/// node) and serves them; returns their bound addresses in config order.
-fn start_grpc(
-    cfg: &Config,
-    shared: &Shared,
-    tls: Option<&tls::Tls>,
-    stop_rx: &watch::Receiver<bool>,
-    tasks: &mut Tasks,
-) -> anyhow::Result<Vec<SocketAddr>> {
-    let mut grpc_addrs = Vec::new();
-    // One concurrency limit per front (docs/operations.md).
-    let grpc_shared = shared.for_front("grpc", &cfg.server);
-    let (max_conns, idle) = (cfg.server.max_connections, cfg.server.idle_timeout);
-    for spec in cfg.listeners()? {
-        let std_listener = std::net::TcpListener::bind(spec.addr)
-            .with_context(|| format!("cannot listen for gRPC on {}", spec.addr))?;
-        std_listener.set_nonblocking(true)?;
-        let addr = std_listener.local_addr()?;
-        grpc_addrs.push(addr);
-        let router = grpc_router(cfg, grpc_shared.clone(), tls)?;
-        let rx = stop_rx.clone();
-        match spec.cpus {
-            None => {
-                let listener = tokio::net::TcpListener::from_std(std_listener)?;
-                tasks.spawn(serve_grpc(router, listener, rx, addr, max_conns, idle));
-                tracing::info!(%addr, "gRPC listening (kvtier.v1, kvstore.KVStoreService, grpc.health.v1)");
-            }
-            Some(cpus) => {
-                tasks.spawn(serve_grpc_pinned(
-                    router,
-                    std_listener,
-                    rx,
-                    addr,
-                    cpus.clone(),
-                    max_conns,
-                    idle,
-                )?);
-                tracing::info!(%addr, ?cpus, "gRPC listening on a pinned runtime");
+/// What starting a front needs.
+struct Fronts<'a> {
+    cfg: &'a Config,
+    shared: &'a Shared,
+    tls: Option<&'a tls::Tls>,
+    stop_rx: &'a watch::Receiver<bool>,
+}
+
+impl Fronts<'_> {
+    /// Binds every gRPC listener (one per `server.listen` entry, or one per NUMA
+    /// node) and serves them; returns their bound addresses in config order.
+    fn start_grpc(&self, tasks: &mut Tasks) -> anyhow::Result<Vec<SocketAddr>> {
+        let Fronts {
+            cfg,
+            shared,
+            tls,
+            stop_rx,
+        } = *self;
+        let mut grpc_addrs = Vec::new();
+        // One concurrency limit per front (docs/operations.md).
+        let grpc_shared = shared.for_front("grpc", &cfg.server);
+        let (max_conns, idle) = (cfg.server.max_connections, cfg.server.idle_timeout);
+        for spec in cfg.listeners()? {
+            let std_listener = std::net::TcpListener::bind(spec.addr)
+                .with_context(|| format!("cannot listen for gRPC on {}", spec.addr))?;
+            std_listener.set_nonblocking(true)?;
+            let addr = std_listener.local_addr()?;
+            grpc_addrs.push(addr);
+            let router = grpc_router(cfg, grpc_shared.clone(), tls)?;
+            let rx = stop_rx.clone();
+            match spec.cpus {
+                None => {
+                    let listener = tokio::net::TcpListener::from_std(std_listener)?;
+                    tasks.spawn(serve_grpc(router, listener, rx, addr, max_conns, idle));
+                    tracing::info!(%addr, "gRPC listening (kvtier.v1, kvstore.KVStoreService, grpc.health.v1)");
+                }
+                Some(cpus) => {
+                    tasks.spawn(serve_grpc_pinned(
+                        router,
+                        std_listener,
+                        rx,
+                        addr,
+                        cpus.clone(),
+                        max_conns,
+                        idle,
+                    )?);
+                    tracing::info!(%addr, ?cpus, "gRPC listening on a pinned runtime");
+                }
             }
         }
+        Ok(grpc_addrs)
     }
-    Ok(grpc_addrs)
+
+    /// Binds and serves the HTTP API, if `server.http_listen` is set.
+    async fn start_http(&self, tasks: &mut Tasks) -> anyhow::Result<Option<SocketAddr>> {
+        let Fronts {
+            cfg,
+            shared,
+            tls,
+            stop_rx,
+        } = *self;
+        if cfg.server.http_listen.is_empty() {
+            return Ok(None);
+        }
+        let a: SocketAddr = cfg.server.http_listen.parse()?;
+        let listener = tokio::net::TcpListener::bind(a)
+            .await
+            .with_context(|| format!("cannot listen for HTTP on {a}"))?;
+        let addr = listener.local_addr()?;
+        let app = http::router(shared.for_front("http", &cfg.server));
+        tasks.spawn(http::serve(
+            listener,
+            app,
+            tls.map(tls::Tls::acceptor),
+            shared.limits.clone(),
+            stop_rx.clone(),
+        ));
+        tracing::info!(%addr, "HTTP listening (/v1/kv, /healthz, /metrics)");
+        Ok(Some(addr))
+    }
+
+    /// Binds and serves the bulk data plane, if `server.data_listen` enables it.
+    async fn start_data_plane(&self, tasks: &mut Tasks) -> anyhow::Result<Option<SocketAddr>> {
+        let Fronts {
+            cfg,
+            shared,
+            tls,
+            stop_rx,
+        } = *self;
+        let Some(a) = cfg.data_listen()? else {
+            return Ok(None);
+        };
+        let listener = tokio::net::TcpListener::bind(a)
+            .await
+            .with_context(|| format!("cannot listen for the data plane on {a}"))?;
+        let addr = listener.local_addr()?;
+        wire::set_congestion(&listener, &cfg.server.data_tcp_congestion);
+        let _ = shared.data_addr.set(addr);
+        tasks.spawn(wire::serve(
+            listener,
+            tls.map(tls::Tls::acceptor),
+            shared.for_front("data", &cfg.server),
+            cfg.server.max_message_size.bytes(),
+            stop_rx.clone(),
+        ));
+        tracing::info!(%addr, "data plane listening (Read/Write payloads, docs/wire.md)");
+        Ok(Some(addr))
+    }
 }
 
 /// Serves one gRPC listener on its own runtime, every worker pinned to
@@ -237,62 +309,6 @@ fn serve_grpc_pinned(
             .await?
             .map_err(|_| anyhow::anyhow!("listener thread for {addr} panicked"))?
     })
-}
-
-/// Binds and serves the HTTP API, if `server.http_listen` is set.
-async fn start_http(
-    cfg: &Config,
-    shared: &Shared,
-    tls: Option<&tls::Tls>,
-    stop_rx: &watch::Receiver<bool>,
-    tasks: &mut Tasks,
-) -> anyhow::Result<Option<SocketAddr>> {
-    if cfg.server.http_listen.is_empty() {
-        return Ok(None);
-    }
-    let a: SocketAddr = cfg.server.http_listen.parse()?;
-    let listener = tokio::net::TcpListener::bind(a)
-        .await
-        .with_context(|| format!("cannot listen for HTTP on {a}"))?;
-    let addr = listener.local_addr()?;
-    let app = http::router(shared.for_front("http", &cfg.server));
-    tasks.spawn(http::serve(
-        listener,
-        app,
-        tls.map(tls::Tls::acceptor),
-        shared.limits.clone(),
-        stop_rx.clone(),
-    ));
-    tracing::info!(%addr, "HTTP listening (/v1/kv, /healthz, /metrics)");
-    Ok(Some(addr))
-}
-
-/// Binds and serves the bulk data plane, if `server.data_listen` enables it.
-async fn start_data_plane(
-    cfg: &Config,
-    shared: &Shared,
-    tls: Option<&tls::Tls>,
-    stop_rx: &watch::Receiver<bool>,
-    tasks: &mut Tasks,
-) -> anyhow::Result<Option<SocketAddr>> {
-    let Some(a) = cfg.data_listen()? else {
-        return Ok(None);
-    };
-    let listener = tokio::net::TcpListener::bind(a)
-        .await
-        .with_context(|| format!("cannot listen for the data plane on {a}"))?;
-    let addr = listener.local_addr()?;
-    wire::set_congestion(&listener, &cfg.server.data_tcp_congestion);
-    let _ = shared.data_addr.set(addr);
-    tasks.spawn(wire::serve(
-        listener,
-        tls.map(tls::Tls::acceptor),
-        shared.for_front("data", &cfg.server),
-        cfg.server.max_message_size.bytes(),
-        stop_rx.clone(),
-    ));
-    tracing::info!(%addr, "data plane listening (Read/Write payloads, docs/wire.md)");
-    Ok(Some(addr))
 }
 
 async fn serve_grpc(

@@ -206,26 +206,24 @@ where
 /// Requests in service on one gRPC connection, and when the last one ended:
 /// what "idle" means for `server.idle_timeout` (HTTP/2 pings are traffic, not
 /// use).
-#[derive(Default)]
 pub struct Activity {
     active: AtomicUsize,
     /// When the connection was last in use (ms since `epoch`).
     last_ms: AtomicU64,
-    epoch: OnceInstant,
-}
-
-#[derive(Default)]
-struct OnceInstant(std::sync::OnceLock<Instant>);
-
-impl OnceInstant {
-    fn get(&self) -> Instant {
-        *self.0.get_or_init(Instant::now)
-    }
+    epoch: Instant,
 }
 
 impl Activity {
+    fn new() -> Self {
+        Self {
+            active: AtomicUsize::new(0),
+            last_ms: AtomicU64::new(0),
+            epoch: Instant::now(),
+        }
+    }
+
     fn now_ms(&self) -> u64 {
-        self.epoch.get().elapsed().as_millis() as u64
+        self.epoch.elapsed().as_millis() as u64
     }
 
     /// A request started; it ends when the guard drops.
@@ -276,8 +274,7 @@ pub struct Capped {
 impl Capped {
     /// Wraps an accepted connection.
     pub fn new(io: tokio::net::TcpStream, slot: OwnedSemaphorePermit, idle: Duration) -> Self {
-        let activity = Arc::new(Activity::default());
-        activity.epoch.get();
+        let activity = Arc::new(Activity::new());
         Self {
             io,
             _slot: slot,

@@ -5,7 +5,7 @@ use crate::metrics::Metrics;
 use crate::timing::{Arrival, Clock};
 use kvtier_core::{Engine, Key, Namespace};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 /// Everything a request handler needs.
 #[derive(Clone)]
@@ -69,7 +69,10 @@ impl Shared {
         Self {
             engine,
             metrics,
-            admission: Arc::new(Limiter::fixed(max_inflight, 1024, Duration::from_secs(1))),
+            admission: Arc::new({
+                let d = crate::config::ServerSection::default();
+                Limiter::fixed(max_inflight, d.max_queued, d.queue_timeout)
+            }),
             data_addr: Default::default(),
             auth: Arc::new(Auth::disabled()),
             public_metrics: true,
@@ -257,6 +260,7 @@ pub fn code_name(c: tonic::Code) -> &'static str {
 mod tests {
     use super::*;
     use kvtier_core::EngineConfig;
+    use std::time::Duration;
 
     #[tokio::test]
     async fn past_the_queue_requests_are_shed_with_a_retry_hint() {
