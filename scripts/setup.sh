@@ -15,6 +15,7 @@ rust_v=$(rustc --version | awk '{print $2}')
 version_ge "$rust_v" 1.89 || { echo "Rust $rust_v is too old: kvtier needs >= 1.89 (rustup update)"; exit 1; }
 command -v python3 >/dev/null || need_apt+=(python3 python3-venv)
 command -v curl >/dev/null || need_apt+=(curl)
+command -v ss >/dev/null || need_apt+=(iproute2)
 if $for_tests; then
   command -v redis-server >/dev/null || need_apt+=(redis-server)
   command -v redis-benchmark >/dev/null || need_apt+=(redis-tools)

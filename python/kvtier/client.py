@@ -277,7 +277,7 @@ class Client:
         retries: int = 2,
         data_plane: bool = True,
         data_connections: int = 0,
-        data_tcp_congestion: str | None = "reno",
+        data_tcp_congestion: str | None = None,
         token: str | None = None,
         salt: bytes | str | None = None,
         tls_ca: str | None = None,

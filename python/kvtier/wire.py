@@ -15,8 +15,9 @@ How the bytes move, and why:
   non-blocking, and ``MSG_WAITALL`` means nothing there.)
 * A request goes out with ``sendmsg`` of header, metadata and the callers'
   payload buffers: no concatenation.
-* TCP congestion control ``reno`` by default, as the Rust client and the
-  server do (BBR paces a 1.2 MB burst into slices; ``notes/006-data-plane.md``).
+* TCP congestion control: the system default unless ``congestion`` names one,
+  as the Rust client and the server do (``reno`` avoids BBR's pacing of a
+  1.2 MB burst on low-RTT links; ``notes/006-data-plane.md``).
 
 Errors: transport failures and protocol violations raise
 ``KvtierError(UNAVAILABLE)`` (the client retries those) and the connection is
@@ -105,7 +106,7 @@ class WirePool:
         self,
         addr: tuple[str, int],
         connections: int = 4,
-        congestion: str | None = "reno",
+        congestion: str | None = None,
         max_reply: int = 512 << 20,
         token: str | None = None,
         tls: ssl.SSLContext | None = None,

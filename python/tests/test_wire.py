@@ -116,11 +116,18 @@ def test_oversized_write_is_refused_before_sending(client, ns, tmp_path):
 
 
 def test_congestion_control_is_set(server, ns):
-    with Client(server.grpc, connections=1) as c:
-        c.write(ns, chain_blocks(1, size=10))
+    def cc_of(c):
         (sock,) = c.data_plane()._idle
-        cc = sock.getsockopt(socket.IPPROTO_TCP, getattr(socket, "TCP_CONGESTION", 13), 16)
-        assert cc.rstrip(b"\0") == b"reno"
+        return sock.getsockopt(socket.IPPROTO_TCP, getattr(socket, "TCP_CONGESTION", 13), 16).rstrip(b"\0")
+
+    with open("/proc/sys/net/ipv4/tcp_congestion_control", "rb") as f:
+        system = f.read().strip()
+    with Client(server.grpc, connections=1) as c:  # default: what the system runs
+        c.write(ns, chain_blocks(1, size=10))
+        assert cc_of(c) == system
+    with Client(server.grpc, connections=1, data_tcp_congestion="reno") as c:
+        c.write(ns, chain_blocks(1, seed=5, size=10))
+        assert cc_of(c) == b"reno"
     with Client(server.grpc, connections=1, data_tcp_congestion="nosuchcc") as c:
         assert c.write(ns, chain_blocks(1, seed=3, size=10)).stored == 1  # refused name: system default
 

@@ -334,7 +334,7 @@ pub fn default_op_map(ours: &[Step], peer: &[Step]) -> BTreeMap<String, String> 
 pub fn analyze(record: &mut Record) {
     let t = record.analysis_config_thresholds();
     check_steps(&mut record.steps, &t);
-    if let Some(peer) = record.peer.as_mut() {
+    for peer in &mut record.peers {
         check_steps(&mut peer.steps, &t);
         if peer.op_map.is_empty() {
             peer.op_map = default_op_map(&record.steps, &peer.steps);
@@ -373,6 +373,7 @@ pub fn analyze(record: &mut Record) {
         }
         Err(e) => a.warnings.push(format!("SLA not applied: {e:#}")),
     }
+    a.comparison = crate::fair::compare_record(record);
     record.analysis = Some(a);
 }
 

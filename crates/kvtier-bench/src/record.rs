@@ -20,7 +20,7 @@ use hdrhistogram::Histogram;
 use serde::{Deserialize, Serialize};
 
 /// Schema version of [`Record`]; bumped on any incompatible change.
-pub const SCHEMA_VERSION: u32 = 1;
+pub const SCHEMA_VERSION: u32 = 2;
 
 /// One bench run: what was measured, where, how, and the results.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -48,16 +48,16 @@ pub struct Record {
     pub analysis_config: AnalysisConfig,
     /// One entry per load level (closed concurrency or open rate), in run order.
     pub steps: Vec<Step>,
-    /// A peer system (e.g. Redis) measured in the same run with the same steps.
+    /// Peer systems (Redis, Mooncake Store) measured in the same run with the
+    /// same steps, repeats alternating with kvtier's.
     #[serde(default)]
-    pub peer: Option<PeerRun>,
+    pub peers: Vec<PeerRun>,
     /// Raw TCP throughput between generator and target, measured in the same run.
     #[serde(default)]
     pub link_probe: Option<LinkProbe>,
-    /// The peer's own benchmark tool run against it in the same run (e.g.
-    /// `redis-benchmark`), a reference for the peer client's numbers.
+    /// The network settings every system ran under (comparison rule 1).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub peer_reference: Option<PeerReference>,
+    pub network: Option<Network>,
     /// Derived results; filled by [`crate::analysis::analyze`].
     #[serde(default)]
     pub analysis: Option<Analysis>,
@@ -78,23 +78,50 @@ impl Record {
             target: target.to_string(),
             analysis_config: AnalysisConfig::default(),
             steps: Vec::new(),
-            peer: None,
+            peers: Vec::new(),
             link_probe: None,
-            peer_reference: None,
+            network: None,
             analysis: None,
         }
     }
 
-    /// Parses a record, rejecting other schema versions.
+    /// Parses a record, rejecting unknown schema versions. Version 1 (one
+    /// `peer` and a separate `peer_reference`) is read as version 2 with
+    /// that peer first in `peers` and the reference attached to it.
     pub fn from_json(text: &str) -> anyhow::Result<Self> {
-        let v: serde_json::Value = serde_json::from_str(text)?;
+        let mut v: serde_json::Value = serde_json::from_str(text)?;
         let version = v.get("schema_version").and_then(|x| x.as_u64());
-        anyhow::ensure!(
-            version == Some(u64::from(SCHEMA_VERSION)),
-            "record schema_version {version:?} is not supported (expected {SCHEMA_VERSION})"
-        );
+        match version {
+            Some(1) => upgrade_v1(&mut v),
+            Some(x) if x == u64::from(SCHEMA_VERSION) => {}
+            _ => anyhow::bail!(
+                "record schema_version {version:?} is not supported (expected 1 or {SCHEMA_VERSION})"
+            ),
+        }
         Ok(serde_json::from_value(v)?)
     }
+
+    /// The peer run named `name` (e.g. `redis 7.0.15`), if any.
+    pub fn peer(&self, name: &str) -> Option<&PeerRun> {
+        self.peers.iter().find(|p| p.name == name)
+    }
+}
+
+/// Version 1 → 2: `peer` + `peer_reference` become `peers[0]` (+ its `reference`).
+fn upgrade_v1(v: &mut serde_json::Value) {
+    let Some(o) = v.as_object_mut() else { return };
+    let reference = o.remove("peer_reference").filter(|r| !r.is_null());
+    let peers = match o.remove("peer").filter(|p| !p.is_null()) {
+        Some(mut p) => {
+            if let (Some(po), Some(r)) = (p.as_object_mut(), reference) {
+                po.insert("reference".into(), r);
+            }
+            vec![p]
+        }
+        None => Vec::new(),
+    };
+    o.insert("peers".into(), serde_json::Value::Array(peers));
+    o.insert("schema_version".into(), SCHEMA_VERSION.into());
 }
 
 /// Inputs to the analysis that come from the command line.
@@ -444,13 +471,50 @@ pub struct AcrossRepeats {
 /// A peer system measured with the same steps in the same run.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
 pub struct PeerRun {
-    /// e.g. `redis 7.0.15`.
+    /// e.g. `redis 7.0.15`, `mooncake-store 0.3.13.post1`.
     pub name: String,
+    /// How the steps were driven, e.g. `kvtier bench RESP2 client`.
+    #[serde(default)]
+    pub client: String,
     /// kvtier op → peer op used for ratio tables, e.g. `read → get`.
     #[serde(default)]
     pub op_map: BTreeMap<String, String>,
     /// Steps, same structure as [`Record::steps`].
     pub steps: Vec<Step>,
+    /// The peer's own benchmark tool, run against it in the same run (e.g.
+    /// `redis-benchmark`): comparisons use the better of it and `steps`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reference: Option<PeerReference>,
+}
+
+/// Congestion control of the sockets each system used, sampled with `ss`
+/// while it was under load (both ends of each connection seen on this host).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
+pub struct Network {
+    /// `net.ipv4.tcp_congestion_control` when the run started.
+    pub system_default_cc: String,
+    /// What kvtier's bench client asked for on data-plane sockets ("": system default).
+    pub kvtier_client_cc: String,
+    /// System (`kvtier`, or a peer's name) → congestion control names seen on its sockets.
+    pub observed_cc: BTreeMap<String, std::collections::BTreeSet<String>>,
+}
+
+impl Network {
+    /// Why the run's network settings were not equal between kvtier and `peer`, if they were not.
+    pub fn unequal(&self, peer: &str) -> Option<String> {
+        let k = self.observed_cc.get("kvtier")?;
+        let p = self.observed_cc.get(peer)?;
+        (k != p).then(|| {
+            let j = |s: &std::collections::BTreeSet<String>| {
+                s.iter().cloned().collect::<Vec<_>>().join("+")
+            };
+            format!(
+                "unequal congestion control: kvtier {}, {peer} {}",
+                j(k),
+                j(p)
+            )
+        })
+    }
 }
 
 /// The peer's own benchmark tool, run in the same run.
@@ -475,6 +539,10 @@ pub struct ReferenceRow {
     pub p50_us: f64,
     /// 99th percentile latency, µs.
     pub p99_us: f64,
+    /// The tool's CPU time / (wall time × its threads), when measured: near 1
+    /// the tool itself, not the peer, may be the limit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub generator_cpu_utilisation: Option<f64>,
 }
 
 /// Raw TCP throughput between generator and target.
@@ -637,6 +705,54 @@ pub struct Analysis {
     pub capacity: Vec<CapacityPlan>,
     /// Problems met while analysing (bad SLA strings, too few points, ...).
     pub warnings: Vec<String>,
+    /// kvtier vs each peer under the comparison rules ([`crate::fair`]).
+    #[serde(default)]
+    pub comparison: Vec<PeerComparison>,
+}
+
+/// One (step, kvtier op, peer) comparison.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+pub struct PeerComparison {
+    /// Step label (`c=8`).
+    pub step: String,
+    /// Total concurrency (closed loop) or rate.
+    pub load: f64,
+    /// kvtier op (`read`).
+    pub op: String,
+    /// Peer name (`redis 7.0.15`).
+    pub peer: String,
+    /// Peer op (`get`).
+    pub peer_op: String,
+    /// kvtier ops/s, median over repeats.
+    pub kvtier_ops_s: f64,
+    /// kvtier ops/s of each repeat.
+    pub kvtier_repeats_ops_s: Vec<f64>,
+    /// kvtier e2e p99 (µs), median over repeats.
+    pub kvtier_p99_us: f64,
+    /// The bench's client of the peer: ops/s, median over repeats.
+    pub peer_client_ops_s: Option<f64>,
+    /// The bench's client of the peer: ops/s of each repeat.
+    pub peer_client_repeats_ops_s: Vec<f64>,
+    /// The bench's client of the peer: e2e p99 (µs), median over repeats.
+    pub peer_client_p99_us: Option<f64>,
+    /// The peer's own tool: ops/s.
+    pub peer_tool_ops_s: Option<f64>,
+    /// The peer's own tool: p99 (µs).
+    pub peer_tool_p99_us: Option<f64>,
+    /// The peer's best ops/s (rule 2), the ratio's denominator.
+    pub peer_best_ops_s: f64,
+    /// p99 (µs) of the source that gave the best ops/s.
+    pub peer_best_p99_us: f64,
+    /// `client` or `tool`.
+    pub peer_best_source: String,
+    /// kvtier / peer best ops/s; `None` when excluded.
+    pub throughput_ratio: Option<f64>,
+    /// kvtier p99 / peer best source's p99; `None` when excluded.
+    pub p99_ratio: Option<f64>,
+    /// Why no ratio is given (empty: included).
+    pub excluded: Vec<String>,
+    /// Repeats far from their median, kept in the medians but reported here.
+    pub outliers: Vec<String>,
 }
 
 /// One latency constraint.
@@ -749,7 +865,36 @@ mod tests {
         let r = Record::new("w", "grpc", 1, "t");
         let text = serde_json::to_string(&r).unwrap();
         assert_eq!(Record::from_json(&text).unwrap(), r);
-        let bad = text.replace("\"schema_version\":1", "\"schema_version\":99");
+        let bad = text.replace("\"schema_version\":2", "\"schema_version\":99");
+        assert_ne!(bad, text);
         assert!(Record::from_json(&bad).is_err());
+    }
+
+    #[test]
+    fn a_version_1_record_reads_with_its_peer_and_reference_attached() {
+        let mut v: serde_json::Value =
+            serde_json::to_value(Record::new("read", "grpc", 1, "t")).unwrap();
+        let o = v.as_object_mut().unwrap();
+        o.insert("schema_version".into(), 1.into());
+        o.remove("peers");
+        o.insert(
+            "peer".into(),
+            serde_json::json!({"name": "redis 7", "op_map": {"read": "get"}, "steps": []}),
+        );
+        o.insert(
+            "peer_reference".into(),
+            serde_json::json!({"tool": "redis-benchmark", "rows": [
+                {"concurrency": 8, "op": "get", "throughput_ops_s": 5.0, "p50_us": 1.0, "p99_us": 2.0}]}),
+        );
+        let r = Record::from_json(&v.to_string()).unwrap();
+        assert_eq!(r.schema_version, SCHEMA_VERSION);
+        assert_eq!(r.peers.len(), 1);
+        assert_eq!(r.peers[0].name, "redis 7");
+        let rf = r.peers[0]
+            .reference
+            .as_ref()
+            .expect("reference moved onto the peer");
+        assert_eq!(rf.rows[0].throughput_ops_s, 5.0);
+        assert_eq!(rf.rows[0].generator_cpu_utilisation, None);
     }
 }

@@ -70,7 +70,7 @@ pub fn expected_charts(r: &Record) -> usize {
     if !r.steps.is_empty() {
         n += 1; // bandwidth
     }
-    if let Some(p) = r.peer.as_ref().filter(|p| !p.steps.is_empty()) {
+    for p in r.peers.iter().filter(|p| !p.steps.is_empty()) {
         n += 3 * p.op_map.len();
     }
     if open > 0 {
@@ -117,8 +117,16 @@ pub fn render_report(r: &Record) -> anyhow::Result<String> {
             }),
         ),
         (
-            "Peer",
-            r.peer.as_ref().map_or("none".into(), |p| p.name.clone()),
+            "Peers",
+            if r.peers.is_empty() {
+                "none".into()
+            } else {
+                r.peers
+                    .iter()
+                    .map(|p| p.name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            },
         ),
     ] {
         meta.push_str(&format!("<tr><td><b>{k}</b></td><td>{}</td></tr>", esc(&v)));
@@ -189,7 +197,7 @@ fn tables_html(r: &Record) -> String {
         }
         out.push_str("</table>");
     }
-    if let Some(peer) = r.peer.as_ref().filter(|p| !p.steps.is_empty()) {
+    for peer in r.peers.iter().filter(|p| !p.steps.is_empty()) {
         for (kop, pop) in &peer.op_map {
             out.push_str(&format!(
                 "<h3>kvtier {} vs {} {}</h3><table class=\"t\"><tr><th>load</th><th>kvtier ops/s</th>\
@@ -262,11 +270,12 @@ mod tests {
                 )
             })
             .collect();
-        r.peer = Some(PeerRun {
+        r.peers = vec![PeerRun {
             name: "redis".into(),
             op_map: [("read".to_string(), "get".to_string())].into(),
             steps: peer,
-        });
+            ..Default::default()
+        }];
         analyze(&mut r);
         r
     }

@@ -10,6 +10,7 @@
 //! * With a peer, each step runs against kvtier (all repeats), then against
 //!   the peer at the same load.
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::io::{BufRead, BufReader, Write};
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
@@ -21,12 +22,18 @@ use serde::{Deserialize, Serialize};
 
 use crate::builder::{RepeatInput, StepBuilder};
 use crate::load::{Load, Progress, WireRepeat, cores, run_repeat, thread_cpu};
+use crate::netobs::{Sampler, Sel};
+use crate::peer_mooncake::SpawnedMooncake;
 use crate::peer_redis::{self, PeerClient, RedisWorker, SpawnedRedis};
-use crate::record::{LinkProbe, Mode, PeerReference, PeerRun, Record, ReferenceRow, Step};
+use crate::record::{LinkProbe, Mode, Network, PeerReference, PeerRun, Record, ReferenceRow, Step};
 use crate::workloads::{Api, Conn, ConnOpts, Ctx, KvWorker, Transport, WorkerId, Workload};
 
 /// Thread-name prefix of the generator runtime.
 pub const GEN_THREADS: &str = "kvtier-gen";
+
+/// Memory of a spawned peer (Redis `maxmemory`, Mooncake's segment): the
+/// same as kvtier's default memory tier, so all hold the same data.
+pub const PEER_MEMORY: u64 = 2 << 30;
 
 /// Everything `kvtier bench` was asked to do.
 #[derive(Debug, Clone)]
@@ -58,8 +65,8 @@ pub struct BenchConfig {
     pub warmup: Duration,
     /// Repeats per step.
     pub repeat: u32,
-    /// `redis://HOST:PORT` or `redis://spawn`.
-    pub peer: Option<String>,
+    /// Peers, each `redis://HOST:PORT`, `redis://spawn` or `mooncake://spawn`.
+    pub peers: Vec<String>,
     /// SLA strings.
     pub slas: Vec<String>,
     /// Capacity-planning target.
@@ -97,13 +104,13 @@ impl BenchConfig {
             duration: Duration::from_secs(10),
             warmup: Duration::from_secs(2),
             repeat: 1,
-            peer: None,
+            peers: Vec::new(),
             slas: Vec::new(),
             target_tokens_per_s: None,
             probe: false,
             connections: 4,
             retries: None,
-            data_tcp_congestion: "reno".into(),
+            data_tcp_congestion: String::new(),
             quiet: false,
             worker_exe: None,
         }
@@ -253,9 +260,111 @@ struct Runner<'a> {
     nonce: u64,
     value_size: usize,
     next_worker: u64,
+    /// System name → congestion control seen on its sockets (rule 1).
+    observed_cc: BTreeMap<String, BTreeSet<String>>,
+}
+
+/// A peer of this run.
+enum Peer {
+    /// Driven by this bench's own client (Redis) through a [`System`].
+    Bench {
+        name: String,
+        client: String,
+        url: String,
+        system: System,
+        sockets: Sel,
+    },
+    /// Mooncake Store, through its driver.
+    Mooncake(SpawnedMooncake),
+}
+
+impl Peer {
+    fn name(&self) -> String {
+        match self {
+            Peer::Bench { name, .. } => name.clone(),
+            Peer::Mooncake(m) => m.name(),
+        }
+    }
+}
+
+fn port_of(url: &str) -> Option<u16> {
+    url.rsplit(':').next()?.trim_end_matches('/').parse().ok()
 }
 
 impl Runner<'_> {
+    /// When to sample congestion control: the middle of the measured window.
+    fn sample_at(&self) -> Duration {
+        self.cfg.warmup + self.cfg.duration / 2
+    }
+
+    fn observe(&mut self, system: &str, seen: BTreeSet<String>) {
+        self.observed_cc
+            .entry(system.to_string())
+            .or_default()
+            .extend(seen);
+    }
+
+    /// One repeat of one step, with the congestion control of `sockets` sampled during it.
+    fn observed_repeat(
+        &mut self,
+        system: &System,
+        name: &str,
+        sockets: &Sel,
+        load: Load,
+        label: &str,
+    ) -> anyhow::Result<RepeatInput> {
+        let sampler = Sampler::start(sockets.clone(), self.sample_at());
+        let r = self.repeat(system, load, label);
+        self.observe(name, sampler.finish());
+        r
+    }
+
+    /// One repeat of Mooncake (closed loop, read → get, write → put).
+    fn mooncake_repeat(
+        &mut self,
+        m: &SpawnedMooncake,
+        load: Load,
+        label: &str,
+    ) -> anyhow::Result<(RepeatInput, String)> {
+        let Load::Closed(c) = load else {
+            anyhow::bail!("the Mooncake peer runs closed-loop steps only (--concurrency)");
+        };
+        let op = match self.cfg.workload {
+            Workload::Read => "get",
+            Workload::Write => "put",
+            w => anyhow::bail!(
+                "the Mooncake peer runs --workload read or write, not {}",
+                w.name()
+            ),
+        };
+        let mut pids = m.info.pids.clone();
+        let at = self.sample_at();
+        let mut sampler = None;
+        let r = m.run(
+            op,
+            c * self.cfg.processes.max(1),
+            self.cfg.warmup,
+            self.cfg.duration,
+            self.value_size,
+            |pid| {
+                pids.push(pid);
+                sampler = Some(Sampler::start(
+                    Sel {
+                        ports: Vec::new(),
+                        pids,
+                    },
+                    at,
+                ));
+            },
+        )?;
+        if let Some(s) = sampler {
+            let seen = s.finish();
+            self.observe(&m.name(), seen);
+        }
+        self.progress.done(label, &r.0);
+        Ok(r)
+    }
+
     /// One repeat of one step: in this process or in `processes` children.
     fn repeat(&mut self, system: &System, load: Load, label: &str) -> anyhow::Result<RepeatInput> {
         let p = self.cfg.processes.max(1);
@@ -331,28 +440,58 @@ impl Runner<'_> {
         Ok(r)
     }
 
-    /// One step for kvtier and, when given, the peer: repeats alternate
-    /// (kvtier, peer, kvtier, peer, ...) so that drift on a shared machine
-    /// lands on both systems alike instead of on whichever ran second.
-    fn step_pair(
+    /// One step for kvtier and every peer: repeats alternate (kvtier, peer
+    /// 1, peer 2, kvtier, ...) so that drift on a shared machine lands on
+    /// every system alike instead of on whichever ran last. Returns kvtier's
+    /// step, each peer's, and how each peer was driven.
+    fn step_all(
         &mut self,
         kv: &System,
-        peer: Option<&System>,
+        kv_sockets: &Sel,
+        peers: &[Peer],
         load: Load,
         mode: Mode,
         name: &str,
-    ) -> anyhow::Result<(Step, Option<Step>)> {
+    ) -> anyhow::Result<(Step, Vec<Step>, Vec<String>)> {
         let mut kb = StepBuilder::new(mode, self.cfg.processes);
-        let mut pb = peer.map(|_| StepBuilder::new(mode, self.cfg.processes));
+        // Mooncake's driver runs the whole concurrency itself; the step keeps
+        // kvtier's process count so that both carry the same label.
+        let mut pbs: Vec<StepBuilder> = peers
+            .iter()
+            .map(|_| StepBuilder::new(mode, self.cfg.processes))
+            .collect();
+        let mut how = vec![String::new(); peers.len()];
         let k = self.cfg.repeat.max(1);
         for rep in 0..k {
             let label = format!("{name} rep {}/{k}", rep + 1);
-            kb.add_repeat(self.repeat(kv, load, &label)?);
-            if let (Some(sys), Some(pb)) = (peer, pb.as_mut()) {
-                pb.add_repeat(self.repeat(sys, load, &format!("redis {label}"))?);
+            kb.add_repeat(self.observed_repeat(kv, "kvtier", kv_sockets, load, &label)?);
+            for (i, peer) in peers.iter().enumerate() {
+                let plabel = format!("{} {label}", peer.name());
+                let r = match peer {
+                    Peer::Bench {
+                        name,
+                        system,
+                        sockets,
+                        client,
+                        ..
+                    } => {
+                        how[i] = client.clone();
+                        self.observed_repeat(system, name, sockets, load, &plabel)?
+                    }
+                    Peer::Mooncake(m) => {
+                        let (r, h) = self.mooncake_repeat(m, load, &plabel)?;
+                        how[i] = h;
+                        r
+                    }
+                };
+                pbs[i].add_repeat(r);
             }
         }
-        Ok((kb.build()?, pb.map(|b| b.build()).transpose()?))
+        let steps = pbs
+            .into_iter()
+            .map(|b| b.build())
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        Ok((kb.build()?, steps, how))
     }
 }
 
@@ -385,9 +524,12 @@ fn spawn_config() -> anyhow::Result<kvtier_server::config::Config> {
     Ok(serde_json::from_value(v)?)
 }
 
-/// Runs `redis-benchmark -t set,get -d SIZE -c C -n N --csv` against `url`
-/// at each concurrency (N: about 3 s of work at ~2,000 req/s, at least 50 per
-/// connection).
+/// Runs `redis-benchmark` against `url` at each concurrency: `SET` with a
+/// key range of 10⁹ (so that, as kvtier's writes, every SET makes a new key)
+/// and `GET` of one key holding a `value_size` value (written first without
+/// a key range, which names it `key:__rand_int__`). N is about 3 s of work at
+/// ~2,000 req/s, at least 50 per connection. The tool's CPU utilisation (of
+/// its one thread) comes from `getrusage(RUSAGE_CHILDREN)`.
 fn redis_benchmark(
     url: &str,
     value_size: usize,
@@ -399,51 +541,81 @@ fn redis_benchmark(
     let (host, port) = addr
         .rsplit_once(':')
         .ok_or_else(|| anyhow::anyhow!("redis url {url:?} has no port"))?;
+    let d = value_size.to_string();
     let tool = format!(
-        "redis-benchmark -h {host} -p {port} -t set,get -d {value_size} -c {{c}} -n {{n}} --csv"
+        "redis-benchmark -h {host} -p {port} -t set -r 1000000000 -d {value_size} -c {{c}} -n {{n}} --csv; \
+         redis-benchmark -h {host} -p {port} -t get -d {value_size} -c {{c}} -n {{n}} --csv"
     );
-    let mut rows = Vec::new();
-    for &c in concurrency {
-        let n = (u64::from(c) * 50).max(6000);
+    let run = |args: &[&str]| -> anyhow::Result<(String, f64)> {
+        let before = children_cpu();
+        let t0 = std::time::Instant::now();
         let out = Command::new("redis-benchmark")
-            .args(["-h", host, "-p", port, "-t", "set,get"])
-            .args(["-d", &value_size.to_string(), "-c", &c.to_string()])
-            .args(["-n", &n.to_string(), "--csv"])
+            .args(["-h", host, "-p", port, "-d", &d, "--csv"])
+            .args(args)
             .stderr(Stdio::null())
             .output()
             .context("running redis-benchmark")?;
+        let wall = t0.elapsed().as_secs_f64();
         anyhow::ensure!(
             out.status.success(),
             "redis-benchmark failed: {}",
             out.status
         );
-        for line in String::from_utf8_lossy(&out.stdout).lines().skip(1) {
-            let f: Vec<&str> = line.split(',').map(|x| x.trim_matches('"')).collect();
-            // "test","rps","avg_latency_ms","min_latency_ms","p50_latency_ms","p95_latency_ms","p99_latency_ms","max_latency_ms"
-            if f.len() < 7 {
-                continue;
+        let cpu = (children_cpu() - before).as_secs_f64();
+        Ok((
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            cpu / wall.max(1e-9),
+        ))
+    };
+    // The key GET reads.
+    run(&["-t", "set", "-n", "1", "-c", "1"])?;
+    let mut rows = Vec::new();
+    for &c in concurrency {
+        let n = (u64::from(c) * 50).max(6000).to_string();
+        let cs = c.to_string();
+        for test in [&["-t", "set", "-r", "1000000000"][..], &["-t", "get"][..]] {
+            let (csv, util) = run(&[test, &["-c", &cs, "-n", &n]].concat())?;
+            for line in csv.lines().skip(1) {
+                let f: Vec<&str> = line.split(',').map(|x| x.trim_matches('"')).collect();
+                // "test","rps","avg_latency_ms","min_latency_ms","p50_latency_ms","p95_latency_ms","p99_latency_ms","max_latency_ms"
+                if f.len() < 7 {
+                    continue;
+                }
+                let num = |i: usize| f[i].parse::<f64>().unwrap_or(f64::NAN);
+                let row = ReferenceRow {
+                    concurrency: c,
+                    op: f[0].to_ascii_lowercase(),
+                    throughput_ops_s: num(1),
+                    p50_us: num(4) * 1000.0,
+                    p99_us: num(6) * 1000.0,
+                    generator_cpu_utilisation: Some(util),
+                };
+                if !quiet {
+                    println!(
+                        "redis-benchmark c={c}: {} {:.0} ops/s p50 {:.2} ms p99 {:.2} ms (tool CPU {:.0}%)",
+                        row.op,
+                        row.throughput_ops_s,
+                        row.p50_us / 1000.0,
+                        row.p99_us / 1000.0,
+                        util * 100.0
+                    );
+                }
+                rows.push(row);
             }
-            let num = |i: usize| f[i].parse::<f64>().unwrap_or(f64::NAN);
-            let row = ReferenceRow {
-                concurrency: c,
-                op: f[0].to_ascii_lowercase(),
-                throughput_ops_s: num(1),
-                p50_us: num(4) * 1000.0,
-                p99_us: num(6) * 1000.0,
-            };
-            if !quiet {
-                println!(
-                    "redis-benchmark c={c}: {} {:.0} ops/s p50 {:.2} ms p99 {:.2} ms",
-                    row.op,
-                    row.throughput_ops_s,
-                    row.p50_us / 1000.0,
-                    row.p99_us / 1000.0
-                );
-            }
-            rows.push(row);
         }
     }
     Ok(PeerReference { tool, rows })
+}
+
+/// CPU time (user + system) of every child process waited for so far.
+fn children_cpu() -> Duration {
+    use nix::sys::resource::{UsageWho, getrusage};
+    getrusage(UsageWho::RUSAGE_CHILDREN).map_or(Duration::ZERO, |u| {
+        let tv = |t: nix::sys::time::TimeVal| {
+            Duration::new(t.tv_sec().max(0) as u64, (t.tv_usec().max(0) as u32) * 1000)
+        };
+        tv(u.user_time()) + tv(u.system_time())
+    })
 }
 
 /// Runs the sweep. Call from a thread that is not inside a Tokio runtime.
@@ -492,20 +664,45 @@ pub fn run(cfg: &BenchConfig) -> anyhow::Result<Record> {
             )
         }
     };
-    let mut redis_spawned = None;
-    let peer_url = match cfg.peer.as_deref() {
-        None => None,
-        Some("redis://spawn") => {
-            let r = SpawnedRedis::start()?;
-            let url = r.url.clone();
-            redis_spawned = Some(r);
-            Some(url)
-        }
-        Some(u) if u.starts_with("redis://") => Some(u.to_string()),
-        Some(u) => {
-            anyhow::bail!("unsupported peer {u:?}: expected redis://HOST:PORT or redis://spawn")
-        }
-    };
+    let mut redis_spawned = Vec::new();
+    let mut peers = Vec::new();
+    for p in &cfg.peers {
+        let url = match p.as_str() {
+            "redis://spawn" => {
+                let r = SpawnedRedis::start()?;
+                let url = r.url.clone();
+                redis_spawned.push(r);
+                url
+            }
+            "mooncake://spawn" => {
+                anyhow::ensure!(
+                    cfg.rates.is_empty()
+                        && matches!(cfg.workload, Workload::Read | Workload::Write),
+                    "the Mooncake peer runs closed-loop --workload read or write"
+                );
+                peers.push(Peer::Mooncake(SpawnedMooncake::start(PEER_MEMORY)?));
+                continue;
+            }
+            u if u.starts_with("redis://") => u.to_string(),
+            u => anyhow::bail!(
+                "unsupported peer {u:?}: expected redis://HOST:PORT, redis://spawn or mooncake://spawn"
+            ),
+        };
+        peers.push(Peer::Bench {
+            name: String::new(),
+            client: format!("kvtier bench's Redis client ({})", cfg.peer_client.name()),
+            sockets: Sel {
+                ports: port_of(&url).into_iter().collect(),
+                pids: Vec::new(),
+            },
+            system: System::Redis {
+                url: url.clone(),
+                client: cfg.peer_client,
+            },
+            url,
+        });
+    }
+    let system_cc = crate::netobs::system_default();
     let nonce = nonce();
     let progress = Progress::new(cfg.quiet);
     let link_probe: Option<LinkProbe> = if cfg.probe {
@@ -522,7 +719,7 @@ pub fn run(cfg: &BenchConfig) -> anyhow::Result<Record> {
     };
     // Preload.
     let ctx_pre = Ctx::new(cfg.workload, value_size, nonce);
-    let (peer_name, wire) = gen_rt.block_on(async {
+    let (data_addr, wire) = gen_rt.block_on(async {
         let opts = ConnOpts {
             api: cfg.api,
             connections: 1,
@@ -536,15 +733,22 @@ pub fn run(cfg: &BenchConfig) -> anyhow::Result<Record> {
         let mut ctx = Ctx::new(cfg.workload, value_size, nonce);
         ctx.preload(&conn).await?;
         let wire = conn.uses_data_plane();
-        match &peer_url {
-            Some(url) => {
+        for p in &mut peers {
+            if let Peer::Bench { url, name, .. } = p {
                 let mut c = peer_redis::connect(url, cfg.peer_client).await?;
                 peer_redis::preload(&ctx_pre, &mut c).await?;
-                anyhow::Ok((Some(peer_redis::version(&mut c).await), wire))
+                *name = peer_redis::version(&mut c).await;
             }
-            None => Ok((None, wire)),
         }
+        anyhow::Ok((conn.data_plane_addr(), wire))
     })?;
+    let kv_sockets = Sel {
+        ports: port_of(&target)
+            .into_iter()
+            .chain(data_addr.map(|a| a.port()))
+            .collect(),
+        pids: Vec::new(),
+    };
     let mut runner = Runner {
         cfg,
         rt: gen_rt,
@@ -552,6 +756,7 @@ pub fn run(cfg: &BenchConfig) -> anyhow::Result<Record> {
         nonce,
         value_size,
         next_worker: 0,
+        observed_cc: BTreeMap::new(),
     };
     let kv_system = System::Kvtier {
         target: target.clone(),
@@ -585,36 +790,55 @@ pub fn run(cfg: &BenchConfig) -> anyhow::Result<Record> {
             .collect()
     };
     let mut steps = Vec::new();
-    let mut peer_steps = Vec::new();
-    let peer_system = peer_url.as_ref().map(|url| System::Redis {
-        url: url.clone(),
-        client: cfg.peer_client,
-    });
+    let mut peer_runs: Vec<PeerRun> = peers
+        .iter()
+        .map(|p| PeerRun {
+            name: p.name(),
+            op_map: match p {
+                Peer::Mooncake(_) => [("read", "get"), ("write", "put")]
+                    .map(|(a, b)| (a.to_string(), b.to_string()))
+                    .into(),
+                Peer::Bench { .. } => Default::default(),
+            },
+            ..Default::default()
+        })
+        .collect();
     for (load, mode, name) in &loads {
-        let (kv, peer) = runner.step_pair(&kv_system, peer_system.as_ref(), *load, *mode, name)?;
+        let (kv, ps, how) = runner.step_all(&kv_system, &kv_sockets, &peers, *load, *mode, name)?;
         steps.push(kv);
-        peer_steps.extend(peer);
-    }
-    let Runner { rt: gen_rt, .. } = runner;
-    drop(gen_rt);
-    let peer_reference = match &peer_url {
-        Some(url)
-            if cfg.peer_tool
-                && cfg.rates.is_empty()
-                && matches!(cfg.workload, Workload::Read | Workload::Write) =>
-        {
-            Some(redis_benchmark(
-                url,
-                value_size,
-                &cfg.concurrency,
-                cfg.quiet,
-            )?)
+        for ((run, step), how) in peer_runs.iter_mut().zip(ps).zip(how) {
+            run.steps.push(step);
+            run.client = how;
         }
-        _ => None,
-    };
+    }
+    let Runner {
+        rt: gen_rt,
+        observed_cc,
+        ..
+    } = runner;
+    drop(gen_rt);
+    // The peers' own tools, at each closed-loop concurrency (rule 2).
+    let tool_applies = cfg.peer_tool
+        && cfg.rates.is_empty()
+        && matches!(cfg.workload, Workload::Read | Workload::Write);
+    let totals: Vec<u32> = cfg
+        .concurrency
+        .iter()
+        .map(|c| c * cfg.processes.max(1))
+        .collect();
+    for (peer, run) in peers.iter().zip(&mut peer_runs) {
+        if !tool_applies {
+            break;
+        }
+        run.reference = match peer {
+            Peer::Bench { url, .. } => Some(redis_benchmark(url, value_size, &totals, cfg.quiet)?),
+            Peer::Mooncake(m) => m.reference(&totals, cfg.duration, value_size)?,
+        };
+    }
     if let Some((srv_rt, server)) = spawned {
         srv_rt.block_on(server.shutdown())?;
     }
+    drop(peers);
     drop(redis_spawned);
     let mut rec = Record::new(
         cfg.workload.name(),
@@ -627,11 +851,11 @@ pub fn run(cfg: &BenchConfig) -> anyhow::Result<Record> {
     rec.analysis_config.target_tokens_per_s = cfg.target_tokens_per_s;
     rec.steps = steps;
     rec.link_probe = link_probe;
-    rec.peer_reference = peer_reference;
-    rec.peer = peer_name.map(|name| PeerRun {
-        name,
-        op_map: Default::default(),
-        steps: peer_steps,
+    rec.peers = peer_runs;
+    rec.network = Some(Network {
+        system_default_cc: system_cc,
+        kvtier_client_cc: cfg.data_tcp_congestion.clone(),
+        observed_cc,
     });
     Ok(rec)
 }

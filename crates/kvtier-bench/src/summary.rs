@@ -8,7 +8,7 @@
 use std::fmt::Write;
 
 use crate::analysis::Analysis;
-use crate::record::{Phase, Record, Step};
+use crate::record::{PeerRun, Phase, Record, Step};
 
 fn ms(us: f64) -> String {
     format!("{:.2}", us / 1000.0)
@@ -205,9 +205,97 @@ fn degradation_tables(out: &mut String, a: &Analysis) {
     }
 }
 
-fn peer_table(out: &mut String, r: &Record) {
-    let Some(peer) = &r.peer else { return };
+fn peer_tables(out: &mut String, r: &Record) {
+    if let Some(n) = &r.network {
+        let _ = writeln!(out, "## Network settings\n");
+        let _ = writeln!(
+            out,
+            "System default congestion control: `{}`; kvtier's bench client asked for `{}`.\n",
+            n.system_default_cc,
+            if n.kvtier_client_cc.is_empty() {
+                "the system default"
+            } else {
+                &n.kvtier_client_cc
+            }
+        );
+        header(
+            out,
+            &["System", "congestion control seen on its sockets"].map(String::from),
+        );
+        for (sys, cc) in &n.observed_cc {
+            let cc: Vec<&str> = cc.iter().map(String::as_str).collect();
+            let _ = writeln!(out, "| {sys} | {} |", cc.join(", "));
+        }
+        out.push('\n');
+    }
+    for peer in &r.peers {
+        peer_table(out, r, peer);
+    }
+    if let Some(a) = r.analysis.as_ref().filter(|a| !a.comparison.is_empty()) {
+        fair_table(out, a);
+    }
+}
+
+fn fair_table(out: &mut String, a: &Analysis) {
+    let _ = writeln!(out, "## Comparisons under the rules\n");
+    let _ = writeln!(
+        out,
+        "Equal network settings; the peer's number is the better of the bench's client and its own tool; \
+         medians over repeats; saturated or failing steps get no ratio (docs/bench.md).\n"
+    );
+    header(
+        out,
+        &[
+            "Step",
+            "op",
+            "peer",
+            "kvtier ops/s",
+            "peer client ops/s",
+            "peer tool ops/s",
+            "denominator",
+            "throughput ratio",
+            "kvtier p99",
+            "peer p99",
+            "p99 ratio",
+            "notes",
+        ]
+        .map(String::from),
+    );
+    let opt = |v: Option<f64>| v.map_or("–".into(), |v| format!("{v:.1}"));
+    let x = |v: Option<f64>| v.map_or("–".into(), |v| format!("{v:.2}x"));
+    for c in &a.comparison {
+        let mut notes: Vec<String> = c
+            .excluded
+            .iter()
+            .map(|e| format!("excluded: {e}"))
+            .collect();
+        notes.extend(c.outliers.iter().cloned());
+        let _ = writeln!(
+            out,
+            "| {} | {} | {} {} | {:.1} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            c.step,
+            c.op,
+            c.peer,
+            c.peer_op,
+            c.kvtier_ops_s,
+            opt(c.peer_client_ops_s),
+            opt(c.peer_tool_ops_s),
+            c.peer_best_source,
+            x(c.throughput_ratio),
+            ms(c.kvtier_p99_us),
+            ms(c.peer_best_p99_us),
+            x(c.p99_ratio),
+            notes.join("; ")
+        );
+    }
+    out.push('\n');
+}
+
+fn peer_table(out: &mut String, r: &Record, peer: &PeerRun) {
     let _ = writeln!(out, "## kvtier vs {} (same run)\n", peer.name);
+    if !peer.client.is_empty() {
+        let _ = writeln!(out, "Driven by: {}.\n", peer.client);
+    }
     header(
         out,
         &[
@@ -268,7 +356,7 @@ fn peer_table(out: &mut String, r: &Record) {
         "\nRatios are kvtier / {}; throughput > 1x and p99 < 1x favour kvtier.\n",
         peer.name
     );
-    if let Some(rf) = &r.peer_reference {
+    if let Some(rf) = &peer.reference {
         let _ = writeln!(
             out,
             "### {} measured by its own tool (same run)\n",
@@ -451,24 +539,18 @@ pub fn render_summary(r: &Record) -> String {
     if let Some(a) = &r.analysis {
         degradation_tables(&mut out, a);
     }
-    peer_table(&mut out, r);
+    peer_tables(&mut out, r);
     if let Some(a) = &r.analysis {
         analysis_sections(&mut out, a);
     }
-    let peer_name = r
-        .peer
-        .as_ref()
-        .map(|p| format!("{} ", p.name))
-        .unwrap_or_default();
     let flagged: Vec<(String, &Step)> = r
         .steps
         .iter()
         .map(|s| (String::new(), s))
         .chain(
-            r.peer
+            r.peers
                 .iter()
-                .flat_map(|p| &p.steps)
-                .map(|s| (peer_name.clone(), s)),
+                .flat_map(|p| p.steps.iter().map(|s| (format!("{} ", p.name), s))),
         )
         .filter(|(_, s)| !s.flags.is_empty())
         .collect();
@@ -494,7 +576,7 @@ pub fn render_summary(r: &Record) -> String {
 mod tests {
     use super::*;
     use crate::analysis::analyze;
-    use crate::record::{LinkProbe, PeerRun};
+    use crate::record::LinkProbe;
     use crate::testutil::{synthetic_record, synthetic_step};
 
     #[test]
@@ -516,11 +598,12 @@ mod tests {
                 )
             })
             .collect();
-        r.peer = Some(PeerRun {
+        r.peers = vec![PeerRun {
             name: "redis".into(),
             op_map: [("read".to_string(), "get".to_string())].into(),
             steps: peer_steps,
-        });
+            ..Default::default()
+        }];
         r.steps[3].generator_cpu_utilisation = 0.99;
         analyze(&mut r);
         let md = render_summary(&r);
@@ -547,5 +630,18 @@ mod tests {
         assert!(md.contains("- ⚠ **redis c=2** `littles_law`"), "{md}");
         assert!(md.contains("| read | p99 | 8 | 30.00 ms |"), "{md}");
         assert!(md.contains("| c=8 | 8.00 | 8.00 | 1.00 | ✓ |"), "{md}");
+        // Under the rules: c=4 compared, c=8 (saturated generator) excluded.
+        assert!(
+            md.contains("| c=4 | read | redis get | 400.0 | 200.0 | – | client | 2.00x |"),
+            "{md}"
+        );
+        assert!(
+            md.contains("| c=8 | read | redis get | 800.0 | 200.0 | – | client | – |"),
+            "{md}"
+        );
+        assert!(
+            md.contains("excluded: kvtier generator: generator used 99%"),
+            "{md}"
+        );
     }
 }

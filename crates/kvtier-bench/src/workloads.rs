@@ -478,6 +478,14 @@ impl Conn {
     pub fn uses_data_plane(&self) -> bool {
         matches!(self, Conn::V1(c, _) if c.data_plane().is_some())
     }
+
+    /// The data plane's address, when Read/Write use it.
+    pub fn data_plane_addr(&self) -> Option<std::net::SocketAddr> {
+        match self {
+            Conn::V1(c, _) => c.data_plane().map(|w| w.addr()),
+            _ => None,
+        }
+    }
 }
 
 fn compat_client(ch: Channel) -> KvStoreServiceClient<Channel> {

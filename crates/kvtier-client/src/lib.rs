@@ -88,9 +88,9 @@ pub struct ClientConfig {
     pub data_connections: usize,
     /// TCP congestion control of data-plane connections (best effort: a name
     /// the kernel refuses leaves the system default). `None` or `""`: system default.
-    /// Default "reno", as the server's `server.data_tcp_congestion`: the
-    /// client is the sender of writes, so its setting paces (or not) every
-    /// write burst (notes/006-data-plane.md).
+    /// Default: the system default, as the server's
+    /// `server.data_tcp_congestion`. The client is the sender of writes, so
+    /// its setting paces (or not) every write burst (notes/006-data-plane.md).
     pub data_tcp_congestion: Option<String>,
     /// Bearer token for servers that require one (`authorization: Bearer
     /// TOKEN` on gRPC, a Hello frame on the data plane; docs/security.md).
@@ -120,7 +120,7 @@ impl ClientConfig {
             hash: HashFn::default(),
             data_plane: true,
             data_connections: 0,
-            data_tcp_congestion: Some("reno".into()),
+            data_tcp_congestion: None,
             token: None,
             tls: None,
             salt: Vec::new(),

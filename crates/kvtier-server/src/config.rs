@@ -263,10 +263,11 @@ pub struct ServerSection {
     pub data_listen: String,
     /// TCP congestion control of data-plane connections (set on the listener,
     /// inherited by every accepted connection); "" keeps the system default.
-    /// Default "reno": BBR (a common system default) paces each connection at
-    /// its bandwidth estimate, which on low-RTT links adds ~0.3 ms to every
-    /// 1.2 MB burst (notes/006-data-plane.md); on lossy or long-RTT links pick
-    /// "cubic" or "bbr". The kernel must allow it for unprivileged processes
+    /// Default "" (the system default), so kvtier's sockets run what every
+    /// other process on the machine runs and comparisons with peers are made
+    /// under equal network settings (notes/013). "reno" avoids BBR's pacing
+    /// of each 1.2 MB burst on low-RTT links (notes/006-data-plane.md); the
+    /// kernel must allow the name for unprivileged processes
     /// (`net.ipv4.tcp_allowed_congestion_control`; "reno" always is).
     pub data_tcp_congestion: String,
     /// How each front (gRPC, HTTP, data plane) limits the requests it
@@ -326,7 +327,7 @@ impl Default for ServerSection {
             numa: false,
             http_listen: "127.0.0.1:8080".into(),
             data_listen: "auto".into(),
-            data_tcp_congestion: "reno".into(),
+            data_tcp_congestion: String::new(),
             concurrency_limit: crate::admission::Mode::Static,
             max_inflight: 1024,
             max_queued: 1024,

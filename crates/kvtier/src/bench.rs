@@ -52,7 +52,9 @@ struct RunArgs {
     /// Redis peer client: resp (hand-written RESP2) | redis-rs (the redis crate).
     #[arg(long, default_value = "resp")]
     peer_client: String,
-    /// Also run redis-benchmark against the peer at each concurrency (read/write).
+    /// Also run each peer's own benchmark tool at each concurrency
+    /// (read/write workloads): redis-benchmark; comparisons use the better
+    /// of it and the bench's own client.
     #[arg(long)]
     peer_tool: bool,
     /// Payload per block, e.g. 1.2MB, 64KB (default: 1.2MB; conversation 512B; kv 100B).
@@ -76,9 +78,11 @@ struct RunArgs {
     /// Repeats per step (merged; spread kept for significance).
     #[arg(long, default_value_t = 1)]
     repeat: u32,
-    /// Peer to compare with: redis://HOST:PORT or redis://spawn.
-    #[arg(long)]
-    peer: Option<String>,
+    /// Peers to compare with, comma-separated: redis://HOST:PORT,
+    /// redis://spawn (a private redis-server), mooncake://spawn (a private
+    /// Mooncake Store: scripts/setup-mooncake.sh installs it).
+    #[arg(long, value_delimiter = ',')]
+    peer: Vec<String>,
     /// SLAs, e.g. read.p99=100ms,lookup.p50<5ms.
     #[arg(long)]
     sla: Option<String>,
@@ -99,7 +103,7 @@ struct RunArgs {
     retries: Option<u32>,
     /// TCP congestion control of the data-plane connections ("" = system
     /// default); the server sets its own (server.data_tcp_congestion).
-    #[arg(long, default_value = "reno")]
+    #[arg(long, default_value = "")]
     data_tcp_congestion: String,
     /// No progress output.
     #[arg(long, short)]
@@ -162,7 +166,7 @@ pub async fn run(a: BenchArgs) -> anyhow::Result<()> {
     cfg.duration = r.duration;
     cfg.warmup = r.warmup;
     cfg.repeat = r.repeat.max(1);
-    cfg.peer = r.peer;
+    cfg.peers = r.peer;
     cfg.slas = r
         .sla
         .map(|s| {

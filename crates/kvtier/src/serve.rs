@@ -20,7 +20,7 @@ pub struct ServeArgs {
     /// Bulk data-plane address, "auto" (gRPC port + 1) or "" to disable [server.data_listen, default auto].
     #[arg(long)]
     data_listen: Option<String>,
-    /// TCP congestion control of data-plane connections, "" = system default [server.data_tcp_congestion, default reno].
+    /// TCP congestion control of data-plane connections, "" = system default [server.data_tcp_congestion, default: the system default].
     #[arg(long)]
     data_tcp_congestion: Option<String>,
     /// One gRPC listener per NUMA node (port + node), pinned to its CPUs [server.numa, default false].

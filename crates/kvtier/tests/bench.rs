@@ -175,7 +175,8 @@ fn redis_peer_runs_interleaved() {
         ],
     );
     plausible(&r, &["lookup", "read", "write"]);
-    let peer = r.peer.as_ref().expect("peer run");
+    assert_eq!(r.peers.len(), 1);
+    let peer = &r.peers[0];
     assert!(peer.name.starts_with("redis "), "{}", peer.name);
     assert_eq!(peer.steps.len(), r.steps.len());
     for s in &peer.steps {
@@ -192,6 +193,75 @@ fn redis_peer_runs_interleaved() {
     assert!(r.link_probe.as_ref().is_some_and(|p| p.gbit_per_s > 0.0));
     let md = std::fs::read_to_string(out.join("summary.md")).unwrap();
     assert!(md.contains("redis"), "{md}");
+    let _ = std::fs::remove_dir_all(&out);
+}
+
+/// Comparison rules 1–3 end to end: the congestion control of both systems'
+/// sockets is observed, redis-benchmark runs next to the bench's client, and
+/// every ratio uses the better of the two.
+#[test]
+fn peer_comparisons_follow_the_rules() {
+    for tool in ["redis-server", "redis-benchmark", "ss"] {
+        assert!(
+            Command::new(tool).arg("--version").output().is_ok(),
+            "{tool} is not installed (scripts/setup.sh --test installs it)"
+        );
+    }
+    let out = tmp("rules");
+    let r = bench(
+        &out,
+        &[
+            "--workload",
+            "read",
+            "--value-size",
+            "64KB",
+            "--concurrency",
+            "1,4",
+            "--duration",
+            "400ms",
+            "--warmup",
+            "100ms",
+            "--repeat",
+            "2",
+            "--peer",
+            "redis://spawn",
+            "--peer-tool",
+        ],
+    );
+    let net = r.network.as_ref().expect("network settings recorded");
+    let system = std::fs::read_to_string("/proc/sys/net/ipv4/tcp_congestion_control").unwrap();
+    assert_eq!(net.system_default_cc, system.trim());
+    assert_eq!(
+        net.kvtier_client_cc, "",
+        "the bench's default is the system's"
+    );
+    let peer = &r.peers[0];
+    // Both systems seen under load, on the same (system default) congestion control.
+    let seen = |s: &str| net.observed_cc.get(s).cloned().unwrap_or_default();
+    assert!(!seen("kvtier").is_empty(), "{net:?}");
+    assert_eq!(seen("kvtier"), seen(&peer.name), "{net:?}");
+    assert!(seen("kvtier").contains(system.trim()), "{net:?}");
+    let rf = peer.reference.as_ref().expect("redis-benchmark ran");
+    assert!(rf.tool.contains("-r 1000000000"), "{}", rf.tool);
+    let a = r.analysis.as_ref().unwrap();
+    assert_eq!(a.comparison.len(), 2, "{:?}", a.comparison);
+    for c in &a.comparison {
+        assert_eq!((c.op.as_str(), c.peer_op.as_str()), ("read", "get"));
+        assert_eq!(c.kvtier_repeats_ops_s.len(), 2);
+        let client = c.peer_client_ops_s.expect("client measured");
+        let tool = c.peer_tool_ops_s.expect("tool measured");
+        assert_eq!(c.peer_best_ops_s, client.max(tool), "{c:?}");
+        match c.throughput_ratio {
+            Some(x) => {
+                assert!(c.excluded.is_empty());
+                assert!((x - c.kvtier_ops_s / c.peer_best_ops_s).abs() < 1e-9);
+            }
+            None => assert!(!c.excluded.is_empty(), "no ratio and no reason: {c:?}"),
+        }
+    }
+    let md = std::fs::read_to_string(out.join("summary.md")).unwrap();
+    assert!(md.contains("## Comparisons under the rules"), "{md}");
+    assert!(md.contains("## Network settings"), "{md}");
     let _ = std::fs::remove_dir_all(&out);
 }
 
