@@ -16,6 +16,7 @@ version_ge "$rust_v" 1.89 || { echo "Rust $rust_v is too old: kvtier needs >= 1.
 command -v python3 >/dev/null || need_apt+=(python3 python3-venv)
 command -v curl >/dev/null || need_apt+=(curl)
 command -v ss >/dev/null || need_apt+=(iproute2)
+command -v cc >/dev/null || need_apt+=(gcc libc6-dev)
 if $for_tests; then
   command -v redis-server >/dev/null || need_apt+=(redis-server)
   command -v redis-benchmark >/dev/null || need_apt+=(redis-tools)
