@@ -91,13 +91,14 @@ struct ReferenceOut {
 }
 
 impl SpawnedMooncake {
-    /// Starts a cluster whose store holds `mem` bytes; waits until it answers.
-    pub fn start(mem: u64) -> anyhow::Result<Self> {
+    /// Starts a cluster whose store holds `mem` bytes, on the CPUs `cpus`
+    /// (a `taskset -c` list) when given; waits until it answers.
+    pub fn start(mem: u64, cpus: Option<&str>) -> anyhow::Result<Self> {
         let python = python()?;
         let dir = tempfile::tempdir()?;
         std::fs::write(dir.path().join("mooncake_driver.py"), DRIVER)?;
         let ready = dir.path().join("ready.json");
-        let mut child = Command::new(&python)
+        let mut child = crate::peer_redis::pinned(cpus, &python)
             .arg(dir.path().join("mooncake_driver.py"))
             .args(["cluster", "--mem", &mem.to_string(), "--ready-file"])
             .arg(&ready)

@@ -43,12 +43,13 @@ pub struct SpawnedRedis {
 }
 
 impl SpawnedRedis {
-    /// Starts `redis-server` without persistence on a free loopback port.
-    pub fn start() -> anyhow::Result<Self> {
+    /// Starts `redis-server` without persistence on a free loopback port,
+    /// on the CPUs `cpus` (a `taskset -c` list) when given.
+    pub fn start(cpus: Option<&str>) -> anyhow::Result<Self> {
         let port = std::net::TcpListener::bind("127.0.0.1:0")?
             .local_addr()?
             .port();
-        let child = Command::new("redis-server")
+        let child = pinned(cpus, "redis-server")
             .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
             .args(["--save", "", "--appendonly", "no", "--protected-mode", "no"])
             // The same budget as kvtier's default memory tier (2 GiB).
@@ -74,6 +75,18 @@ impl Drop for SpawnedRedis {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+}
+
+/// `program`, or `taskset -c CPUS program` when `cpus` is given.
+pub fn pinned(cpus: Option<&str>, program: impl AsRef<std::ffi::OsStr>) -> Command {
+    match cpus {
+        Some(c) => {
+            let mut cmd = Command::new("taskset");
+            cmd.arg("-c").arg(c).arg(program);
+            cmd
+        }
+        None => Command::new(program),
     }
 }
 

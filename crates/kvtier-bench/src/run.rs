@@ -67,6 +67,8 @@ pub struct BenchConfig {
     pub repeat: u32,
     /// Peers, each `redis://HOST:PORT`, `redis://spawn` or `mooncake://spawn`.
     pub peers: Vec<String>,
+    /// CPUs (a `taskset -c` list) of the peers this run spawns.
+    pub peer_cpus: Option<String>,
     /// SLA strings.
     pub slas: Vec<String>,
     /// Capacity-planning target.
@@ -105,6 +107,7 @@ impl BenchConfig {
             warmup: Duration::from_secs(2),
             repeat: 1,
             peers: Vec::new(),
+            peer_cpus: None,
             slas: Vec::new(),
             target_tokens_per_s: None,
             probe: false,
@@ -669,7 +672,7 @@ pub fn run(cfg: &BenchConfig) -> anyhow::Result<Record> {
     for p in &cfg.peers {
         let url = match p.as_str() {
             "redis://spawn" => {
-                let r = SpawnedRedis::start()?;
+                let r = SpawnedRedis::start(cfg.peer_cpus.as_deref())?;
                 let url = r.url.clone();
                 redis_spawned.push(r);
                 url
@@ -680,7 +683,10 @@ pub fn run(cfg: &BenchConfig) -> anyhow::Result<Record> {
                         && matches!(cfg.workload, Workload::Read | Workload::Write),
                     "the Mooncake peer runs closed-loop --workload read or write"
                 );
-                peers.push(Peer::Mooncake(SpawnedMooncake::start(PEER_MEMORY)?));
+                peers.push(Peer::Mooncake(SpawnedMooncake::start(
+                    PEER_MEMORY,
+                    cfg.peer_cpus.as_deref(),
+                )?));
                 continue;
             }
             u if u.starts_with("redis://") => u.to_string(),

@@ -83,6 +83,10 @@ struct RunArgs {
     /// Mooncake Store: scripts/setup-mooncake.sh installs it).
     #[arg(long, value_delimiter = ',')]
     peer: Vec<String>,
+    /// CPUs of the peers spawned by this run (`taskset -c` list, e.g. 1):
+    /// pin them where the kvtier server under test runs.
+    #[arg(long)]
+    peer_cpus: Option<String>,
     /// SLAs, e.g. read.p99=100ms,lookup.p50<5ms.
     #[arg(long)]
     sla: Option<String>,
@@ -167,6 +171,7 @@ pub async fn run(a: BenchArgs) -> anyhow::Result<()> {
     cfg.warmup = r.warmup;
     cfg.repeat = r.repeat.max(1);
     cfg.peers = r.peer;
+    cfg.peer_cpus = r.peer_cpus;
     cfg.slas = r
         .sla
         .map(|s| {
