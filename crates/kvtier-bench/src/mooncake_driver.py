@@ -121,7 +121,6 @@ def _pdeathsig():
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except Exception:  # noqa: BLE001
         pass
-    os.setpgrp() if False else None
 
 
 def listening(pid):
@@ -189,10 +188,19 @@ class Buf:
         self.b = bytearray(os.urandom(min(n, 4096)) * (n // 4096 + 1))[:n]
         self.c = (ctypes.c_char * n).from_buffer(self.b)
         self.addr = ctypes.addressof(self.c)
+        self.store = None
         if register:
             rc = store.register_buffer(self.addr, n)
             if rc != 0:
                 raise RuntimeError(f"register_buffer failed: {err_name(rc)}")
+            self.store = store
+
+    def close(self):
+        # Unregister before the memory is freed: the transfer engine refuses a
+        # later registration that overlaps a stale one (INVALID_PARAMS).
+        if self.store is not None:
+            self.store.unregister_buffer(self.addr)
+            self.store = None
 
 
 def stamp(tag, j):
@@ -424,6 +432,8 @@ def probe(a):
         if got != n or bytes(dst.b) != bytes(src.b):
             raise RuntimeError(f"get_into returned {got}, data equal: {bytes(dst.b) == bytes(src.b)}")
         store.remove(key, True)
+        src.close()
+        dst.close()
     except Exception as e:  # noqa: BLE001
         print(f"probe: {e}", flush=True)
         os._exit(1)
@@ -435,9 +445,16 @@ def probe(a):
 
 
 def work(store, api, op, value_size, wid, tag, keys, t_warm, t_end, run_id, seq0=0):
-    """One closed-loop worker. Returns (samples, errors, samples are (t_done_ns, lat_us, err))."""
+    """One closed-loop worker: [(t_done_ns, latency_us, error or None)] of the measured window."""
     n = value_size
     buf = Buf(store, n, register=(api == "buffer"))
+    try:
+        return _work(store, api, op, n, wid, tag, keys, t_warm, t_end, run_id, seq0, buf)
+    finally:
+        buf.close()
+
+
+def _work(store, api, op, n, wid, tag, keys, t_warm, t_end, run_id, seq0, buf):
     out = []
     i = 0
     mv = memoryview(buf.b)
@@ -512,6 +529,7 @@ def preload(store, api, value_size, keys, run_id, tag, deadline):
         if rc != 0:
             die(f"preloading key {j} of {keys} failed: {err_name(rc)} "
                 f"({keys} x {n} bytes must fit in the store's segment; try a smaller --keys)")
+    buf.close()
     ex = store.batch_is_exist([f"kvt-{run_id}-pre-{j}" for j in range(keys)])
     missing = sum(1 for e in ex if e != 1)
     if missing:

@@ -529,8 +529,10 @@ fn spawn_config() -> anyhow::Result<kvtier_server::config::Config> {
 
 /// Runs `redis-benchmark` against `url` at each concurrency: `SET` with a
 /// key range of 10⁹ (so that, as kvtier's writes, every SET makes a new key)
-/// and `GET` of one key holding a `value_size` value (written first without
-/// a key range, which names it `key:__rand_int__`). N is about 3 s of work at
+/// and `GET` of one key holding a `value_size` value (written right before
+/// each GET run without a key range, which names it `key:__rand_int__`, and
+/// checked after it with `redis-cli STRLEN`: a GET of an evicted key is a
+/// fast miss, not a read). N is about 3 s of work at
 /// ~2,000 req/s, at least 50 per connection. The tool's CPU utilisation (of
 /// its one thread) comes from `getrusage(RUSAGE_CHILDREN)`.
 fn redis_benchmark(
@@ -570,14 +572,36 @@ fn redis_benchmark(
             cpu / wall.max(1e-9),
         ))
     };
-    // The key GET reads.
-    run(&["-t", "set", "-n", "1", "-c", "1"])?;
+    // The key GET reads holds a value of `value_size` before and after the
+    // GET run: the SET runs before it fill `maxmemory`, and eviction would
+    // otherwise turn every GET into a fast miss.
+    let get_key_len = || -> anyhow::Result<usize> {
+        let out = Command::new("redis-cli")
+            .args(["-h", host, "-p", port, "STRLEN", "key:__rand_int__"])
+            .output()
+            .context("running redis-cli (apt-get install redis-tools)")?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        text.trim()
+            .parse()
+            .with_context(|| format!("redis-cli STRLEN answered {text:?}"))
+    };
     let mut rows = Vec::new();
     for &c in concurrency {
         let n = (u64::from(c) * 50).max(6000).to_string();
         let cs = c.to_string();
         for test in [&["-t", "set", "-r", "1000000000"][..], &["-t", "get"][..]] {
+            let get = test[1] == "get";
+            if get {
+                run(&["-t", "set", "-n", "1", "-c", "1"])?;
+            }
             let (csv, util) = run(&[test, &["-c", &cs, "-n", &n]].concat())?;
+            if get {
+                let len = get_key_len()?;
+                anyhow::ensure!(
+                    len == value_size,
+                    "redis-benchmark GET read a {len}-byte value, not {value_size}: its key was evicted"
+                );
+            }
             for line in csv.lines().skip(1) {
                 let f: Vec<&str> = line.split(',').map(|x| x.trim_matches('"')).collect();
                 // "test","rps","avg_latency_ms","min_latency_ms","p50_latency_ms","p95_latency_ms","p99_latency_ms","max_latency_ms"
