@@ -1,101 +1,86 @@
 #!/usr/bin/env bash
-# Reproduces notes/006-data-plane: 1.2 MB reads and writes over the data plane
-# and over gRPC vs Redis (hand-written RESP2 peer client and redis-benchmark)
-# in the same runs, plus 64-block lookups next to an empty gRPC round trip.
+# Reproduces notes/013-comparisons: kvtier (data plane) vs Redis vs Mooncake
+# Store, 1.2 MB reads and writes of memory-tier hits at c = 1, 8, 32, under the
+# comparison rules of docs/bench.md ("Comparisons"):
 #
-# Fairness:
-#   * Core split (2 cores): the systems under test on core 1 (a release
-#     `kvtier serve`, memory tier only, and redis-server), the generator (and
-#     redis-benchmark, its child) on core 0. Only one of kvtier / Redis is under
-#     load at a time, so each gets core 1 to itself, as a single-threaded Redis
-#     would on any machine. kvtier's runtime sizes itself to its affinity: one
-#     worker thread.
-#   * The same memory budget: kvtier's memory tier and Redis's maxmemory are
-#     both MEM; both store a new key per write and evict (allkeys-lru) once full.
-#   * Repeats alternate kvtier and Redis (REPEAT each), so drift on a shared
-#     machine hits both.
-#   * The `*-syscc` runs repeat the data-plane runs with kvtier's sockets on the
-#     system's default congestion control (as Redis's are), to show what the
-#     data plane's own choice (reno, server.data_tcp_congestion) is worth.
-#   * SYSTEM_CC=reno (root only, opt-in) additionally switches the *system*
-#     default to reno for one more pair of runs, so Redis and redis-benchmark
-#     get reno too; the original value is restored on exit.
+#   1. Every system on the same congestion control: the machine's default
+#      (kvtier's server and client use it unless told otherwise), or the one
+#      SYSTEM_CC names, set for the whole machine for the run and restored on
+#      exit (root). The bench records what each system's sockets really ran.
+#   2. Redis: the better of the bench's own client and redis-benchmark (SET
+#      with a key range, so each makes a new key as kvtier's writes do).
+#      Mooncake: its own Python API from separate processes (no store
+#      benchmark tool ships with it; the bench records that).
+#   3. Steps where a generator is saturated, or that had errors, get no ratio;
+#      medians over REPEAT alternating repeats; outlier repeats are listed.
+#   4. The note's tables, its perf record and README's table are generated
+#      from the records by scripts/note-comparisons.py.
+#
+# Placement (2 cores): the systems under test (kvtier serve, redis-server,
+# Mooncake's master and its memory segment) on SERVER_CPU, the generators
+# (kvtier bench, redis-benchmark, the Mooncake driver's workers) on GEN_CPU.
+# Only one system is under load at a time. Each holds MEM (kvtier's memory
+# tier, Redis maxmemory with allkeys-lru, Mooncake's segment).
 #
 # Usage: scripts/bench-data-plane.sh [OUT_DIR]
-#   env: DURATION=5s WARMUP=2s C=1,8,32 SIZE=1.2MB MEM=2GiB REPEAT=3 SYSTEM_CC=
+#   env: DURATION=3s WARMUP=1s C=1,8,32 SIZE=1258291 REPEAT=3 SYSTEM_CC=
+#        SERVER_CPU=1 GEN_CPU=0 NOTE=1 (0: records only, no note/README update)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-OUT=${1:-out/006-data-plane}
-DURATION=${DURATION:-5s}
-WARMUP=${WARMUP:-2s}
+OUT=${1:-out/013-comparisons}
+DURATION=${DURATION:-3s}
+WARMUP=${WARMUP:-1s}
 C=${C:-1,8,32}
-SIZE=${SIZE:-1.2MB}
-MEM=${MEM:-2GiB}
+SIZE=${SIZE:-1258291}
 REPEAT=${REPEAT:-3}
 SYSTEM_CC=${SYSTEM_CC:-}
 SERVER_CPU=${SERVER_CPU:-1}
 GEN_CPU=${GEN_CPU:-0}
+NOTE=${NOTE:-1}
 BIN=target/release/kvtier
-[ -x "$BIN" ] || cargo build --release -p kvtier
+cargo build --release -q -p kvtier
+scripts/setup-mooncake.sh
 mkdir -p "$OUT"
-# Redis spells GiB "gb" (1024^3).
-REDIS_MEM=$(echo "$MEM" | sed -E 's/GiB$/gb/; s/MiB$/mb/')
 
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-PIDS=()
 ORIG_CC=$(cat /proc/sys/net/ipv4/tcp_congestion_control)
+SERVER_PID=
 cleanup() {
-  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true; done
+  if [ -n "$SERVER_PID" ]; then kill "$SERVER_PID" 2>/dev/null || true; wait "$SERVER_PID" 2>/dev/null || true; fi
   if [ "$(cat /proc/sys/net/ipv4/tcp_congestion_control)" != "$ORIG_CC" ]; then
     echo "$ORIG_CC" > /proc/sys/net/ipv4/tcp_congestion_control
   fi
 }
 trap cleanup EXIT
-
-wait_port() { for _ in $(seq 200); do (exec 3<>/dev/tcp/127.0.0.1/"$1") 2>/dev/null && return 0; sleep 0.05; done; echo "port $1 never opened"; exit 1; }
-
-start_systems() { # (re)starts redis-server and kvtier serve; sets RP, GP
-  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true; done
-  PIDS=()
-  RP=$(free_port)
-  taskset -c "$SERVER_CPU" redis-server --port "$RP" --bind 127.0.0.1 --save '' --appendonly no \
-    --protected-mode no --maxmemory "$REDIS_MEM" --maxmemory-policy allkeys-lru >/dev/null 2>&1 &
-  PIDS+=($!)
-  GP=$(free_port)
-  taskset -c "$SERVER_CPU" "$BIN" serve --listen "127.0.0.1:$GP" --data-listen auto --http-listen "" \
-    --memory-capacity "$MEM" "$@" >>"$OUT/server.log" 2>&1 &
-  PIDS+=($!)
-  wait_port "$GP"; wait_port "$RP"
-}
-
-bench() {
-  echo "== bench $*"
-  taskset -c "$GEN_CPU" "$BIN" bench --target "grpc://127.0.0.1:$GP" --peer "redis://127.0.0.1:$RP" \
-    --duration "$DURATION" --warmup "$WARMUP" --repeat "${BENCH_REPEAT:-$REPEAT}" --quiet "$@"
-}
-
-echo "system congestion control: $ORIG_CC" | tee "$OUT/env.txt"
-start_systems
-for w in read write; do
-  # The issue's command: data plane (auto) vs Redis through the RESP2 client, + redis-benchmark + link probe.
-  bench --workload $w --value-size "$SIZE" --concurrency "$C" --peer-tool --probe --out "$OUT/$w-wire"
-  # gRPC path as-is (tuned tonic), same Redis runs again for its own ratio.
-  bench --workload $w --value-size "$SIZE" --concurrency "$C" --transport grpc --out "$OUT/$w-grpc"
-done
-BENCH_REPEAT=1 bench --workload lookup-ping --concurrency "$C" --out "$OUT/lookup-ping"
-
-# Ablation: kvtier's data-plane sockets on the system default congestion control.
-start_systems --data-tcp-congestion ""
-for w in read write; do
-  bench --workload $w --value-size "$SIZE" --concurrency "$C" --data-tcp-congestion "" --out "$OUT/$w-wire-syscc"
-done
-
 if [ -n "$SYSTEM_CC" ]; then
   echo "$SYSTEM_CC" > /proc/sys/net/ipv4/tcp_congestion_control
-  echo "system congestion control for *-sys$SYSTEM_CC: $SYSTEM_CC" | tee -a "$OUT/env.txt"
-  start_systems
-  for w in read write; do
-    bench --workload $w --value-size "$SIZE" --concurrency "$C" --peer-tool --out "$OUT/$w-wire-sys$SYSTEM_CC"
+fi
+echo "congestion control for every system: $(cat /proc/sys/net/ipv4/tcp_congestion_control)"
+
+start_server() { # a fresh kvtier serve on SERVER_CPU; sets SERVER_PID, GRPC
+  if [ -n "$SERVER_PID" ]; then kill "$SERVER_PID"; wait "$SERVER_PID" || true; fi
+  rm -f "$OUT/ready.json"
+  taskset -c "$SERVER_CPU" "$BIN" serve --listen 127.0.0.1:0 --data-listen auto --http-listen "" \
+    --memory-capacity 2GiB --ready-json >"$OUT/ready.json" 2>>"$OUT/server.log" &
+  SERVER_PID=$!
+  for _ in $(seq 600); do
+    [ -s "$OUT/ready.json" ] && break
+    kill -0 "$SERVER_PID" 2>/dev/null || { echo "kvtier serve exited; see $OUT/server.log"; exit 1; }
+    sleep 0.05
   done
+  GRPC=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["grpc"][0])' "$OUT/ready.json")
+}
+
+for w in read write; do
+  start_server
+  echo "== $w"
+  taskset -c "$GEN_CPU" "$BIN" bench --target "grpc://$GRPC" --workload "$w" --value-size "$SIZE" \
+    --concurrency "$C" --duration "$DURATION" --warmup "$WARMUP" --repeat "$REPEAT" \
+    --peer redis://spawn,mooncake://spawn --peer-tool --peer-cpus "$SERVER_CPU" --probe \
+    --out "$OUT/$w"
+done
+
+if [ "$NOTE" = 1 ]; then
+  python3 scripts/note-comparisons.py "$OUT" \
+    --command "DURATION=$DURATION WARMUP=$WARMUP C=$C SIZE=$SIZE REPEAT=$REPEAT SYSTEM_CC=$SYSTEM_CC SERVER_CPU=$SERVER_CPU GEN_CPU=$GEN_CPU scripts/bench-data-plane.sh $OUT"
 fi
 echo "records under $OUT/"

@@ -26,7 +26,14 @@ Subcommands:
       {"op", "api", "concurrency", "workers", "duration_s", "ops", "errors",
        "error_samples", "latencies_us", "generator_cpu_s", "value_size", "keys"}
       ops counts every op completed in the measured window (errors included);
-      latencies_us has one entry per op, in completion order.
+      latencies_us has one entry per op, in completion order. Afterwards the
+      run removes its keys (remove_by_regex, force) unless --keep: Mooncake
+      evicts only objects whose lease (10 s after a put or get) has expired,
+      so leftovers would crowd out the next run's keys.
+      Threads share one client (the binding releases the GIL in put_from,
+      get_into, put and get); --workers processes gives each its own client.
+      Note: this wheel's client busy-polls for transfer completion, so every
+      in-flight op keeps a core busy (generator_cpu_s shows it).
   reference ...   Mooncake's own store benchmark, when the installed package
       ships one; this one does not (see reference()), so it exits 3.
   version         {"version": "..."}
@@ -584,12 +591,11 @@ def run(a):
     api_name = {("buffer", "put"): "put_from", ("buffer", "get"): "get_into",
                 ("bytes", "put"): "put", ("bytes", "get"): "get"}[(a.api, a.op)]
     C = a.concurrency
-    store = None
-    if a.workers == "threads" or a.op == "get":
-        try:
-            store = new_store(a.master, a.metadata, 0, (16 << 20) + 2 * C * a.value_size)
-        except Exception as e:  # noqa: BLE001
-            die(str(e))
+    try:
+        # Threads share this client; it also preloads and cleans up.
+        store = new_store(a.master, a.metadata, 0, (16 << 20) + 2 * C * a.value_size)
+    except Exception as e:  # noqa: BLE001
+        die(str(e))
     if a.op == "get":
         preload(store, a.api, a.value_size, keys, run_id, tag, deadline)
 
@@ -632,9 +638,6 @@ def run(a):
             samples.extend((t_end, int(a.op_timeout * 1e6), f"op still running {a.op_timeout:.0f} s after the end")
                            for _ in range(stuck))
     else:
-        if store is not None:
-            close_store(store)  # preload done; each worker process has its own client
-            store = None
         procs = []
         for w in range(C):
             procs.append(subprocess.Popen(
@@ -721,9 +724,24 @@ def run(a):
     }
     sys.stdout.write(json.dumps(out) + "\n")
     sys.stdout.flush()
-    if store is not None:
-        close_store(store)
+    if not a.keep:
+        # Leave the store as this run found it: Mooncake evicts only objects
+        # whose lease (default 10 s after a put or get) has expired, so this
+        # run's keys would otherwise crowd out the next run's.
+        t = threading.Thread(target=cleanup, args=(store, run_id), daemon=True)
+        t.start()
+        t.join(20)
+    close_store(store)
     os._exit(0)
+
+
+def cleanup(store, run_id):
+    try:
+        n = store.remove_by_regex(f"^kvt-{run_id}-", True)
+        if n < 0:
+            log(f"cleanup: remove_by_regex failed: {err_name(n)}")
+    except Exception as e:  # noqa: BLE001
+        log(f"cleanup failed: {e!r}")
 
 
 # ---------------------------------------------------------------- subcommand: reference
@@ -768,6 +786,8 @@ def main():
     r.add_argument("--workers", choices=["threads", "processes"], default="threads",
                    help="threads share one client (the binding releases the GIL); "
                         "processes: one client each")
+    r.add_argument("--keep", action="store_true",
+                   help="leave this run's keys in the store (default: remove them after the run)")
     r.add_argument("--op-timeout", type=float, default=30.0,
                    help="how long to wait for in-flight ops after the run ends")
 
