@@ -86,7 +86,7 @@ def tables(recs, rows):
     ccs = sorted({cc for n in net.values() for v in (n.get("observed_cc") or {}).values() for cc in v})
     m = r0["machine"]
     out.append(f"Run {r0['date']} at commit `{(r0.get('git_commit') or 'unknown')[:10]}` on "
-               f"{m['hostname']} ({m['cores']} cores, kernel {m['kernel']}); value size "
+               f"{m['hostname']} (generator pinned to {m['cores']} core(s), kernel {m['kernel']}); value size "
                f"{r0['value_size']:,} bytes; congestion control seen on every system's sockets: "
                f"{', '.join(ccs) or 'not observed'} (system default "
                f"{net['read'].get('system_default_cc', '?')}).\n")
@@ -144,9 +144,12 @@ def readme_table(rows, recs):
                 if r is None:
                     cells.append("–")
                 elif r["throughput_ratio"] is None:
-                    cells.append("excluded (" + r["excluded"][0].split(":")[0] + ")")
+                    why = r["excluded"][0].split(":")[0].split(" used ")[0].replace(r["peer"], "peer")
+                    cells.append(f"no ratio: {why} saturated or failed "
+                                 f"({ops(r['kvtier_ops_s'])} vs {ops(r['peer_best_ops_s'])} ops/s)")
                 else:
-                    cells.append(f"{r['throughput_ratio']:.2f}× ops/s, p99 {x(r['p99_ratio'])}")
+                    cells.append(f"**{r['throughput_ratio']:.2f}×** ops/s, p99 {x(r['p99_ratio'])} "
+                                 f"({ops(r['kvtier_ops_s'])} vs {ops(r['peer_best_ops_s'])})")
             lines.append(f"| {w} {s} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

@@ -52,3 +52,5 @@ if [ ! -x .tools/bin/minio ] && ! command -v minio >/dev/null && [ ! -x "${HOME:
   echo "go install github.com/minio/minio@latest -> .tools/bin (about 2 minutes)"
   GOBIN="$PWD/.tools/bin" go install github.com/minio/minio@latest
 fi
+# Mooncake Store, the bench's second peer (crates/kvtier/tests/bench.rs runs it), in .tools/mooncake (~180 MB).
+scripts/setup-mooncake.sh
