@@ -309,8 +309,8 @@ fn open_loop_records_corrected_and_uncorrected() {
 /// same value size; its steps get their own ratio rows.
 #[test]
 fn mooncake_peer_runs_in_the_same_run() {
-    let python = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../.tools/mooncake/bin/python");
+    let python =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../.tools/mooncake/bin/python");
     assert!(
         kvtier_bench::peer_mooncake::available(&python),
         "Mooncake Store is not installed: scripts/setup-mooncake.sh (make test runs it)"
@@ -318,22 +318,29 @@ fn mooncake_peer_runs_in_the_same_run() {
     let out = tmp("mooncake");
     let o = Command::new(BIN)
         .args(["bench", "--workload", "write", "--value-size", "256KB"])
-        .args(["--concurrency", "1,2", "--duration", "500ms", "--warmup", "200ms"])
+        .args([
+            "--concurrency",
+            "1,2",
+            "--duration",
+            "500ms",
+            "--warmup",
+            "200ms",
+        ])
         .args(["--peer", "mooncake://spawn", "--quiet", "--out"])
         .arg(&out)
         .env("KVTIER_MOONCAKE_PYTHON", &python)
         .env("RUST_LOG", "warn")
         .output()
         .expect("run kvtier bench");
-    assert!(
-        o.status.success(),
-        "{}",
-        String::from_utf8_lossy(&o.stderr)
-    );
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let r = Record::from_json(&std::fs::read_to_string(out.join("record.json")).unwrap()).unwrap();
     let peer = &r.peers[0];
     assert!(peer.name.starts_with("mooncake-store "), "{}", peer.name);
-    assert!(peer.client.contains("put_from") || peer.client.contains("put"), "{}", peer.client);
+    assert!(
+        peer.client.contains("put_from") || peer.client.contains("put"),
+        "{}",
+        peer.client
+    );
     assert_eq!(peer.steps.len(), 2);
     for s in &peer.steps {
         let put = &s.ops["put"];
@@ -343,13 +350,21 @@ fn mooncake_peer_runs_in_the_same_run() {
         assert!(s.generator_cpu_utilisation > 0.0);
     }
     let a = r.analysis.as_ref().unwrap();
-    let rows: Vec<_> = a.comparison.iter().filter(|c| c.peer == peer.name).collect();
+    let rows: Vec<_> = a
+        .comparison
+        .iter()
+        .filter(|c| c.peer == peer.name)
+        .collect();
     assert_eq!(rows.len(), 2, "{:?}", a.comparison);
     assert!(rows.iter().all(|c| c.op == "write" && c.peer_op == "put"));
     // Mooncake's sockets were seen too (by its processes' ids).
     let net = r.network.as_ref().unwrap();
     assert!(
-        !net.observed_cc.get(&peer.name).cloned().unwrap_or_default().is_empty(),
+        !net.observed_cc
+            .get(&peer.name)
+            .cloned()
+            .unwrap_or_default()
+            .is_empty(),
         "{net:?}"
     );
     let _ = std::fs::remove_dir_all(&out);
