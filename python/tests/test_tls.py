@@ -4,7 +4,10 @@ made here with the openssl CLI; plaintext and unknown clients are refused."""
 from __future__ import annotations
 
 import os
+import shutil
+import signal
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -21,8 +24,11 @@ def _openssl(*args: str, cwd: Path) -> None:
 
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory) -> Path:
+    return _make_pki(tmp_path_factory.mktemp("pki"))
+
+
+def _make_pki(d: Path) -> Path:
     """ca.pem; server.pem/.key for 127.0.0.1; client.pem/.key; all signed by the CA."""
-    d = tmp_path_factory.mktemp("pki")
     ec = ("-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes")
     _openssl("req", "-x509", *ec, "-keyout", "ca.key", "-out", "ca.pem", "-days", "2",
              "-subj", "/CN=kvtier test CA", "-addext", "basicConstraints=critical,CA:TRUE",
@@ -105,3 +111,41 @@ def test_client_certificates_when_the_server_requires_them(mtls_server, pki):
             c.lookup("mtls-py", keys=[keys.chain(list(range(BS)))[0]])
     with pytest.raises(ValueError, match="go together"):
         Client(mtls_server.grpc, tls_ca=str(pki / "ca.pem"), tls_cert=str(pki / "client.pem"))
+
+
+def test_sighup_rotates_the_certificate_without_a_restart(kvtier_bin, pki, tmp_path):
+    """The files are replaced, SIGHUP is sent: new connections get the new
+    certificate; the server process is the same one throughout."""
+    live = tmp_path / "live"
+    live.mkdir()
+    for f in ("server.pem", "server.key"):
+        shutil.copy(pki / f, live / f)
+    (tmp_path / "new-pki").mkdir()
+    new = _make_pki(tmp_path / "new-pki")
+    s = Server.start(kvtier_bin, ["--tls-cert", live / "server.pem", "--tls-key", live / "server.key"])
+    try:
+        key = [keys.chain(list(range(BS)))[0]]
+
+        def answers(ca: Path) -> bool:
+            with Client(s.grpc, tls_ca=str(ca / "ca.pem"), timeout=3, retries=0) as c:
+                try:
+                    c.lookup("rot", keys=key)
+                    return True
+                except KvtierError:
+                    return False
+
+        assert answers(pki) and not answers(new)
+        for f in ("server.pem", "server.key"):
+            shutil.copy(new / f, live / f)
+        assert not answers(new), "served before the SIGHUP"
+        os.kill(s.pid, signal.SIGHUP)
+        deadline = time.monotonic() + 20
+        while not answers(new):
+            assert time.monotonic() < deadline, "the new certificate was never served"
+            time.sleep(0.05)
+        assert not answers(pki)
+        with Client(s.grpc, tls_ca=str(new / "ca.pem"), timeout=10) as c:
+            _round_trip(c, "rot")  # gRPC and the data plane
+        assert s.running
+    finally:
+        assert s.stop() == 0

@@ -354,7 +354,7 @@ async fn not_found() -> Response {
 pub async fn serve(
     listener: tokio::net::TcpListener,
     app: Router,
-    tls: Option<tokio_rustls::TlsAcceptor>,
+    tls: Option<crate::tls::Acceptor>,
     limits: crate::limits::Limits,
     stop: tokio::sync::watch::Receiver<bool>,
 ) -> anyhow::Result<()> {

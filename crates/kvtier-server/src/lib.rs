@@ -55,6 +55,8 @@ pub struct Server {
     pub engine: Arc<Engine>,
     /// The token table (reload it on SIGHUP).
     pub auth: Arc<auth::Auth>,
+    /// TLS certificate, key and client CA, when `[tls]` is on (reload them on SIGHUP).
+    pub tls: Option<Arc<tls::Tls>>,
     stop: watch::Sender<bool>,
     tasks: JoinSet<anyhow::Result<()>>,
     grace: Duration,
@@ -117,6 +119,7 @@ impl Server {
             data_addr,
             engine,
             auth,
+            tls,
             stop,
             tasks,
             grace: cfg.server.shutdown_grace,
@@ -168,7 +171,7 @@ type Tasks = JoinSet<anyhow::Result<()>>;
 struct Fronts<'a> {
     cfg: &'a Config,
     shared: &'a Shared,
-    tls: Option<&'a tls::Tls>,
+    tls: Option<&'a Arc<tls::Tls>>,
     stop_rx: &'a watch::Receiver<bool>,
 }
 
@@ -192,12 +195,18 @@ impl Fronts<'_> {
             std_listener.set_nonblocking(true)?;
             let addr = std_listener.local_addr()?;
             grpc_addrs.push(addr);
-            let router = grpc_router(cfg, grpc_shared.clone(), tls)?;
+            let router = grpc_router(cfg, grpc_shared.clone())?;
             let rx = stop_rx.clone();
+            let accept = GrpcAccept {
+                max_connections: max_conns,
+                idle,
+                tls: tls.map(|t| t.grpc_acceptor()),
+                handshake_timeout: cfg.server.read_timeout,
+            };
             match spec.cpus {
                 None => {
                     let listener = tokio::net::TcpListener::from_std(std_listener)?;
-                    tasks.spawn(serve_grpc(router, listener, rx, addr, max_conns, idle));
+                    tasks.spawn(serve_grpc(router, listener, rx, addr, accept));
                     tracing::info!(%addr, "gRPC listening (kvtier.v1, kvstore.KVStoreService, grpc.health.v1)");
                 }
                 Some(cpus) => {
@@ -207,8 +216,7 @@ impl Fronts<'_> {
                         rx,
                         addr,
                         cpus.clone(),
-                        max_conns,
-                        idle,
+                        accept,
                     )?);
                     tracing::info!(%addr, ?cpus, "gRPC listening on a pinned runtime");
                 }
@@ -237,7 +245,7 @@ impl Fronts<'_> {
         tasks.spawn(http::serve(
             listener,
             app,
-            tls.map(tls::Tls::acceptor),
+            tls.map(|t| t.acceptor()),
             shared.limits.clone(),
             stop_rx.clone(),
         ));
@@ -264,7 +272,7 @@ impl Fronts<'_> {
         let _ = shared.data_addr.set(addr);
         tasks.spawn(wire::serve(
             listener,
-            tls.map(tls::Tls::acceptor),
+            tls.map(|t| t.acceptor()),
             shared.for_front("data", &cfg.server),
             cfg.server.max_message_size.bytes(),
             stop_rx.clone(),
@@ -282,8 +290,7 @@ fn serve_grpc_pinned(
     rx: watch::Receiver<bool>,
     addr: SocketAddr,
     cpus: Vec<usize>,
-    max_conns: usize,
-    idle: Duration,
+    accept: GrpcAccept,
 ) -> anyhow::Result<impl std::future::Future<Output = anyhow::Result<()>> + use<>> {
     let pin = cpus.clone();
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -301,7 +308,7 @@ fn serve_grpc_pinned(
         .spawn(move || {
             rt.block_on(async move {
                 let listener = tokio::net::TcpListener::from_std(std_listener)?;
-                serve_grpc(router, listener, rx, addr, max_conns, idle).await
+                serve_grpc(router, listener, rx, addr, accept).await
             })
         })?;
     Ok(async move {
@@ -311,41 +318,84 @@ fn serve_grpc_pinned(
     })
 }
 
+/// How a gRPC listener admits connections.
+struct GrpcAccept {
+    /// At most this many at once; more are closed at accept.
+    max_connections: usize,
+    /// A connection with no request in service this long is closed.
+    idle: Duration,
+    /// TLS, with the certificate current at each accept.
+    tls: Option<tls::Acceptor>,
+    /// A TLS handshake must complete within this (`server.read_timeout`).
+    handshake_timeout: Duration,
+}
+
 async fn serve_grpc(
     router: GrpcRouter,
     listener: tokio::net::TcpListener,
     mut stop: watch::Receiver<bool>,
     addr: SocketAddr,
-    max_connections: usize,
-    idle: Duration,
+    accept: GrpcAccept,
 ) -> anyhow::Result<()> {
     use futures::StreamExt;
     let incoming = tonic::transport::server::TcpIncoming::from(listener)
         .with_nodelay(Some(true))
         .with_keepalive(Some(Duration::from_secs(60)));
-    // At most server.max_connections at once; more are closed at accept.
-    let slots = Arc::new(tokio::sync::Semaphore::new(max_connections.max(1)));
-    let incoming = incoming.filter_map(move |r| {
+    let slots = Arc::new(tokio::sync::Semaphore::new(accept.max_connections.max(1)));
+    let idle = accept.idle;
+    let capped = incoming.filter_map(move |r| {
         let slots = slots.clone();
         async move {
             match r {
                 Ok(io) => match slots.try_acquire_owned() {
-                    Ok(slot) => Some(Ok(limits::Capped::new(io, slot, idle))),
+                    Ok(slot) => Some(Ok::<_, std::io::Error>(limits::Capped::new(io, slot, idle))),
                     Err(_) => {
                         tracing::debug!(%addr, "gRPC: connection limit reached; closed");
                         None
                     }
                 },
-                Err(e) => Some(Err(e)),
+                Err(e) => {
+                    tracing::debug!(%addr, error = %e, "gRPC: accept failed");
+                    None
+                }
             }
         }
     });
-    router
-        .serve_with_incoming_shutdown(incoming, async move {
-            let _ = stop.wait_for(|s| *s).await;
-        })
-        .await
-        .with_context(|| format!("gRPC server on {addr}"))
+    let shutdown = async move {
+        let _ = stop.wait_for(|s| *s).await;
+    };
+    let served = match accept.tls {
+        None => router.serve_with_incoming_shutdown(capped, shutdown).await,
+        Some(acceptor) => {
+            // Handshakes run concurrently, each bounded, so a slow or silent
+            // client holds only its own connection slot.
+            let timeout = accept.handshake_timeout;
+            let handshaken = capped
+                .map(move |io| {
+                    let acceptor = acceptor.clone();
+                    async move {
+                        let io = io.ok()?;
+                        match tokio::time::timeout(timeout, acceptor.accept(io)).await {
+                            Ok(Ok(tls)) => Some(Ok::<_, std::io::Error>(tls)),
+                            Ok(Err(e)) => {
+                                tracing::debug!(%addr, error = %e, "gRPC: TLS handshake failed");
+                                None
+                            }
+                            Err(_) => {
+                                tracing::debug!(%addr, "gRPC: TLS handshake timed out");
+                                None
+                            }
+                        }
+                    }
+                })
+                .buffer_unordered(1024)
+                .filter_map(std::future::ready);
+            router
+                .serve_with_incoming_shutdown(handshaken, shutdown)
+                .await
+        }
+    };
+    served.with_context(|| format!("gRPC server on {addr}"))
 }
 
 /// Builds the engine the config describes: memory, plus disk when `disk.dir`
@@ -432,7 +482,7 @@ type GrpcRouter = tonic::transport::server::Router<
     >,
 >;
 
-fn grpc_router(cfg: &Config, shared: Shared, tls: Option<&tls::Tls>) -> anyhow::Result<GrpcRouter> {
+fn grpc_router(cfg: &Config, shared: Shared) -> anyhow::Result<GrpcRouter> {
     let max = cfg.server.max_message_size.bytes() as usize;
     let compat = KvStoreServiceServer::new(grpc::compat::CompatService::new(
         shared.clone(),
@@ -472,11 +522,9 @@ fn grpc_router(cfg: &Config, shared: Shared, tls: Option<&tls::Tls>) -> anyhow::
     };
     let reflection_v1 = reflection().build_v1()?;
     let reflection_v1alpha = reflection().build_v1alpha()?;
-    let mut builder = tonic::transport::Server::builder();
-    if let Some(t) = tls {
-        builder = builder.tls_config(t.grpc()).context("gRPC TLS")?;
-    }
-    Ok(builder
+    // TLS, when on, is done before tonic sees the connection (serve_grpc),
+    // with the certificate current at accept time.
+    Ok(tonic::transport::Server::builder()
         .initial_stream_window_size(Some(cfg.server.stream_window.bytes() as u32))
         .initial_connection_window_size(Some(cfg.server.connection_window.bytes() as u32))
         .max_frame_size(Some((1 << 24) - 1))

@@ -36,7 +36,7 @@ const API: &str = "wire";
 /// Accepts connections until `stop` flips.
 pub async fn serve(
     listener: TcpListener,
-    tls: Option<tokio_rustls::TlsAcceptor>,
+    tls: Option<crate::tls::Acceptor>,
     shared: Shared,
     max_frame: u64,
     stop: watch::Receiver<bool>,

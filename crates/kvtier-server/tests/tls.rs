@@ -220,3 +220,79 @@ async fn client_certificates_are_required_when_client_ca_is_set() {
         "a client without a certificate is refused"
     );
 }
+
+/// Certificate rotation without a restart: after the files are replaced and
+/// `reload` runs (SIGHUP in `kvtier serve`), new connections on gRPC, the data
+/// plane and HTTP get the new certificate, connections already open keep
+/// working, and a reload from broken files changes nothing.
+#[tokio::test]
+async fn certificates_rotate_on_reload_without_a_restart() {
+    let old = Pki::new();
+    let server = old.server(false).await;
+    let tls = server.tls.clone().expect("TLS on");
+    let open = Client::connect(old.client_config(&server, false))
+        .await
+        .expect("client of the first CA");
+    round_trip(&open).await;
+
+    // New files under the configured names; nothing changes until the reload.
+    let new = Pki::new();
+    for f in ["server.pem", "server.key"] {
+        std::fs::copy(new.path(f), old.path(f)).unwrap();
+    }
+    assert!(
+        Client::connect(new.client_config(&server, false))
+            .await
+            .is_err(),
+        "the new certificate must not be served before the reload"
+    );
+    tls.reload().expect("reload");
+
+    let c = Client::connect(new.client_config(&server, false))
+        .await
+        .expect("a client of the new CA connects after the reload");
+    assert!(c.data_plane().is_some());
+    round_trip(&c).await;
+    assert!(
+        Client::connect(old.client_config(&server, false))
+            .await
+            .is_err(),
+        "new connections no longer get the old certificate"
+    );
+    // HTTP too.
+    let addr = server.http_addr.unwrap();
+    let http_tls = |ca: &Pki| {
+        ClientTls {
+            ca_pem: ca.ca_pem.clone().into_bytes(),
+            identity: None,
+            domain: None,
+        }
+        .wire(&format!("http://{addr}"))
+        .unwrap()
+    };
+    let w = http_tls(&new);
+    let tcp = TcpStream::connect(addr).await.unwrap();
+    w.connector
+        .connect(w.server_name.clone(), tcp)
+        .await
+        .expect("HTTP handshake with the new certificate");
+    let w = http_tls(&old);
+    let tcp = TcpStream::connect(addr).await.unwrap();
+    assert!(
+        w.connector
+            .connect(w.server_name.clone(), tcp)
+            .await
+            .is_err()
+    );
+    // The connection opened before the rotation still works.
+    round_trip(&open).await;
+
+    // A broken key: the reload is refused and the current certificate stays.
+    std::fs::write(old.path("server.key"), "not a key").unwrap();
+    let e = tls.reload().expect_err("a broken key is refused");
+    assert!(format!("{e:#}").contains("tls.key"), "{e:#}");
+    let c = Client::connect(new.client_config(&server, false))
+        .await
+        .expect("still serving the last good certificate");
+    round_trip(&c).await;
+}

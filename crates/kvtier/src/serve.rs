@@ -196,10 +196,18 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         tokio::select! {
             _ = int.recv() => { tracing::info!("SIGINT: shutting down"); break; }
             _ = term.recv() => { tracing::info!("SIGTERM: shutting down"); break; }
-            _ = hup.recv() => match server.auth.reload() {
-                Ok(n) => tracing::info!(tokens = n, "SIGHUP: tokens reloaded"),
-                Err(e) => tracing::error!(error = %e, "SIGHUP: tokens not reloaded; the previous ones stay in force"),
-            },
+            _ = hup.recv() => {
+                match server.auth.reload() {
+                    Ok(n) => tracing::info!(tokens = n, "SIGHUP: tokens reloaded"),
+                    Err(e) => tracing::error!(error = %e, "SIGHUP: tokens not reloaded; the previous ones stay in force"),
+                }
+                if let Some(tls) = &server.tls {
+                    match tls.reload() {
+                        Ok(()) => tracing::info!("SIGHUP: TLS certificate, key and client CA reloaded; new connections use them"),
+                        Err(e) => tracing::error!(error = format!("{e:#}"), "SIGHUP: TLS not reloaded; the previous certificate stays in service"),
+                    }
+                }
+            }
             r = server.wait() => { r?; anyhow::bail!("a listener stopped unexpectedly"); }
         }
     }
