@@ -6,7 +6,9 @@ use std::process::Command;
 
 use kvtier_bench::record::{Phase, Record};
 
-const BIN: &str = env!("CARGO_BIN_EXE_kvtier");
+mod common;
+
+use common::BIN;
 
 fn bench(out: &Path, args: &[&str]) -> Record {
     let o = Command::new(BIN)
@@ -370,24 +372,6 @@ fn mooncake_peer_runs_in_the_same_run() {
     let _ = std::fs::remove_dir_all(&out);
 }
 
-/// Reads answered so far, from the server's `/metrics`.
-fn reads_served(http: &str) -> u64 {
-    use std::io::{Read, Write};
-    let Ok(mut s) = std::net::TcpStream::connect(http) else {
-        return 0;
-    };
-    let _ = write!(
-        s,
-        "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
-    );
-    let mut body = String::new();
-    let _ = s.read_to_string(&mut body);
-    body.lines()
-        .filter(|l| l.starts_with("kvtier_requests_total{") && l.contains("op=\"read\""))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum::<f64>() as u64
-}
-
 /// Coordinated omission against a real stall: the server process is stopped
 /// (SIGSTOP) for 1 s in the middle of an open-loop run at 200 reads/s with 4
 /// workers. Timed from the intended start, the ~200 requests scheduled
@@ -395,25 +379,11 @@ fn reads_served(http: &str) -> u64 {
 /// actual send, only the 4 requests in flight see the stall and the p99 hides it.
 #[test]
 fn coordinated_omission_correction_shows_a_real_stall() {
-    use std::io::{BufRead, BufReader};
-    let mut server = Command::new(BIN)
-        .args([
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--http-listen",
-            "127.0.0.1:0",
-        ])
-        .arg("--ready-json")
+    let mut server = common::serve_command()
         .env("RUST_LOG", "warn")
-        .stdout(std::process::Stdio::piped())
         .spawn()
         .expect("spawn kvtier serve");
-    let mut line = String::new();
-    BufReader::new(server.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let ready: serde_json::Value = serde_json::from_str(&line).expect("ready json");
+    let ready = common::ready(&mut server).expect("ready json");
     let grpc = format!("grpc://{}", ready["grpc"][0].as_str().unwrap());
     let http = ready["http"].as_str().unwrap().to_string();
     let pid = server.id().to_string();
@@ -435,7 +405,7 @@ fn coordinated_omission_correction_shows_a_real_stall() {
         .expect("run kvtier bench");
     // Into the measured window: warm-up (~100 reads at 200/s) plus ~0.5 s.
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-    while reads_served(&http) < 200 {
+    while common::requests_total(&http, "read") < 200 {
         assert!(
             std::time::Instant::now() < deadline,
             "the bench never got going"

@@ -1,9 +1,10 @@
 //! The real `kvtier` binary: serve + CLI verbs, config handling, graceful shutdown.
-use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-const BIN: &str = env!("CARGO_BIN_EXE_kvtier");
+mod common;
+
+use common::BIN;
 
 struct Served {
     child: Child,
@@ -17,27 +18,14 @@ impl Served {
 
     /// `serve` on ephemeral loopback ports, its stderr sent to `stderr`.
     fn start_with_stderr(extra: &[&str], stderr: Stdio) -> Self {
-        let mut child = Command::new(BIN)
-            .args([
-                "serve",
-                "--listen",
-                "127.0.0.1:0",
-                "--http-listen",
-                "127.0.0.1:0",
-                "--ready-json",
-            ])
+        let mut child = common::serve_command()
             .args(extra)
             .env_remove("RUST_LOG")
-            .stdout(Stdio::piped())
             .stderr(stderr)
             .spawn()
             .expect("spawn kvtier serve");
         // Readiness: the server prints its bound addresses once listening.
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .expect("ready line");
-        let v: serde_json::Value = serde_json::from_str(&line).expect("ready json");
+        let v = common::ready(&mut child).expect("ready json");
         Self {
             child,
             grpc: format!("http://{}", v["grpc"][0].as_str().unwrap()),

@@ -4,11 +4,12 @@
 //! from `kvtier bench`. Over the data plane the server copies no payload in
 //! user space, either way (the kernel's socket copy is its only one); the
 //! gRPC path is the positive control that shows the counter sees copies.
-use std::io::{BufRead, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-const BIN: &str = env!("CARGO_BIN_EXE_kvtier");
+mod common;
+
+use common::BIN;
 const SIZE: u64 = 1_258_291;
 
 fn interposer(dir: &Path) -> PathBuf {
@@ -25,22 +26,6 @@ fn interposer(dir: &Path) -> PathBuf {
     so
 }
 
-/// Requests by op (`read`, `write`) answered so far, from `/metrics`.
-fn served(http: &str, op: &str) -> u64 {
-    let mut s = std::net::TcpStream::connect(http).expect("metrics");
-    write!(
-        s,
-        "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
-    )
-    .unwrap();
-    let mut body = String::new();
-    s.read_to_string(&mut body).unwrap();
-    body.lines()
-        .filter(|l| l.starts_with("kvtier_requests_total{") && l.contains(&format!("op=\"{op}\"")))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum::<f64>() as u64
-}
-
 struct Counted {
     reads: u64,
     writes: u64,
@@ -51,26 +36,13 @@ struct Counted {
 /// under the interposer; returns what the server served and copied.
 fn run(dir: &Path, so: &Path, workload: &str, transport: &str) -> Counted {
     let out = dir.join(format!("{workload}-{transport}.json"));
-    let mut server = Command::new(BIN)
-        .args([
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--http-listen",
-            "127.0.0.1:0",
-        ])
-        .arg("--ready-json")
+    let mut server = common::serve_command()
         .env("LD_PRELOAD", so)
         .env("MEMCOUNT_OUT", &out)
         .env("RUST_LOG", "warn")
-        .stdout(Stdio::piped())
         .spawn()
         .expect("spawn kvtier serve");
-    let mut line = String::new();
-    BufReader::new(server.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let ready: serde_json::Value = serde_json::from_str(&line).expect("ready json");
+    let ready = common::ready(&mut server).expect("ready json");
     let grpc = format!("grpc://{}", ready["grpc"][0].as_str().unwrap());
     let http = ready["http"].as_str().unwrap().to_string();
     let st = Command::new(BIN)
@@ -91,7 +63,10 @@ fn run(dir: &Path, so: &Path, workload: &str, transport: &str) -> Counted {
         .status()
         .unwrap();
     assert!(st.success());
-    let (reads, writes) = (served(&http, "read"), served(&http, "write"));
+    let (reads, writes) = (
+        common::requests_total(&http, "read"),
+        common::requests_total(&http, "write"),
+    );
     // SIGTERM: a clean exit runs the interposer's destructor.
     assert!(
         Command::new("kill")

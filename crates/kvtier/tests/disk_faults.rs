@@ -13,7 +13,9 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-const BIN: &str = env!("CARGO_BIN_EXE_kvtier");
+mod common;
+
+use common::BIN;
 const NS: &str = "faults";
 
 /// A running `kvtier serve` whose stderr goes to a file.
@@ -32,15 +34,7 @@ fn try_start(
     extra: &[&str],
 ) -> Result<Served, (std::process::ExitStatus, String)> {
     let err = std::fs::File::create(log).expect("create log file");
-    let mut child = Command::new(BIN)
-        .args([
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--http-listen",
-            "127.0.0.1:0",
-            "--ready-json",
-        ])
+    let mut child = common::serve_command()
         .arg("--disk-dir")
         .arg(dir)
         .args(extra)

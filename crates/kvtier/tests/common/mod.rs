@@ -1,0 +1,53 @@
+//! Helpers shared by the binary's integration tests: `kvtier serve` on
+//! ephemeral loopback ports, its readiness line, and its request counters.
+#![allow(dead_code)]
+use std::io::{BufRead, BufReader, Read, Write};
+use std::process::{Child, Command, Stdio};
+
+/// The binary under test.
+pub const BIN: &str = env!("CARGO_BIN_EXE_kvtier");
+
+/// `kvtier serve` with gRPC and HTTP on ephemeral loopback ports, printing
+/// its bound addresses as one JSON line once it listens (`--ready-json`);
+/// stdout is piped for [`ready`].
+pub fn serve_command() -> Command {
+    let mut c = Command::new(BIN);
+    c.args([
+        "serve",
+        "--listen",
+        "127.0.0.1:0",
+        "--http-listen",
+        "127.0.0.1:0",
+    ])
+    .arg("--ready-json")
+    .stdout(Stdio::piped());
+    c
+}
+
+/// The readiness line of a server started with [`serve_command`]; `None` when
+/// it exited (or closed stdout) before it was ready.
+pub fn ready(child: &mut Child) -> Option<serde_json::Value> {
+    let mut line = String::new();
+    BufReader::new(child.stdout.take()?)
+        .read_line(&mut line)
+        .ok()?;
+    serde_json::from_str(&line).ok()
+}
+
+/// Requests of `op` (`read`, `write`, …) answered so far, summed over APIs
+/// and codes, from the server's `/metrics` at `http` (0 when unreachable).
+pub fn requests_total(http: &str, op: &str) -> u64 {
+    let Ok(mut s) = std::net::TcpStream::connect(http) else {
+        return 0;
+    };
+    let _ = write!(
+        s,
+        "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    );
+    let mut body = String::new();
+    let _ = s.read_to_string(&mut body);
+    body.lines()
+        .filter(|l| l.starts_with("kvtier_requests_total{") && l.contains(&format!("op=\"{op}\"")))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum::<f64>() as u64
+}
