@@ -164,7 +164,15 @@ class KvtierRemoteConnector(RemoteConnector):
         }, sort_keys=True)
         self._ns_cache: dict[tuple, str] = {}
         self._warn = _RateLimited()
-        self.stats = {"gets": 0, "hits": 0, "puts": 0, "put_failures": 0, "errors": 0, "bad_size": 0}
+        self.stats = {"gets": 0, "hits": 0, "puts": 0, "put_failures": 0, "errors": 0, "bad_size": 0,
+                      "leases_taken": 0, "leases_released": 0}
+        # lookup_id -> (monotonic deadline, lease ids): the pins LMCache asked
+        # for in batched_async_contains, released when the same lookup's
+        # batched_get_non_blocking has read the chunks (LMCache calls both from
+        # one coroutine). A lookup whose get never comes keeps its lease until
+        # kvtier expires it (lease_ms); the entry is dropped by then too.
+        self._leases: dict[str, tuple[float, list[int]]] = {}
+        self._leases_lock = threading.Lock()
 
     # -- keys and namespaces ------------------------------------------------------
 
@@ -212,14 +220,49 @@ class KvtierRemoteConnector(RemoteConnector):
             self._warn.warn(what, "kvtier %s failed (treated as a miss): %s", what, e)
             return default
 
-    def _found(self, keys, lease: bool) -> int:
+    def _found(self, keys, lease: bool, lookup_id: Optional[str] = None) -> int:
         found = 0
-        for ns, ks in self._groups(keys):
-            r = self.client.lookup(ns, keys=[self.kvkey(k) for k in ks], lease_ms=self.lease_ms if lease else 0)
-            found += r.found
-            if r.found < len(ks):
-                break
+        taken: list[int] = []
+        try:
+            for ns, ks in self._groups(keys):
+                r = self.client.lookup(ns, keys=[self.kvkey(k) for k in ks], lease_ms=self.lease_ms if lease else 0)
+                found += r.found
+                if r.lease_id:
+                    taken.append(r.lease_id)
+                if r.found < len(ks):
+                    break
+        finally:
+            if taken:
+                self.stats["leases_taken"] += len(taken)
+                if lookup_id is None:
+                    self._release(taken)  # nobody will read under them
+                else:
+                    self._remember(lookup_id, taken)
         return found
+
+    def _remember(self, lookup_id: str, lease_ids: list[int]) -> None:
+        now = time.monotonic()
+        with self._leases_lock:
+            stale = [k for k, (deadline, _) in self._leases.items() if deadline < now]
+            for k in stale:
+                del self._leases[k]
+            # A repeated lookup replaces (and releases) what the previous one pinned.
+            _, old = self._leases.pop(lookup_id, (0.0, []))
+            self._leases[lookup_id] = (now + self.lease_ms / 1000, lease_ids)
+        self._release(old)
+
+    def _release_lookup(self, lookup_id: str) -> None:
+        with self._leases_lock:
+            _, ids = self._leases.pop(lookup_id, (0.0, []))
+        self._release(ids)
+
+    def _release(self, lease_ids: list[int]) -> None:
+        for lid in lease_ids:
+            try:
+                self.client.release(lid)
+                self.stats["leases_released"] += 1
+            except Exception as e:  # noqa: BLE001 - an unreleased lease expires on its own
+                self._warn.warn("release", "kvtier lease %d not released (it expires by itself): %s", lid, e)
 
     def _size_ok(self, n: int) -> bool:
         return 0 < n <= self.full_chunk_size_bytes and n % self.single_token_size == 0
@@ -302,7 +345,7 @@ class KvtierRemoteConnector(RemoteConnector):
         return True
 
     async def batched_async_contains(self, lookup_id: str, keys: List, pin: bool = False) -> int:
-        return await self._run("contains", lambda: self._found(keys, pin), 0)
+        return await self._run("contains", lambda: self._found(keys, pin, lookup_id), 0)
 
     async def get(self, key) -> Optional[Any]:
         self.stats["gets"] += 1
@@ -315,7 +358,11 @@ class KvtierRemoteConnector(RemoteConnector):
 
     async def batched_get_non_blocking(self, lookup_id: str, keys: List) -> List:
         self.stats["gets"] += len(keys)
-        objs = await self._run("get", lambda: self._read(keys), [])
+        try:
+            objs = await self._run("get", lambda: self._read(keys), [])
+        finally:
+            # The chunks are read (or will not be): the lookup's pins are done.
+            await self._run("release", lambda: self._release_lookup(lookup_id), None)
         self.stats["hits"] += len(objs)
         return objs
 

@@ -12,6 +12,9 @@ byte that went through kvtier. Modes:
   own CPU cache is empty, so everything comes from kvtier).
 * ``outage``: store, then wait for the test to stop kvtier (``go`` file), then
   look up, retrieve and store again: all must be misses, none may hang.
+* ``pin``: store, then do what LMCache's async loading does (one lookup id:
+  ``batched_async_contains(pin=True)``, then ``batched_get_non_blocking``)
+  and report the server's active leases after each step.
 """
 from __future__ import annotations
 
@@ -76,7 +79,7 @@ def main(spec_path: str, out_path: str) -> None:
         while conn.stats["puts"] + conn.stats["put_failures"] < chunks and time.monotonic() < end:
             time.sleep(0.02)
 
-    if spec["mode"] in ("store", "outage"):
+    if spec["mode"] in ("store", "outage", "pin"):
         store()
         out["stored"] = dict(conn.stats)
         out["namespaces"] = sorted(conn._ns_cache.values())
@@ -101,6 +104,26 @@ def main(spec_path: str, out_path: str) -> None:
         out["retrieved"] = int(engine.retrieve(tokens, kvcaches=starter.kv_caches).sum())
         engine.store(list(range(10_000, 10_000 + 512)), kvcaches=starter.kv_caches)
         out["elapsed_s"] = time.monotonic() - t
+        out["stats"] = dict(conn.stats)
+    if spec["mode"] == "pin":
+        import asyncio
+
+        from kvtier import Client
+
+        keys = [key for _, _, key in engine.token_database.process_tokens(tokens)]
+        run = lambda coro: asyncio.run_coroutine_threadsafe(coro, conn.loop).result(60)  # noqa: E731
+        with Client(spec["url"]) as c:
+            out["leases_before"] = c.stats().active_leases
+            out["found"] = run(conn.batched_async_contains("lookup-1", keys, True))
+            out["leases_after_lookup"] = c.stats().active_leases
+            objs = run(conn.batched_get_non_blocking("lookup-1", keys))
+            out["read"] = len(objs)
+            for o in objs:
+                o.ref_count_down()
+            out["leases_after_get"] = c.stats().active_leases
+            # A lookup without pin takes no lease at all.
+            run(conn.batched_async_contains("lookup-2", keys, False))
+            out["leases_after_unpinned_lookup"] = c.stats().active_leases
         out["stats"] = dict(conn.stats)
     starter.stop()
     json.dump(out, open(out_path, "w"))

@@ -75,6 +75,20 @@ def test_stored_chunks_are_retrieved_by_a_fresh_process(server, tmp_path):
     assert got["stats"]["errors"] == 0
 
 
+def test_pins_are_released_once_the_lookup_has_read(server, tmp_path):
+    """LMCache's async loading pins the hit prefix under a lookup id, then
+    reads it under the same id: the plugin releases its kvtier leases right
+    after the read instead of leaving them to expire (lease_ms)."""
+    got = run(tmp_path, "pin", {"mode": "pin", "config": config(server.grpc), "url": server.grpc,
+                                "model": "model-pin"})
+    assert got["found"] == 8, got
+    assert got["leases_after_lookup"] == got["leases_before"] + 1, got
+    assert got["read"] == 8, got
+    assert got["leases_after_get"] == got["leases_before"], got
+    assert got["leases_after_unpinned_lookup"] == got["leases_before"], got
+    assert got["stats"]["leases_taken"] == got["stats"]["leases_released"] == 1, got["stats"]
+
+
 def test_another_model_sees_nothing(server, tmp_path):
     cfg = config(server.grpc)
     run(tmp_path, "store", {"mode": "store", "config": cfg, "model": "model-a"})
