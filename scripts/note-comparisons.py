@@ -3,7 +3,7 @@
 notes/013-comparisons.md and README's comparison table from the bench records
 that scripts/bench-data-plane.sh wrote (OUT/read/record.json,
 OUT/write/record.json). Every number and verdict here comes from the records'
-`analysis.comparison` rows (computed by kvtier bench, crates/kvtier-bench/src/fair.rs);
+`analysis.comparison` rows (computed by kvtier bench, crates/kvtier-bench/src/analysis/fair.rs);
 nothing is typed in by hand.
 
 Usage: scripts/note-comparisons.py OUT [--command "how OUT was produced"]

@@ -1,29 +1,30 @@
 //! kvtier bench: latency-vs-concurrency sweeps, their analysis and reports.
 //!
-//! The load generator measures; this crate turns its histograms into a
-//! versioned [`record::Record`] ([`builder::StepBuilder`]), checks and analyses
-//! it ([`analysis::analyze`]) and renders `record.json`, `summary.md` and a
-//! self-contained `report.html` ([`write_outputs`]). [`compare`] diffs two
-//! records with a significance verdict.
+//! The crate in four parts:
+//!
+//! * **the generator**: [`run`] (a sweep, its processes and peers), [`load`]
+//!   (closed and open loops), [`workloads`] (what each worker sends),
+//!   [`probe`] (raw TCP throughput) and [`netobs`] (the congestion control each
+//!   system's sockets ran);
+//! * **the peers** ([`peers`]): Redis through a RESP2 client or `redis-rs`,
+//!   Mooncake Store through its Python API;
+//! * **the record** ([`record`]): a versioned schema, filled by
+//!   [`builder::StepBuilder`] from the generator's histograms;
+//! * **analysis and outputs**: [`analysis`] (self-checks, knees, USL, SLAs,
+//!   coordinated omission, comparisons with peers under the rules, `compare`
+//!   between two records), rendered by [`summary`] and [`report`]
+//!   ([`write_outputs`]).
 
 pub mod analysis;
 pub mod builder;
-pub mod co;
-pub mod compare;
-pub mod fair;
-pub mod knee;
 pub mod load;
 pub mod netobs;
-pub mod peer_mooncake;
-pub mod peer_redis;
+pub mod peers;
 pub mod probe;
 pub mod record;
 pub mod report;
-pub mod resp;
 pub mod run;
-pub mod sla;
 pub mod summary;
-pub mod usl;
 pub mod workloads;
 
 #[cfg(test)]
@@ -32,7 +33,7 @@ mod testutil;
 use std::path::Path;
 
 pub use analysis::analyze;
-pub use compare::{compare, render_comparison};
+pub use analysis::compare::{compare, render_comparison};
 pub use record::Record;
 pub use report::render_report;
 pub use summary::render_summary;

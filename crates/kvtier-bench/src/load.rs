@@ -18,8 +18,8 @@ use std::time::{Duration, Instant};
 use hdrhistogram::Histogram;
 use serde::{Deserialize, Serialize};
 
+use crate::analysis::co::{RequestTiming, co_histograms};
 use crate::builder::{OpInput, RepeatInput, new_histogram, record_us};
-use crate::co::{RequestTiming, co_histograms};
 use crate::record::{Percentiles, Phase};
 
 /// Server-reported timing of one request, µs.

@@ -8,7 +8,7 @@
 //! Latencies are microseconds (`f64`). Every percentile is read from an
 //! HdrHistogram that was *merged* across processes and repeats — percentiles
 //! are never averaged. Per-repeat figures are kept only to show the spread
-//! (median, min, max) and to test significance in [`crate::compare`].
+//! (median, min, max) and to test significance in [`crate::analysis::compare`].
 //!
 //! The load generator builds steps with [`crate::builder::StepBuilder`] from
 //! raw histograms; this module depends on no other module of the crate.
@@ -127,7 +127,7 @@ fn upgrade_v1(v: &mut serde_json::Value) {
 /// Inputs to the analysis that come from the command line.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
 pub struct AnalysisConfig {
-    /// SLA strings such as `read.p99=100ms`, see [`crate::sla::parse_slas`].
+    /// SLA strings such as `read.p99=100ms`, see [`crate::analysis::sla::parse_slas`].
     #[serde(default)]
     pub slas: Vec<String>,
     /// Capacity planning target in tokens/s (all servers together).
@@ -599,8 +599,8 @@ pub fn rfc3339(unix_secs: u64) -> String {
     )
 }
 
-// The analysis section, computed by crate::analysis, crate::sla and
-// crate::usl; its schema lives here with the rest of the record.
+// The analysis section, computed by crate::analysis, crate::analysis::sla and
+// crate::analysis::usl; its schema lives here with the rest of the record.
 
 /// Tolerances of the self-checks.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -705,7 +705,7 @@ pub struct Analysis {
     pub capacity: Vec<CapacityPlan>,
     /// Problems met while analysing (bad SLA strings, too few points, ...).
     pub warnings: Vec<String>,
-    /// kvtier vs each peer under the comparison rules ([`crate::fair`]).
+    /// kvtier vs each peer under the comparison rules ([`crate::analysis::fair`]).
     #[serde(default)]
     pub comparison: Vec<PeerComparison>,
 }

@@ -23,8 +23,8 @@ use serde::{Deserialize, Serialize};
 use crate::builder::{RepeatInput, StepBuilder};
 use crate::load::{Load, Progress, WireRepeat, cores, run_repeat, thread_cpu};
 use crate::netobs::{Sampler, Sel};
-use crate::peer_mooncake::SpawnedMooncake;
-use crate::peer_redis::{self, PeerClient, RedisWorker, SpawnedRedis};
+use crate::peers::mooncake::SpawnedMooncake;
+use crate::peers::redis::{self as peer_redis, PeerClient, RedisWorker, SpawnedRedis};
 use crate::record::{LinkProbe, Mode, Network, PeerReference, PeerRun, Record, ReferenceRow, Step};
 use crate::workloads::{Api, Conn, ConnOpts, Ctx, KvWorker, Transport, WorkerId, Workload};
 
@@ -276,6 +276,8 @@ enum Peer {
         url: String,
         system: System,
         sockets: Sel,
+        /// The `redis-server` this run started, stopped on drop.
+        _spawned: Option<SpawnedRedis>,
     },
     /// Mooncake Store, through its driver.
     Mooncake(SpawnedMooncake),
@@ -645,8 +647,7 @@ fn children_cpu() -> Duration {
     })
 }
 
-/// Runs the sweep. Call from a thread that is not inside a Tokio runtime.
-pub fn run(cfg: &BenchConfig) -> anyhow::Result<Record> {
+fn check(cfg: &BenchConfig) -> anyhow::Result<()> {
     anyhow::ensure!(
         !(cfg.workload == Workload::Kv && cfg.api == Api::Compat),
         "the kv workload needs --api v1 (the kvstore API has no text keys)"
@@ -659,47 +660,62 @@ pub fn run(cfg: &BenchConfig) -> anyhow::Result<Record> {
         !cfg.concurrency.is_empty() || !cfg.rates.is_empty(),
         "nothing to run: give --concurrency or --rate"
     );
-    let value_size = cfg
-        .value_size
-        .unwrap_or_else(|| cfg.workload.default_value_size()) as usize;
-    let gen_rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(cores() as usize)
-        .thread_name(GEN_THREADS)
-        .enable_all()
-        .build()?;
-    // The system under test.
-    let mut spawned = None;
-    let (target, target_desc) = match &cfg.target {
-        Some(t) => (t.clone(), t.clone()),
-        None => {
-            let srv_rt = tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(cores() as usize)
-                .thread_name("kvtier-srv")
-                .enable_all()
-                .build()?;
-            let sc = spawn_config()?;
-            let server = srv_rt.block_on(kvtier_server::Server::start(sc))?;
-            let addr = server.grpc_addrs[0];
-            spawned = Some((srv_rt, server));
-            (
-                format!("http://{addr}"),
-                format!(
-                    "grpc://{addr} (in-process server spawned by kvtier bench, default config; \
-                     shares the generator's {} cores)",
-                    cores()
-                ),
-            )
+    Ok(())
+}
+
+/// The system under test: `--target`, or a server started in this process
+/// on its own runtime (threads `kvtier-srv`).
+struct Target {
+    /// Address the clients dial.
+    addr: String,
+    /// What the record says.
+    desc: String,
+    spawned: Option<(tokio::runtime::Runtime, kvtier_server::Server)>,
+}
+
+impl Target {
+    fn start(cfg: &BenchConfig) -> anyhow::Result<Self> {
+        if let Some(t) = &cfg.target {
+            return Ok(Target {
+                addr: t.clone(),
+                desc: t.clone(),
+                spawned: None,
+            });
         }
-    };
-    let mut redis_spawned = Vec::new();
+        let srv_rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(cores() as usize)
+            .thread_name("kvtier-srv")
+            .enable_all()
+            .build()?;
+        let server = srv_rt.block_on(kvtier_server::Server::start(spawn_config()?))?;
+        let addr = server.grpc_addrs[0];
+        Ok(Target {
+            addr: format!("http://{addr}"),
+            desc: format!(
+                "grpc://{addr} (in-process server spawned by kvtier bench, default config; \
+                 shares the generator's {} cores)",
+                cores()
+            ),
+            spawned: Some((srv_rt, server)),
+        })
+    }
+
+    fn stop(self) -> anyhow::Result<()> {
+        if let Some((srv_rt, server)) = self.spawned {
+            srv_rt.block_on(server.shutdown())?;
+        }
+        Ok(())
+    }
+}
+
+/// Starts (or names) every `--peer`; Redis peers get their names once connected.
+fn start_peers(cfg: &BenchConfig) -> anyhow::Result<Vec<Peer>> {
     let mut peers = Vec::new();
     for p in &cfg.peers {
-        let url = match p.as_str() {
+        let (url, spawned) = match p.as_str() {
             "redis://spawn" => {
                 let r = SpawnedRedis::start(cfg.peer_cpus.as_deref())?;
-                let url = r.url.clone();
-                redis_spawned.push(r);
-                url
+                (r.url.clone(), Some(r))
             }
             "mooncake://spawn" => {
                 anyhow::ensure!(
@@ -713,7 +729,7 @@ pub fn run(cfg: &BenchConfig) -> anyhow::Result<Record> {
                 )?));
                 continue;
             }
-            u if u.starts_with("redis://") => u.to_string(),
+            u if u.starts_with("redis://") => (u.to_string(), None),
             u => anyhow::bail!(
                 "unsupported peer {u:?}: expected redis://HOST:PORT, redis://spawn or mooncake://spawn"
             ),
@@ -730,8 +746,82 @@ pub fn run(cfg: &BenchConfig) -> anyhow::Result<Record> {
                 client: cfg.peer_client,
             },
             url,
+            _spawned: spawned,
         });
     }
+    Ok(peers)
+}
+
+/// One (load, mode, label) per step: closed concurrencies or open rates.
+fn loads(cfg: &BenchConfig) -> Vec<(Load, Mode, String)> {
+    if !cfg.rates.is_empty() {
+        let pool = cfg.concurrency.iter().copied().max().unwrap_or(64).max(1);
+        return cfg
+            .rates
+            .iter()
+            .map(|&r| {
+                (
+                    Load::Open { rate: r, pool },
+                    Mode::Open { rate_per_s: r },
+                    format!("rate={r}/s"),
+                )
+            })
+            .collect();
+    }
+    cfg.concurrency
+        .iter()
+        .map(|&c| {
+            let total = c * cfg.processes.max(1);
+            let name = if cfg.processes > 1 {
+                format!("c={total} ({}×{c})", cfg.processes)
+            } else {
+                format!("c={c}")
+            };
+            (Load::Closed(c), Mode::Closed { concurrency: c }, name)
+        })
+        .collect()
+}
+
+/// The peers' own tools at each closed-loop concurrency (comparison rule 2).
+fn peer_references(
+    cfg: &BenchConfig,
+    peers: &[Peer],
+    runs: &mut [PeerRun],
+    value_size: usize,
+) -> anyhow::Result<()> {
+    let applies = cfg.peer_tool
+        && cfg.rates.is_empty()
+        && matches!(cfg.workload, Workload::Read | Workload::Write);
+    if !applies {
+        return Ok(());
+    }
+    let totals: Vec<u32> = cfg
+        .concurrency
+        .iter()
+        .map(|c| c * cfg.processes.max(1))
+        .collect();
+    for (peer, run) in peers.iter().zip(runs) {
+        run.reference = match peer {
+            Peer::Bench { url, .. } => Some(redis_benchmark(url, value_size, &totals, cfg.quiet)?),
+            Peer::Mooncake(m) => m.reference(&totals, cfg.duration, value_size)?,
+        };
+    }
+    Ok(())
+}
+
+/// Runs the sweep. Call from a thread that is not inside a Tokio runtime.
+pub fn run(cfg: &BenchConfig) -> anyhow::Result<Record> {
+    check(cfg)?;
+    let value_size = cfg
+        .value_size
+        .unwrap_or_else(|| cfg.workload.default_value_size()) as usize;
+    let gen_rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(cores() as usize)
+        .thread_name(GEN_THREADS)
+        .enable_all()
+        .build()?;
+    let target = Target::start(cfg)?;
+    let mut peers = start_peers(cfg)?;
     let system_cc = crate::netobs::system_default();
     let nonce = nonce();
     let progress = Progress::new(cfg.quiet);
@@ -747,7 +837,7 @@ pub fn run(cfg: &BenchConfig) -> anyhow::Result<Record> {
     } else {
         None
     };
-    // Preload.
+    // Preload kvtier and the Redis peers with the same data.
     let ctx_pre = Ctx::new(cfg.workload, value_size, nonce);
     let (data_addr, wire) = gen_rt.block_on(async {
         let opts = ConnOpts {
@@ -759,7 +849,7 @@ pub fn run(cfg: &BenchConfig) -> anyhow::Result<Record> {
             retries: None,
             ping: false,
         };
-        let conn = Conn::connect(opts, &target).await?;
+        let conn = Conn::connect(opts, &target.addr).await?;
         let mut ctx = Ctx::new(cfg.workload, value_size, nonce);
         ctx.preload(&conn).await?;
         let wire = conn.uses_data_plane();
@@ -773,7 +863,7 @@ pub fn run(cfg: &BenchConfig) -> anyhow::Result<Record> {
         anyhow::Ok((conn.data_plane_addr(), wire))
     })?;
     let kv_sockets = Sel {
-        ports: port_of(&target)
+        ports: port_of(&target.addr)
             .into_iter()
             .chain(data_addr.map(|a| a.port()))
             .collect(),
@@ -789,35 +879,9 @@ pub fn run(cfg: &BenchConfig) -> anyhow::Result<Record> {
         observed_cc: BTreeMap::new(),
     };
     let kv_system = System::Kvtier {
-        target: target.clone(),
+        target: target.addr.clone(),
         api: cfg.api,
         transport: cfg.transport,
-    };
-    let pool = cfg.concurrency.iter().copied().max().unwrap_or(64).max(1);
-    let loads: Vec<(Load, Mode, String)> = if cfg.rates.is_empty() {
-        cfg.concurrency
-            .iter()
-            .map(|&c| {
-                let total = c * cfg.processes.max(1);
-                let name = if cfg.processes > 1 {
-                    format!("c={total} ({}×{c})", cfg.processes)
-                } else {
-                    format!("c={c}")
-                };
-                (Load::Closed(c), Mode::Closed { concurrency: c }, name)
-            })
-            .collect()
-    } else {
-        cfg.rates
-            .iter()
-            .map(|&r| {
-                (
-                    Load::Open { rate: r, pool },
-                    Mode::Open { rate_per_s: r },
-                    format!("rate={r}/s"),
-                )
-            })
-            .collect()
     };
     let mut steps = Vec::new();
     let mut peer_runs: Vec<PeerRun> = peers
@@ -833,7 +897,7 @@ pub fn run(cfg: &BenchConfig) -> anyhow::Result<Record> {
             ..Default::default()
         })
         .collect();
-    for (load, mode, name) in &loads {
+    for (load, mode, name) in &loads(cfg) {
         let (kv, ps, how) = runner.step_all(&kv_system, &kv_sockets, &peers, *load, *mode, name)?;
         steps.push(kv);
         for ((run, step), how) in peer_runs.iter_mut().zip(ps).zip(how) {
@@ -847,29 +911,10 @@ pub fn run(cfg: &BenchConfig) -> anyhow::Result<Record> {
         ..
     } = runner;
     drop(gen_rt);
-    // The peers' own tools, at each closed-loop concurrency (rule 2).
-    let tool_applies = cfg.peer_tool
-        && cfg.rates.is_empty()
-        && matches!(cfg.workload, Workload::Read | Workload::Write);
-    let totals: Vec<u32> = cfg
-        .concurrency
-        .iter()
-        .map(|c| c * cfg.processes.max(1))
-        .collect();
-    for (peer, run) in peers.iter().zip(&mut peer_runs) {
-        if !tool_applies {
-            break;
-        }
-        run.reference = match peer {
-            Peer::Bench { url, .. } => Some(redis_benchmark(url, value_size, &totals, cfg.quiet)?),
-            Peer::Mooncake(m) => m.reference(&totals, cfg.duration, value_size)?,
-        };
-    }
-    if let Some((srv_rt, server)) = spawned {
-        srv_rt.block_on(server.shutdown())?;
-    }
+    peer_references(cfg, &peers, &mut peer_runs, value_size)?;
+    let target_desc = target.desc.clone();
+    target.stop()?;
     drop(peers);
-    drop(redis_spawned);
     let mut rec = Record::new(
         cfg.workload.name(),
         cfg.api.record_name(wire),

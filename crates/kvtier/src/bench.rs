@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Args, Subcommand};
-use kvtier_bench::peer_redis::PeerClient;
+use kvtier_bench::peers::redis::PeerClient;
 use kvtier_bench::run::{BenchConfig, run as run_sweep, worker_main};
 use kvtier_bench::workloads::{Api, Transport, Workload};
 use kvtier_core::ByteSize;
@@ -40,18 +40,18 @@ struct RunArgs {
     #[arg(long)]
     target: Option<String>,
     /// lookup | read | write | mixed | conversation | kv | ping | lookup-ping.
-    #[arg(long)]
-    workload: Option<String>,
+    #[arg(long, value_parser = Workload::parse)]
+    workload: Option<Workload>,
     /// v1 (kvtier.v1 via the Rust client) | compat (kvstore.KVStoreService).
-    #[arg(long, default_value = "v1")]
-    api: String,
+    #[arg(long, default_value = "v1", value_parser = Api::parse)]
+    api: Api,
     /// v1 Read/Write transport: auto (the data plane when the server offers
     /// one) | grpc | data-plane. Recorded as api `v1+wire` / `v1+grpc`.
-    #[arg(long, default_value = "auto")]
-    transport: String,
+    #[arg(long, default_value = "auto", value_parser = Transport::parse)]
+    transport: Transport,
     /// Redis peer client: resp (hand-written RESP2) | redis-rs (the redis crate).
-    #[arg(long, default_value = "resp")]
-    peer_client: String,
+    #[arg(long, default_value = "resp", value_parser = PeerClient::parse)]
+    peer_client: PeerClient,
     /// Also run each peer's own benchmark tool at each concurrency
     /// (read/write workloads): redis-benchmark; comparisons use the better
     /// of it and the bench's own client.
@@ -81,7 +81,7 @@ struct RunArgs {
     /// Peers to compare with, comma-separated: redis://HOST:PORT,
     /// redis://spawn (a private redis-server), mooncake://spawn (a private
     /// Mooncake Store: scripts/setup-mooncake.sh installs it).
-    #[arg(long, value_delimiter = ',')]
+    #[arg(long, value_delimiter = ',', value_parser = parse_peer)]
     peer: Vec<String>,
     /// CPUs of the peers spawned by this run (`taskset -c` list, e.g. 1):
     /// pin them where the kvtier server under test runs.
@@ -120,6 +120,23 @@ struct RunArgs {
     worker: Option<String>,
 }
 
+/// A `--peer` entry, checked when the command line is parsed.
+fn parse_peer(s: &str) -> Result<String, String> {
+    let ok = s == "redis://spawn"
+        || s == "mooncake://spawn"
+        || s.strip_prefix("redis://").is_some_and(|a| {
+            a.rsplit_once(':')
+                .is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok())
+        });
+    if ok {
+        Ok(s.to_string())
+    } else {
+        Err(format!(
+            "unsupported peer {s:?}: expected redis://HOST:PORT, redis://spawn or mooncake://spawn"
+        ))
+    }
+}
+
 fn parse_duration(s: &str) -> Result<Duration, String> {
     let s = s.trim();
     let split = s
@@ -149,19 +166,17 @@ pub async fn run(a: BenchArgs) -> anyhow::Result<()> {
     if let Some(spec) = r.worker {
         return worker_main(&spec).await;
     }
-    let workload = Workload::parse(
-        r.workload
-            .as_deref()
-            .ok_or_else(|| anyhow::anyhow!("--workload is required"))?,
-    )?;
+    let workload = r
+        .workload
+        .ok_or_else(|| anyhow::anyhow!("--workload is required"))?;
     let out = r
         .out
         .ok_or_else(|| anyhow::anyhow!("--out DIR is required"))?;
     let mut cfg = BenchConfig::new(workload);
     cfg.target = if r.spawn { None } else { r.target };
-    cfg.api = Api::parse(&r.api)?;
-    cfg.transport = Transport::parse(&r.transport)?;
-    cfg.peer_client = PeerClient::parse(&r.peer_client)?;
+    cfg.api = r.api;
+    cfg.transport = r.transport;
+    cfg.peer_client = r.peer_client;
     cfg.peer_tool = r.peer_tool;
     cfg.value_size = r.value_size.map(ByteSize::bytes);
     cfg.concurrency = r.concurrency;

@@ -314,7 +314,7 @@ fn mooncake_peer_runs_in_the_same_run() {
     let python =
         std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../.tools/mooncake/bin/python");
     assert!(
-        kvtier_bench::peer_mooncake::available(&python),
+        kvtier_bench::peers::mooncake::available(&python),
         "Mooncake Store is not installed: scripts/setup-mooncake.sh (make test runs it)"
     );
     let out = tmp("mooncake");

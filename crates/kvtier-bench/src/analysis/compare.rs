@@ -257,7 +257,7 @@ pub fn render_comparison(c: &Comparison) -> String {
             if r.stat == "throughput" {
                 format!("{v:.1}/s")
             } else {
-                crate::sla::fmt_ms(v)
+                crate::analysis::sla::fmt_ms(v)
             }
         };
         let verdict = match r.verdict {

@@ -5,17 +5,25 @@
 //! saturation (generator CPU, open-loop schedule lag), latency falling as load
 //! rises, errors. Flagged steps stay in every table, marked; recommendations
 //! say when they rest on a flagged step. The heavier pieces live in their own
-//! modules: [`crate::knee`], [`crate::usl`], [`crate::sla`], [`crate::co`].
+//! modules: [`knee`], [`usl`], [`sla`], [`co`], [`fair`] (comparisons with peers) and
+//! [`compare`] (two records).
+pub mod co;
+pub mod compare;
+pub mod fair;
+pub mod knee;
+pub mod sla;
+pub mod usl;
+
 pub use crate::record::{
     Analysis, Degradation, DegradationRow, Knee, LittleCheck, Multipliers, OpUsl, Thresholds,
 };
 
 use std::collections::BTreeMap;
 
-use crate::knee::{Shape, kneedle, prefers_log_x};
+use crate::analysis::knee::{Shape, kneedle, prefers_log_x};
+use crate::analysis::sla::{parse_slas, plan_capacity, recommend};
+use crate::analysis::usl::fit_usl;
 use crate::record::{Flag, Mode, Phase, Record, Step};
-use crate::sla::{parse_slas, plan_capacity, recommend};
-use crate::usl::fit_usl;
 
 /// Flag kinds set by [`check_steps`]; others (set by the generator) are kept untouched.
 pub const ANALYSIS_FLAG_KINDS: [&str; 5] = [
@@ -373,7 +381,7 @@ pub fn analyze(record: &mut Record) {
         }
         Err(e) => a.warnings.push(format!("SLA not applied: {e:#}")),
     }
-    a.comparison = crate::fair::compare_record(record);
+    a.comparison = crate::analysis::fair::compare_record(record);
     record.analysis = Some(a);
 }
 

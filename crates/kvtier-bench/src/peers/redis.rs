@@ -3,7 +3,7 @@
 //!
 //! Client: **one connection per worker**, one request at a time (what
 //! `redis-benchmark -c N` does). By default a minimal hand-written RESP2
-//! client ([`crate::resp`]); `--peer-client redis-rs` uses the `redis` crate
+//! client ([`crate::peers::resp`]); `--peer-client redis-rs` uses the `redis` crate
 //! (a multiplexed connection used by one task only), which measured as the
 //! bottleneck for MB-sized values (`notes/006-data-plane.md`).
 //!
@@ -29,7 +29,7 @@ use redis::aio::MultiplexedConnection;
 use serde::{Deserialize, Serialize};
 
 use crate::load::{Sample, Unit};
-use crate::resp::{Reply, Resp};
+use crate::peers::resp::{Reply, Resp};
 use crate::workloads::{
     BLOCK_TOKENS, CHAIN_BLOCKS, CONV_BLOCKS, CONVERSATIONS, Ctx, KV_KEYS, TIMEOUT, WorkerId,
     Workload, mix,
@@ -104,7 +104,7 @@ pub fn redis_server_available() -> bool {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum PeerClient {
-    /// The hand-written RESP2 client ([`crate::resp`]).
+    /// The hand-written RESP2 client ([`crate::peers::resp`]).
     #[default]
     Resp,
     /// The `redis` crate (multiplexed connection, one task per connection).

@@ -98,7 +98,7 @@ impl SpawnedMooncake {
         let dir = tempfile::tempdir()?;
         std::fs::write(dir.path().join("mooncake_driver.py"), DRIVER)?;
         let ready = dir.path().join("ready.json");
-        let mut child = crate::peer_redis::pinned(cpus, &python)
+        let mut child = crate::peers::redis::pinned(cpus, &python)
             .arg(dir.path().join("mooncake_driver.py"))
             .args(["cluster", "--mem", &mem.to_string(), "--ready-file"])
             .arg(&ready)
