@@ -250,167 +250,41 @@ pub async fn run_repeat<U: Unit>(
     cpu: &(dyn Fn() -> Duration + Sync),
 ) -> anyhow::Result<(RepeatInput, Vec<U>)> {
     let start = Instant::now();
-    let warm_end = start + warmup;
-    let end = warm_end + duration;
+    let w = Window {
+        start,
+        warm_end: start + warmup,
+        end: start + warmup + duration,
+    };
     let open = matches!(load, Load::Open { .. });
-    let col = Arc::new(Mutex::new(Collector::new(open, warm_end)));
-    let cpu0 = Arc::new(Mutex::new(None::<Duration>));
+    let col = Arc::new(Mutex::new(Collector::new(open, w.warm_end)));
     // Open loop: units due (intended start passed) minus units completed, so a
     // unit still waiting for a free worker counts as in flight.
     let completed = Arc::new(AtomicI64::new(0));
-    let due = move |now: Instant| -> i64 {
-        match load {
-            Load::Open { rate, .. } if now >= start => {
-                let d = ((now - start).as_secs_f64() * rate).floor() as i64 + 1;
-                d.min((end.duration_since(start).as_secs_f64() * rate).ceil() as i64)
-            }
-            _ => 0,
-        }
+    let ticker = spawn_ticker(col.clone(), progress.clone(), label.to_string(), w);
+    let sampler = match load {
+        Load::Open { rate, .. } => Some(spawn_in_flight_sampler(rate, completed.clone(), w)),
+        Load::Closed(_) => None,
     };
-    // Progress and in-flight sampling.
-    let ticker = {
-        let col = col.clone();
-        let progress = progress.clone();
-        let label = label.to_string();
-        tokio::spawn(async move {
-            loop {
-                tokio::time::sleep(Duration::from_millis(500)).await;
-                let now = Instant::now();
-                if now >= end {
-                    break;
-                }
-                let (count, p99) = {
-                    let c = col.lock().expect("collector");
-                    (c.count, c.all_e2e.value_at_quantile(0.99))
-                };
-                let el = now.saturating_duration_since(warm_end);
-                let rate = if el > Duration::ZERO {
-                    count as f64 / el.as_secs_f64()
-                } else {
-                    0.0
-                };
-                progress.live(&label, el, rate, p99);
-            }
-        })
-    };
-    let sampler = open.then(|| {
-        let completed = completed.clone();
-        std::thread::spawn(move || {
-            let (mut sum, mut n) = (0i64, 0u64);
-            loop {
-                std::thread::sleep(Duration::from_micros(500));
-                let now = Instant::now();
-                if now >= end {
-                    break;
-                }
-                if now >= warm_end {
-                    sum += due(now) - completed.load(Ordering::Relaxed);
-                    n += 1;
-                }
-            }
-            (n > 0).then(|| sum as f64 / n as f64)
-        })
-    });
     // CPU is read at the start of the window.
+    let cpu0 = Arc::new(Mutex::new(None::<Duration>));
     let cpu_task = {
         let cpu0 = cpu0.clone();
         async move {
-            tokio::time::sleep_until(warm_end.into()).await;
+            tokio::time::sleep_until(w.warm_end.into()).await;
             *cpu0.lock().expect("cpu") = Some(cpu());
         }
     };
     let workers = match load {
         Load::Closed(_) => {
-            let mut tasks = tokio::task::JoinSet::new();
-            for (i, mut w) in workers.into_iter().enumerate() {
-                let col = col.clone();
-                tasks.spawn(async move {
-                    let mut buf = Vec::new();
-                    while Instant::now() < end {
-                        buf.clear();
-                        w.run(&mut buf).await;
-                        if buf.iter().any(|s| s.shed) {
-                            // A shed request: back off like a client would.
-                            tokio::time::sleep(kvtier_client::backoff(0)).await;
-                        }
-                        if let Some(first) = buf.first()
-                            && first.sent >= warm_end
-                            && first.sent < end
-                        {
-                            col.lock().expect("collector").add_unit(None, &buf);
-                        }
-                    }
-                    (i, w)
-                });
-            }
-            cpu_task.await;
-            let mut back: Vec<(usize, U)> = tasks.join_all().await;
-            back.sort_by_key(|(i, _)| *i);
-            back.into_iter().map(|(_, w)| w).collect()
+            let (workers, ()) = tokio::join!(closed_loop(workers, col.clone(), w), cpu_task);
+            workers
         }
         Load::Open { rate, .. } => {
-            anyhow::ensure!(rate > 0.0, "open-loop rate must be > 0");
-            let pool_n = workers.len();
-            let (tx, mut rx) = tokio::sync::mpsc::channel::<U>(pool_n.max(1));
-            for w in workers {
-                tx.send(w).await.expect("pool has room");
-            }
-            // The schedule runs on an OS thread: its sleeps are precise to tens of
-            // µs, where Tokio's timer rounds up to whole milliseconds.
-            let sched = {
-                let col = col.clone();
-                let completed = completed.clone();
-                let tx = tx.clone();
-                let handle = tokio::runtime::Handle::current();
-                tokio::task::spawn_blocking(move || {
-                    let interval = 1.0 / rate;
-                    let mut tasks = Vec::new();
-                    for i in 0u64.. {
-                        let intended = start + Duration::from_secs_f64(i as f64 * interval);
-                        if intended >= end {
-                            break;
-                        }
-                        let now = Instant::now();
-                        if intended > now {
-                            std::thread::sleep(intended - now);
-                        }
-                        let measured = intended >= warm_end;
-                        // Waiting for a free worker is the coordinated-omission case.
-                        let Some(mut w) = rx.blocking_recv() else {
-                            break;
-                        };
-                        let col = col.clone();
-                        let completed = completed.clone();
-                        let tx = tx.clone();
-                        tasks.push(handle.spawn(async move {
-                            let mut buf = Vec::new();
-                            w.run(&mut buf).await;
-                            completed.fetch_add(1, Ordering::Relaxed);
-                            if measured {
-                                col.lock()
-                                    .expect("collector")
-                                    .add_unit(Some(intended), &buf);
-                            }
-                            let _ = tx.send(w).await;
-                        }));
-                    }
-                    (rx, tasks)
-                })
-            };
-            let (sched, ()) = tokio::join!(sched, cpu_task);
-            let (mut rx, tasks) = sched?;
-            for t in tasks {
-                t.await?;
-            }
-            drop(tx);
-            let mut back = Vec::with_capacity(pool_n);
-            while back.len() < pool_n {
-                match rx.recv().await {
-                    Some(w) => back.push(w),
-                    None => break,
-                }
-            }
-            back
+            let (workers, ()) = tokio::join!(
+                open_loop(workers, rate, col.clone(), completed, w),
+                cpu_task
+            );
+            workers?
         }
     };
     let cpu1 = cpu();
@@ -435,6 +309,174 @@ pub async fn run_repeat<U: Unit>(
         ops,
     };
     Ok((r, workers))
+}
+
+/// The times of one repeat: start, end of warm-up, end.
+#[derive(Debug, Clone, Copy)]
+struct Window {
+    start: Instant,
+    warm_end: Instant,
+    end: Instant,
+}
+
+/// Live progress every 500 ms until the window ends.
+fn spawn_ticker(
+    col: Arc<Mutex<Collector>>,
+    progress: Progress,
+    label: String,
+    w: Window,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            let now = Instant::now();
+            if now >= w.end {
+                break;
+            }
+            let (count, p99) = {
+                let c = col.lock().expect("collector");
+                (c.count, c.all_e2e.value_at_quantile(0.99))
+            };
+            let el = now.saturating_duration_since(w.warm_end);
+            let rate = if el > Duration::ZERO {
+                count as f64 / el.as_secs_f64()
+            } else {
+                0.0
+            };
+            progress.live(&label, el, rate, p99);
+        }
+    })
+}
+
+/// Open loop: samples (units due − units completed) every 500 µs of the
+/// measured window, on an OS thread; its mean is the in-flight figure for
+/// Little's law.
+fn spawn_in_flight_sampler(
+    rate: f64,
+    completed: Arc<AtomicI64>,
+    w: Window,
+) -> std::thread::JoinHandle<Option<f64>> {
+    let due = move |now: Instant| -> i64 {
+        if now < w.start {
+            return 0;
+        }
+        let d = ((now - w.start).as_secs_f64() * rate).floor() as i64 + 1;
+        d.min((w.end.duration_since(w.start).as_secs_f64() * rate).ceil() as i64)
+    };
+    std::thread::spawn(move || {
+        let (mut sum, mut n) = (0i64, 0u64);
+        loop {
+            std::thread::sleep(Duration::from_micros(500));
+            let now = Instant::now();
+            if now >= w.end {
+                break;
+            }
+            if now >= w.warm_end {
+                sum += due(now) - completed.load(Ordering::Relaxed);
+                n += 1;
+            }
+        }
+        (n > 0).then(|| sum as f64 / n as f64)
+    })
+}
+
+/// Closed loop: every worker runs units back to back until the window ends.
+async fn closed_loop<U: Unit>(workers: Vec<U>, col: Arc<Mutex<Collector>>, w: Window) -> Vec<U> {
+    let mut tasks = tokio::task::JoinSet::new();
+    for (i, mut worker) in workers.into_iter().enumerate() {
+        let col = col.clone();
+        tasks.spawn(async move {
+            let mut buf = Vec::new();
+            while Instant::now() < w.end {
+                buf.clear();
+                worker.run(&mut buf).await;
+                if buf.iter().any(|s| s.shed) {
+                    // A shed request: back off like a client would.
+                    tokio::time::sleep(kvtier_client::backoff(0)).await;
+                }
+                if let Some(first) = buf.first()
+                    && first.sent >= w.warm_end
+                    && first.sent < w.end
+                {
+                    col.lock().expect("collector").add_unit(None, &buf);
+                }
+            }
+            (i, worker)
+        });
+    }
+    let mut back: Vec<(usize, U)> = tasks.join_all().await;
+    back.sort_by_key(|(i, _)| *i);
+    back.into_iter().map(|(_, w)| w).collect()
+}
+
+/// Open loop: units start on a fixed schedule (`rate` per second) on the
+/// first free worker; latency counts from the intended start.
+async fn open_loop<U: Unit>(
+    workers: Vec<U>,
+    rate: f64,
+    col: Arc<Mutex<Collector>>,
+    completed: Arc<AtomicI64>,
+    w: Window,
+) -> anyhow::Result<Vec<U>> {
+    anyhow::ensure!(rate > 0.0, "open-loop rate must be > 0");
+    let pool_n = workers.len();
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<U>(pool_n.max(1));
+    for worker in workers {
+        tx.send(worker).await.expect("pool has room");
+    }
+    // The schedule runs on an OS thread: its sleeps are precise to tens of
+    // µs, where Tokio's timer rounds up to whole milliseconds.
+    let sched = {
+        let tx = tx.clone();
+        let handle = tokio::runtime::Handle::current();
+        tokio::task::spawn_blocking(move || {
+            let interval = 1.0 / rate;
+            let mut tasks = Vec::new();
+            for i in 0u64.. {
+                let intended = w.start + Duration::from_secs_f64(i as f64 * interval);
+                if intended >= w.end {
+                    break;
+                }
+                let now = Instant::now();
+                if intended > now {
+                    std::thread::sleep(intended - now);
+                }
+                let measured = intended >= w.warm_end;
+                // Waiting for a free worker is the coordinated-omission case.
+                let Some(mut worker) = rx.blocking_recv() else {
+                    break;
+                };
+                let col = col.clone();
+                let completed = completed.clone();
+                let tx = tx.clone();
+                tasks.push(handle.spawn(async move {
+                    let mut buf = Vec::new();
+                    worker.run(&mut buf).await;
+                    completed.fetch_add(1, Ordering::Relaxed);
+                    if measured {
+                        col.lock()
+                            .expect("collector")
+                            .add_unit(Some(intended), &buf);
+                    }
+                    let _ = tx.send(worker).await;
+                }));
+            }
+            (rx, tasks)
+        })
+    };
+    let (mut rx, tasks) = sched.await?;
+    for t in tasks {
+        t.await?;
+    }
+    drop(tx);
+    let mut back = Vec::with_capacity(pool_n);
+    while back.len() < pool_n {
+        match rx.recv().await {
+            Some(worker) => back.push(worker),
+            None => break,
+        }
+    }
+    Ok(back)
 }
 
 /// Cores available to this process.
