@@ -1,0 +1,202 @@
+#!/usr/bin/env python3
+"""Where a kvtier server spends 1.2 MB writes at c=1, by allocator setting
+(notes/016): `perf record` on the server process during a `kvtier bench`
+write run over the data plane, with jemalloc's default page decay and with
+decay off (freed pages are never handed back to the kernel). Both are set at
+run time through `_RJEM_MALLOC_CONF`, so any build measures the same thing.
+The same two settings are then run through the 32-writer flood of
+notes/012/014 (512 MiB tier, data plane and gRPC) for the memory side.
+
+Each repeat starts a fresh `kvtier serve` (256 MiB memory tier), fills the
+tier first (1 s of writes: steady state, every write evicts), then profiles
+the server for the measured run. Repeats alternate between the settings.
+Reported per repeat: answered writes/s, p50, p99 and the share of server
+samples in page faults and zeroing, the kernel's socket copy, and CRC32C.
+
+usage: python3 scripts/profile-writes.py [--kvtier target/release/kvtier]
+       [--repeat 3] [--duration 4] [--out notes/016-allocator-decay.json]
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import re
+import statistics
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+SETTINGS = {
+    # jemalloc 5.3's defaults (what kvtier ships with).
+    "jemalloc default decay": "dirty_decay_ms:10000,muzzy_decay_ms:0",
+    "no purge": "dirty_decay_ms:-1,muzzy_decay_ms:-1",
+}
+CATEGORIES = {
+    "page faults and zeroing": re.compile(
+        r"clear_page|exc_page_fault|page_fault|do_anonymous_page|handle_mm_fault|unmap_page_range|"
+        r"alloc_pages|alloc_frozen_pages|rmqueue|folio|memcg|lruvec|mt_find|zap_|free_pages|free_unref"),
+    "kernel socket copy": re.compile(r"_copy_to_iter|_copy_from_iter|copy_user"),
+    "crc32c": re.compile(r"crc32c|crc_u64"),
+}
+
+
+def start_server(binary: Path, conf: str | None, tmp: Path, memory: str = "256MiB") -> tuple[subprocess.Popen, str]:
+    env = dict(os.environ)
+    env.pop("_RJEM_MALLOC_CONF", None)
+    if conf:
+        env["_RJEM_MALLOC_CONF"] = conf
+    ready = tmp / "ready.json"
+    p = subprocess.Popen([str(binary), "serve", "--listen", "127.0.0.1:0", "--http-listen", "",
+                          "--memory-capacity", memory, "--ready-json"],
+                         stdout=open(ready, "w"), stderr=subprocess.DEVNULL, env=env)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            return p, json.loads(ready.read_text())["grpc"][0]
+        except (ValueError, KeyError, FileNotFoundError):
+            if p.poll() is not None:
+                raise SystemExit("kvtier serve exited")
+            time.sleep(0.05)
+    raise SystemExit("kvtier serve never became ready")
+
+
+def bench(binary: Path, grpc: str, out: Path, duration: float, warmup: float) -> dict:
+    subprocess.run([str(binary), "bench", "--target", f"grpc://{grpc}", "--workload", "write",
+                    "--value-size", "1258291", "--concurrency", "1", "--duration", f"{duration}s",
+                    "--warmup", f"{warmup}s", "--quiet", "--out", str(out)],
+                   check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return json.loads((out / "record.json").read_text())
+
+
+def shares(perf_data: Path) -> dict:
+    rep = subprocess.run(["perf", "report", "-i", str(perf_data), "--no-children", "--sort", "symbol",
+                          "--stdio", "-g", "none"], capture_output=True, text=True).stdout
+    out = {k: 0.0 for k in CATEGORIES}
+    top = []
+    for line in rep.splitlines():
+        m = re.match(r"\s*([\d.]+)%\s+\[[.k]\]\s+(\S+)", line)
+        if not m:
+            continue
+        pct, sym = float(m.group(1)), m.group(2)
+        if len(top) < 8:
+            top.append({"symbol": sym, "percent": pct})
+        for k, rx in CATEGORIES.items():
+            if rx.search(sym):
+                out[k] += pct
+                break
+    return {"categories_percent": out, "top": top}
+
+
+def one(binary: Path, label: str, conf: str | None, duration: float) -> dict:
+    tmp = Path(tempfile.mkdtemp(prefix="kvtier-prof-"))
+    srv, grpc = start_server(binary, conf, tmp)
+    try:
+        bench(binary, grpc, tmp / "fill", 1.0, 0.1)  # fill the tier: every later write evicts
+        perf = subprocess.Popen(["perf", "record", "-F", "999", "-g", "-p", str(srv.pid), "-o",
+                                 str(tmp / "perf.data"), "--", "sleep", str(duration + 1.5)],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        rec = bench(binary, grpc, tmp / "bench", duration, 0.5)
+        perf.wait()
+        o = rec["steps"][0]["ops"]["write"]
+        return {"setting": label, "malloc_conf": conf,
+                "writes_s": o["throughput_ops_s"], "p50_us": o["latency_us"]["e2e"]["p50"],
+                "p99_us": o["latency_us"]["e2e"]["p99"], "errors": o["errors"], **shares(tmp / "perf.data")}
+    finally:
+        srv.terminate()
+        srv.wait()
+
+
+def rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def flood(binary: Path, label: str, conf: str, transport: str) -> dict:
+    """32 writers of 1.2 MB for 4 s against a 512 MiB tier; the server's peak RSS (sampled every 20 ms)."""
+    import threading
+
+    tmp = Path(tempfile.mkdtemp(prefix="kvtier-flood-"))
+    srv, grpc = start_server(binary, conf, tmp, "512MiB")
+    peak, stop = [rss_mib(srv.pid)], threading.Event()
+    idle = peak[0]
+
+    def sample():
+        while not stop.is_set():
+            peak[0] = max(peak[0], rss_mib(srv.pid))
+            time.sleep(0.02)
+
+    t = threading.Thread(target=sample, daemon=True)
+    t.start()
+    try:
+        subprocess.run([str(binary), "bench", "--target", f"grpc://{grpc}", "--workload", "write",
+                        "--value-size", "1258291", "--concurrency", "32", "--transport", transport,
+                        "--duration", "4s", "--warmup", "1s", "--quiet", "--out", str(tmp / "b")],
+                       check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        rec = json.loads((tmp / "b" / "record.json").read_text())
+    finally:
+        stop.set()
+        t.join()
+        srv.terminate()
+        srv.wait()
+    o = rec["steps"][0]["ops"]["write"]
+    return {"setting": label, "transport": transport, "writes_s": o["throughput_ops_s"],
+            "rss_idle_mib": idle, "rss_peak_mib": peak[0], "rss_over_budget": peak[0] / 512,
+            "within_budget_plus_10pct_plus_idle": peak[0] <= 512 * 1.10 + idle}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--kvtier", default=str(ROOT / "target/release/kvtier"))
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--duration", type=float, default=4.0)
+    ap.add_argument("--out", default=str(ROOT / "notes/016-allocator-decay.json"))
+    a = ap.parse_args()
+    rows = []
+    for r in range(a.repeat):
+        for label, conf in SETTINGS.items():
+            row = one(Path(a.kvtier), label, conf, a.duration)
+            row["repeat"] = r + 1
+            rows.append(row)
+            print(json.dumps({k: row[k] for k in ("setting", "repeat", "writes_s", "p99_us", "categories_percent")}),
+                  flush=True)
+    summary = {}
+    for label in SETTINGS:
+        rs = [x for x in rows if x["setting"] == label]
+        summary[label] = {
+            "writes_s_median": statistics.median(x["writes_s"] for x in rs),
+            "p99_us_median": statistics.median(x["p99_us"] for x in rs),
+            "categories_percent_median": {k: statistics.median(x["categories_percent"][k] for x in rs)
+                                          for k in CATEGORIES},
+        }
+    floods = []
+    for transport in ("data-plane", "grpc"):
+        for label, conf in SETTINGS.items():
+            floods.append(flood(Path(a.kvtier), label, conf, transport))
+            print(json.dumps(floods[-1]), flush=True)
+    base, new = (summary[k]["writes_s_median"] for k in SETTINGS)
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    record = {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "git_commit": commit,
+        "machine": {"hostname": platform.node(), "cores": os.cpu_count(), "kernel": platform.release()},
+        "command": "python3 scripts/profile-writes.py " + " ".join(
+            f"--{k} {v}" for k, v in (("repeat", a.repeat), ("duration", a.duration))),
+        "rows": rows,
+        "summary": summary,
+        "writes_ratio_no_purge_over_default": new / base if base else None,
+        "flood_32_writers": floods,
+    }
+    Path(a.out).write_text(json.dumps(record, indent=1) + "\n")
+    print(json.dumps(summary, indent=1))
+    print(f"wrote {a.out}")
+
+
+if __name__ == "__main__":
+    main()
