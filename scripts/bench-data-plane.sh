@@ -25,6 +25,8 @@
 # Usage: scripts/bench-data-plane.sh [OUT_DIR]
 #   env: DURATION=3s WARMUP=1s C=1,8,32 SIZE=1258291 REPEAT=3 SYSTEM_CC=
 #        SERVER_CPU=1 GEN_CPU=0 NOTE=1 (0: records only, no note/README update)
+#        SERVER_MALLOC_CONF= (jemalloc options for kvtier serve only, e.g.
+#        dirty_decay_ms:-1 for notes/017; recorded in OUT/server-env.txt)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:-out/013-comparisons}
@@ -37,6 +39,7 @@ SYSTEM_CC=${SYSTEM_CC:-}
 SERVER_CPU=${SERVER_CPU:-1}
 GEN_CPU=${GEN_CPU:-0}
 NOTE=${NOTE:-1}
+SERVER_MALLOC_CONF=${SERVER_MALLOC_CONF:-}
 BIN=target/release/kvtier
 cargo build --release -q -p kvtier
 scripts/setup-mooncake.sh
@@ -59,7 +62,8 @@ echo "congestion control for every system: $(cat /proc/sys/net/ipv4/tcp_congesti
 start_server() { # a fresh kvtier serve on SERVER_CPU; sets SERVER_PID, GRPC
   if [ -n "$SERVER_PID" ]; then kill "$SERVER_PID"; wait "$SERVER_PID" || true; fi
   rm -f "$OUT/ready.json"
-  taskset -c "$SERVER_CPU" "$BIN" serve --listen 127.0.0.1:0 --data-listen auto --http-listen "" \
+  echo "_RJEM_MALLOC_CONF=$SERVER_MALLOC_CONF" > "$OUT/server-env.txt"
+  _RJEM_MALLOC_CONF="$SERVER_MALLOC_CONF" taskset -c "$SERVER_CPU" "$BIN" serve --listen 127.0.0.1:0 --data-listen auto --http-listen "" \
     --memory-capacity 2GiB --ready-json >"$OUT/ready.json" 2>>"$OUT/server.log" &
   SERVER_PID=$!
   for _ in $(seq 600); do
