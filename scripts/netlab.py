@@ -347,9 +347,32 @@ def summary(record: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def note_record(out: Path, dirs: list[Path]) -> None:
+    """One perf record for a note from several lab runs (each DIR/record.json),
+    with each run's command, validation and entries as the lab wrote them."""
+    runs = {d.name: json.loads((d / "record.json").read_text()) for d in dirs}
+    first = next(iter(runs.values()))
+    record = {
+        "date": max(r["date"] for r in runs.values()),
+        "git_commit": first["git_commit"],
+        "machine": first["machine"],
+        "command": " && ".join(r["command"] for r in runs.values()),
+        "method": first["method"],
+        "results": {name: {k: r[k] for k in ("command", "date", "git_commit", "rate_mbit", "duration_s",
+                                               "base_rtt_ms", "validation", "entries")}
+                    for name, r in runs.items()},
+        "seed_003_mbit_s": first["seed_003_mbit_s"],
+    }
+    out.write_text(json.dumps(record, indent=1) + "\n")
+    print(f"wrote {out}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd")
+    nr = sub.add_parser("note-record", help="merge lab runs into one perf record: OUT.json DIR...")
+    nr.add_argument("out", type=Path)
+    nr.add_argument("dirs", type=Path, nargs="+")
     d = sub.add_parser("delayline")
     d.add_argument("--fd-a", type=int, required=True)
     d.add_argument("--fd-b", type=int, required=True)
@@ -377,6 +400,8 @@ def main() -> None:
     ap.add_argument("--duration", default="10s")
     ap.add_argument("--out")
     a = ap.parse_args()
+    if a.cmd == "note-record":
+        return note_record(a.out, a.dirs)
     if a.cmd == "delayline":
         return delayline(a.fd_a, a.fd_b, a.one_way_ms / 1000, a.rate_bps, a.stop_fd)
     if a.cmd == "_sink":

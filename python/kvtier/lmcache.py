@@ -220,12 +220,15 @@ class KvtierRemoteConnector(RemoteConnector):
             self._warn.warn(what, "kvtier %s failed (treated as a miss): %s", what, e)
             return default
 
-    def _found(self, keys, lease: bool, lookup_id: Optional[str] = None) -> int:
+    def _found(self, keys, pin_for: Optional[str] = None) -> int:
+        """Leading chunks present; with ``pin_for`` (a lookup id) they are
+        leased until that lookup's read releases them."""
         found = 0
         taken: list[int] = []
         try:
             for ns, ks in self._groups(keys):
-                r = self.client.lookup(ns, keys=[self.kvkey(k) for k in ks], lease_ms=self.lease_ms if lease else 0)
+                r = self.client.lookup(ns, keys=[self.kvkey(k) for k in ks],
+                                       lease_ms=self.lease_ms if pin_for is not None else 0)
                 found += r.found
                 if r.lease_id:
                     taken.append(r.lease_id)
@@ -234,10 +237,7 @@ class KvtierRemoteConnector(RemoteConnector):
         finally:
             if taken:
                 self.stats["leases_taken"] += len(taken)
-                if lookup_id is None:
-                    self._release(taken)  # nobody will read under them
-                else:
-                    self._remember(lookup_id, taken)
+                self._remember(pin_for, taken)
         return found
 
     def _remember(self, lookup_id: str, lease_ids: list[int]) -> None:
@@ -330,22 +330,22 @@ class KvtierRemoteConnector(RemoteConnector):
     # -- RemoteConnector -------------------------------------------------------
 
     async def exists(self, key) -> bool:
-        return await self._run("exists", lambda: self._found([key], False) == 1, False)
+        return await self._run("exists", lambda: self._found([key]) == 1, False)
 
     def exists_sync(self, key) -> bool:
-        return self._sync("exists", lambda: self._found([key], False) == 1, False)
+        return self._sync("exists", lambda: self._found([key]) == 1, False)
 
     def support_batched_contains(self) -> bool:
         return True
 
     def batched_contains(self, keys: List) -> int:
-        return self._sync("contains", lambda: self._found(keys, False), 0)
+        return self._sync("contains", lambda: self._found(keys), 0)
 
     def support_batched_async_contains(self) -> bool:
         return True
 
     async def batched_async_contains(self, lookup_id: str, keys: List, pin: bool = False) -> int:
-        return await self._run("contains", lambda: self._found(keys, pin, lookup_id), 0)
+        return await self._run("contains", lambda: self._found(keys, lookup_id if pin else None), 0)
 
     async def get(self, key) -> Optional[Any]:
         self.stats["gets"] += 1

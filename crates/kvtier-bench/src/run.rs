@@ -23,6 +23,7 @@ use serde::{Deserialize, Serialize};
 use crate::builder::{RepeatInput, StepBuilder};
 use crate::load::{Load, Progress, WireRepeat, cores, run_repeat, thread_cpu};
 use crate::netobs::{Sampler, Sel};
+use crate::peers::PeerSpec;
 use crate::peers::mooncake::SpawnedMooncake;
 use crate::peers::redis::{self as peer_redis, PeerClient, RedisWorker, SpawnedRedis};
 use crate::record::{LinkProbe, Mode, Network, PeerReference, PeerRun, Record, ReferenceRow, Step};
@@ -65,8 +66,8 @@ pub struct BenchConfig {
     pub warmup: Duration,
     /// Repeats per step.
     pub repeat: u32,
-    /// Peers, each `redis://HOST:PORT`, `redis://spawn` or `mooncake://spawn`.
-    pub peers: Vec<String>,
+    /// Peers to measure in the same run.
+    pub peers: Vec<PeerSpec>,
     /// CPUs (a `taskset -c` list) of the peers this run spawns.
     pub peer_cpus: Option<String>,
     /// SLA strings.
@@ -712,12 +713,12 @@ impl Target {
 fn start_peers(cfg: &BenchConfig) -> anyhow::Result<Vec<Peer>> {
     let mut peers = Vec::new();
     for p in &cfg.peers {
-        let (url, spawned) = match p.as_str() {
-            "redis://spawn" => {
+        let (url, spawned) = match p {
+            PeerSpec::RedisSpawn => {
                 let r = SpawnedRedis::start(cfg.peer_cpus.as_deref())?;
                 (r.url.clone(), Some(r))
             }
-            "mooncake://spawn" => {
+            PeerSpec::MooncakeSpawn => {
                 anyhow::ensure!(
                     cfg.rates.is_empty()
                         && matches!(cfg.workload, Workload::Read | Workload::Write),
@@ -729,10 +730,7 @@ fn start_peers(cfg: &BenchConfig) -> anyhow::Result<Vec<Peer>> {
                 )?));
                 continue;
             }
-            u if u.starts_with("redis://") => (u.to_string(), None),
-            u => anyhow::bail!(
-                "unsupported peer {u:?}: expected redis://HOST:PORT, redis://spawn or mooncake://spawn"
-            ),
+            PeerSpec::Redis(url) => (url.clone(), None),
         };
         peers.push(Peer::Bench {
             name: String::new(),

@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Args, Subcommand};
+use kvtier_bench::peers::PeerSpec;
 use kvtier_bench::peers::redis::PeerClient;
 use kvtier_bench::run::{BenchConfig, run as run_sweep, worker_main};
 use kvtier_bench::workloads::{Api, Transport, Workload};
@@ -81,8 +82,8 @@ struct RunArgs {
     /// Peers to compare with, comma-separated: redis://HOST:PORT,
     /// redis://spawn (a private redis-server), mooncake://spawn (a private
     /// Mooncake Store: scripts/setup-mooncake.sh installs it).
-    #[arg(long, value_delimiter = ',', value_parser = parse_peer)]
-    peer: Vec<String>,
+    #[arg(long, value_delimiter = ',', value_parser = PeerSpec::parse)]
+    peer: Vec<PeerSpec>,
     /// CPUs of the peers spawned by this run (`taskset -c` list, e.g. 1):
     /// pin them where the kvtier server under test runs.
     #[arg(long)]
@@ -118,23 +119,6 @@ struct RunArgs {
     /// Internal: run as a generator child process with this spec.
     #[arg(long, hide = true)]
     worker: Option<String>,
-}
-
-/// A `--peer` entry, checked when the command line is parsed.
-fn parse_peer(s: &str) -> Result<String, String> {
-    let ok = s == "redis://spawn"
-        || s == "mooncake://spawn"
-        || s.strip_prefix("redis://").is_some_and(|a| {
-            a.rsplit_once(':')
-                .is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok())
-        });
-    if ok {
-        Ok(s.to_string())
-    } else {
-        Err(format!(
-            "unsupported peer {s:?}: expected redis://HOST:PORT, redis://spawn or mooncake://spawn"
-        ))
-    }
 }
 
 fn parse_duration(s: &str) -> Result<Duration, String> {

@@ -5,3 +5,64 @@
 pub mod mooncake;
 pub mod redis;
 pub mod resp;
+
+/// One `--peer`: what to compare kvtier with.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PeerSpec {
+    /// A private `redis-server` started by the run.
+    RedisSpawn,
+    /// A running Redis, `redis://HOST:PORT`.
+    Redis(String),
+    /// A private Mooncake Store started by the run.
+    MooncakeSpawn,
+}
+
+impl PeerSpec {
+    /// Parses `redis://spawn`, `redis://HOST:PORT` or `mooncake://spawn`.
+    pub fn parse(s: &str) -> anyhow::Result<Self> {
+        match s {
+            "redis://spawn" => return Ok(PeerSpec::RedisSpawn),
+            "mooncake://spawn" => return Ok(PeerSpec::MooncakeSpawn),
+            _ => {}
+        }
+        let addr_ok = s.strip_prefix("redis://").is_some_and(|a| {
+            a.rsplit_once(':')
+                .is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok())
+        });
+        anyhow::ensure!(
+            addr_ok,
+            "unsupported peer {s:?}: expected redis://HOST:PORT, redis://spawn or mooncake://spawn"
+        );
+        Ok(PeerSpec::Redis(s.to_string()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::PeerSpec;
+
+    #[test]
+    fn peers_parse_or_say_what_is_expected() {
+        assert_eq!(
+            PeerSpec::parse("redis://spawn").unwrap(),
+            PeerSpec::RedisSpawn
+        );
+        assert_eq!(
+            PeerSpec::parse("redis://10.0.0.1:6379").unwrap(),
+            PeerSpec::Redis("redis://10.0.0.1:6379".into())
+        );
+        assert_eq!(
+            PeerSpec::parse("mooncake://spawn").unwrap(),
+            PeerSpec::MooncakeSpawn
+        );
+        for bad in [
+            "memcached://x",
+            "redis://nohost",
+            "redis://:1",
+            "redis://h:99999",
+        ] {
+            let e = PeerSpec::parse(bad).unwrap_err().to_string();
+            assert!(e.contains("expected redis://HOST:PORT"), "{bad}: {e}");
+        }
+    }
+}

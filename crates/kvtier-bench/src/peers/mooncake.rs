@@ -189,7 +189,7 @@ impl SpawnedMooncake {
         let mut o = OpInput {
             ops: r.ops,
             errors: r.errors,
-            bytes: (r.ops - r.errors) * value_size as u64,
+            bytes: r.ops.saturating_sub(r.errors) * value_size as u64,
             ..Default::default()
         };
         for l in &r.latencies_us {
