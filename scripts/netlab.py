@@ -21,7 +21,7 @@ Propagation is unbounded, like a wire.
 
 Measured, not assumed: every setting is validated before it is used: the RTT
 (median TCP connect time, client ns -> server ns) must be within 10 % of the
-configured value (or 0.5 ms at 0), and with --rate the throughput of 16
+configured value (at 0: at most 1 ms, the lab's own path on a loaded machine), and with --rate the throughput of 16
 streams must stay at or below the rate (+2 %).
 
 usage: scripts/netlab.sh --rtt 0,10,30,150,550 --streams 1,4,16 [--rate 16mbit]
@@ -315,7 +315,8 @@ class Lab:
 
 
 def validate_rtt(configured: float, measured: float) -> bool:
-    return abs(measured - configured) <= (0.5 if configured == 0 else 0.10 * configured)
+    # At 0 there is no 10 %: the lab's own round trip (0.2-0.5 ms idle) is what is measured.
+    return abs(measured - configured) <= (1.0 if configured == 0 else 0.10 * configured)
 
 
 def summary(record: dict) -> str:
