@@ -313,6 +313,10 @@ class KvtierRemoteConnector(RemoteConnector):
         return out
 
     def _write(self, keys, memory_objs) -> None:
+        # The objects' references belong to the caller: LMCache's
+        # InstrumentedRemoteConnector drops them once put/batched_put returns,
+        # failed or not. Dropping them here too was a double free (the buffer
+        # went back to LMCache's allocator while still cached).
         try:
             by_ns: dict[str, list] = {}
             for k, obj in zip(keys, memory_objs):
@@ -323,9 +327,6 @@ class KvtierRemoteConnector(RemoteConnector):
         except Exception:
             self.stats["put_failures"] += len(keys)
             raise
-        finally:
-            for obj in memory_objs:
-                obj.ref_count_down()
 
     # -- RemoteConnector -------------------------------------------------------
 
