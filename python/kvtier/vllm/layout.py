@@ -30,7 +30,8 @@ class LayoutError(ValueError):
 class PayloadLayout:
     """Copies blocks between vLLM's per-layer caches and kvtier payloads."""
 
-    def __init__(self, kv_caches: dict[str, torch.Tensor], layer_names: list[str], block_size: int):
+    def __init__(self, kv_caches: dict[str, torch.Tensor], layer_names: list[str], block_size: int,
+                 batched: bool | None = None):
         missing = [n for n in layer_names if n not in kv_caches]
         if missing:
             raise LayoutError(f"KV caches registered without layers {missing[:3]}")
@@ -53,6 +54,12 @@ class PayloadLayout:
         self.layer_elems = self.heads * block_size * self.content
         #: Bytes of one block's payload.
         self.nbytes = len(self.layers) * self.layer_elems * self.itemsize
+        #: Copy whole layers with one indexed kernel (default on accelerators)
+        #: rather than tile by tile (default on the CPU, where it saves a copy).
+        self.batched = self.device.type != "cpu" if batched is None else batched
+        # The batched path moves bits, not numbers: an integer view of the
+        # same width (index kernels do not exist for every float8 type).
+        self._bits = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[self.itemsize]
 
     def describe(self) -> dict:
         return {
@@ -71,44 +78,113 @@ class PayloadLayout:
         k = self.split
         return kv[block_id * k:(block_id + 1) * k].permute(1, 0, 2, 3)
 
+    def _kernel_index(self, block_ids) -> torch.Tensor:
+        """The kernel blocks of ``block_ids``, in order, as an index on the cache's device."""
+        ids = torch.as_tensor(list(block_ids), dtype=torch.long)
+        if self.split > 1:
+            ids = (ids[:, None] * self.split + torch.arange(self.split)).reshape(-1)
+        return ids.to(self.device)
+
+    def _payload_shape(self, n: int) -> tuple:
+        return (n, len(self.layers), self.heads, self.split, self.kernel_tokens, self.content)
+
     def gather(self, block_ids: list[int]) -> torch.Tensor:
-        """A host ``uint8`` tensor ``[len(block_ids), nbytes]``: each row one block's payload."""
+        """A host ``uint8`` tensor ``[len(block_ids), nbytes]``: each row one block's payload.
+
+        On the CPU each tile is copied straight into its place. On an
+        accelerator a per-tile loop is launch-bound (notes/018), so each layer
+        is gathered with one ``index_select`` over all the blocks, on the
+        device, and the payloads then go to pinned host memory in one transfer.
+        """
         n = len(block_ids)
-        shape = (n, len(self.layers), self.heads, self.split, self.kernel_tokens, self.content)
-        if self.device.type == "cpu":
-            out = torch.empty(shape, dtype=self.dtype)
+        if not self.batched:
+            out = torch.empty(self._payload_shape(n), dtype=self.dtype, device=self.device)
             for i, b in enumerate(block_ids):
                 for l, kv in enumerate(self.layers):
                     out[i, l].copy_(self._tile(kv, b))
-            return out.view(torch.uint8).view(n, self.nbytes)
-        # Accelerator: gather on the device, then one copy into pinned host memory.
-        staging = torch.empty(shape, dtype=self.dtype, device=self.device)
-        for i, b in enumerate(block_ids):
+        else:
+            out = torch.empty(self._payload_shape(n), dtype=self._bits, device=self.device)
+            idx = self._kernel_index(block_ids)
             for l, kv in enumerate(self.layers):
-                staging[i, l].copy_(self._tile(kv, b))
-        host = torch.empty(shape, dtype=self.dtype, pin_memory=True)
-        host.copy_(staging)  # synchronous: the blocks may be reused after this step
-        return host.view(torch.uint8).view(n, self.nbytes)
+                # [n*k, H, N, C] -> [n, k, H, N, C] -> [n, H, k, N, C]
+                sel = kv.view(self._bits).index_select(0, idx)
+                sel = sel.view(n, self.split, self.heads, self.kernel_tokens, self.content)
+                out[:, l].copy_(sel.permute(0, 2, 1, 3, 4))
+        if self.device.type != "cpu":
+            host = torch.empty(out.shape, dtype=out.dtype, pin_memory=True)
+            host.copy_(out)  # synchronous: the blocks may be reused after this step
+            out = host
+        return out.view(torch.uint8).view(n, self.nbytes)
 
-    def scatter(self, block_id: int, payload) -> None:
-        """Copies one payload (bytes-like of exactly ``nbytes``) into vLLM block ``block_id``."""
+    def _check(self, payload) -> None:
         if len(payload) != self.nbytes:
             raise LayoutError(f"payload of {len(payload)} bytes, expected {self.nbytes}")
+
+    @staticmethod
+    def _bytes(payload, **kw) -> torch.Tensor:
         with warnings.catch_warnings():
             # The payload is read-only bytes; it is only read from.
             warnings.simplefilter("ignore", UserWarning)
-            src = torch.frombuffer(payload, dtype=torch.uint8)
-        src = src.view(self.dtype).view(len(self.layers), self.heads, self.split, self.kernel_tokens, self.content)
-        if self.device.type != "cpu":
-            src = src.to(self.device)
+            return torch.frombuffer(payload, dtype=torch.uint8, **kw)
+
+    def scatter(self, block_id: int, payload) -> None:
+        """Copies one payload (bytes-like of exactly ``nbytes``) into vLLM block ``block_id``."""
+        self.scatter_many([block_id], [payload])
+
+    def host_rows(self, n: int) -> torch.Tensor | None:
+        """A pinned ``uint8`` buffer ``[n, nbytes]`` that payloads can be
+        received straight into (``Client.read(into=...)``) and then given to
+        :meth:`scatter_many` as ``host``; ``None`` where it saves nothing (the
+        CPU, or the per-tile path)."""
+        if self.device.type == "cpu" or not self.batched:
+            return None
+        return torch.empty((n, self.nbytes), dtype=torch.uint8, pin_memory=True)
+
+    def scatter_many(self, block_ids: list[int], payloads: list, host: torch.Tensor | None = None) -> None:
+        """Copies ``payloads[i]`` into vLLM block ``block_ids[i]``, for all ``i``.
+
+        On the CPU each tile is copied straight from the payload. On an
+        accelerator the payloads are packed into one pinned host buffer, sent
+        in one transfer and written with one ``index_copy_`` per layer; the
+        call returns once the copies are done, as the per-tile copies did.
+        ``host``: the :meth:`host_rows` buffer whose row ``i`` already holds
+        ``payloads[i]``, for every ``i``; the packing copy is then skipped.
+        """
+        if len(block_ids) != len(payloads):
+            raise LayoutError(f"{len(block_ids)} block ids for {len(payloads)} payloads")
+        for p in payloads:
+            self._check(p)
+        n = len(payloads)
+        if n == 0:
+            return
+        if not self.batched:
+            for b, p in zip(block_ids, payloads):
+                src = self._bytes(p).view(self.dtype).view(self._payload_shape(1)[1:])
+                for l, kv in enumerate(self.layers):
+                    self._tile(kv, b).copy_(src[l])
+            return
+        on_device = self.device.type != "cpu"
+        if host is None or host.shape[0] < n:
+            host = torch.empty((n, self.nbytes), dtype=torch.uint8, pin_memory=on_device)
+            for i, p in enumerate(payloads):
+                host[i].copy_(self._bytes(p))
+        host = host[:n]
+        src = host.to(self.device, non_blocking=True) if on_device else host
+        src = src.view(self._bits).view(self._payload_shape(n))
+        idx = self._kernel_index(block_ids)
         for l, kv in enumerate(self.layers):
-            self._tile(kv, block_id).copy_(src[l])
+            # [n, H, k, N, C] -> [n, k, H, N, C] -> [n*k, H, N, C]
+            tiles = src[:, l].permute(0, 2, 1, 3, 4).reshape(n * self.split, self.heads, self.kernel_tokens,
+                                                               self.content)
+            kv.view(self._bits).index_copy_(0, idx, tiles)
+        if self.device.type == "cuda":
+            # Loads may run on a loader thread and are reported done to the
+            # scheduler afterwards: the blocks must be in place by then.
+            torch.cuda.current_stream(self.device).synchronize()
 
     def scatter_layer(self, layer: int, block_id: int, payload) -> None:
         """Copies one layer of one payload into vLLM block ``block_id`` (layer-wise loading)."""
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", UserWarning)
-            src = torch.frombuffer(payload, dtype=torch.uint8, count=self.layer_elems * self.itemsize,
-                                   offset=layer * self.layer_elems * self.itemsize)
+        size = self.layer_elems * self.itemsize
+        src = self._bytes(payload, count=size, offset=layer * size)
         src = src.view(self.dtype).view(self.heads, self.split, self.kernel_tokens, self.content)
         self._tile(self.layers[layer], block_id).copy_(src.to(self.device) if self.device.type != "cpu" else src)
