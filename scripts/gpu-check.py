@@ -237,6 +237,10 @@ def end_to_end(dev, kvtier_bin: str, repeats: int) -> dict:
 
 
 def git_commit() -> str:
+    """``$KVTIER_COMMIT`` (a device machine's copy of the tree may carry a stale
+    .git), else the checkout's HEAD."""
+    if os.environ.get("KVTIER_COMMIT"):
+        return os.environ["KVTIER_COMMIT"]
     try:
         return subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True,
                               check=True).stdout.strip()
