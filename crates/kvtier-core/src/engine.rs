@@ -1,11 +1,20 @@
-//! The engine: one store over a stack of tiers.
+//! The engine: one store over three named tier slots.
 //!
-//! Reads walk the tiers top to bottom and promote what they find into memory;
+//! The slots are memory (always), disk (optional) and the shared object store
+//! (optional), built with [`Engine::builder`]. They are named rather than a
+//! list of `dyn Tier` because each one plays a different part in a write:
+//! memory evicts and demotes, the disk is written through or back per
+//! [`WritePolicy`], and the object store is written first (write-through) or
+//! queued (write-back) and asked in parallel on lookups. A list would need a
+//! role per entry, which is what a name is. Every slot implements [`Tier`],
+//! and reads, deletes and stats go through that trait.
+//!
+//! Reads walk the slots top to bottom and promote what they find into memory;
 //! lookups walk a chain of keys and stop at the first key no tier has. Every
 //! call reports how long it spent in each tier, which the fronts return to
 //! clients as server timing.
 //!
-//! With a disk tier ([`Engine::with_disk`]) writes follow a [`WritePolicy`]:
+//! With a disk tier ([`EngineBuilder::disk`]) writes follow a [`WritePolicy`]:
 //!
 //! * [`WritePolicy::WriteThrough`] (the default): every write goes to memory
 //!   *and* disk before it is acknowledged, so under `--disk-sync always` an
@@ -166,10 +175,9 @@ struct Counters {
 pub struct Engine {
     cfg: EngineConfig,
     memory: Arc<MemoryTier>,
-    /// The disk tier, if configured; also the first entry of `lower`.
+    /// The disk tier, if configured.
     disk: Option<Arc<DiskTier>>,
     policy: WritePolicy,
-    lower: Vec<Arc<dyn Tier>>,
     leases: LeaseTable,
     counters: Counters,
     /// Blocks whose write-through to the disk tier is in progress (with a count
@@ -177,43 +185,79 @@ pub struct Engine {
     /// and demoting them then would write the same record twice (and report
     /// the caller's fresh write as `Existing`).
     writing: parking_lot::Mutex<std::collections::HashMap<BlockId, usize>>,
-    /// The object-store tier, if configured; also the last entry of `lower`.
+    /// The object-store tier, if configured.
     object: Option<ObjectLink>,
 }
 
-impl Engine {
-    /// An engine with only the memory tier.
-    pub fn new(cfg: EngineConfig) -> Self {
-        Self::with_tiers(cfg, Vec::new())
+/// Builds an [`Engine`]: memory, then optionally a disk and an object store.
+pub struct EngineBuilder {
+    cfg: EngineConfig,
+    disk: Option<(Arc<DiskTier>, WritePolicy)>,
+    object: Option<(Arc<dyn Tier>, ObjectOptions)>,
+}
+
+impl EngineBuilder {
+    /// A disk tier (opened with [`DiskTier::open`]) below memory, written per
+    /// `policy`; `None` leaves the slot empty.
+    pub fn disk(mut self, disk: Option<Arc<DiskTier>>, policy: WritePolicy) -> Self {
+        self.disk = disk.map(|d| (d, policy));
+        self
     }
 
-    /// An engine with memory plus `lower` tiers (top first). Lower tiers are
-    /// read from (and promoted to memory) but never written by the engine.
-    pub fn with_tiers(cfg: EngineConfig, lower: Vec<Arc<dyn Tier>>) -> Self {
-        let memory = Arc::new(MemoryTier::new(cfg.memory_capacity.bytes()));
-        let leases = LeaseTable::new(cfg.pin_budget());
-        Self {
-            cfg,
+    /// The shared object store (any [`Tier`]) below the local tiers: reads
+    /// fall through to it, lookups ask it for keys no local tier has, writes
+    /// reach it per [`ObjectOptions::policy`]. See `docs/object-store.md`.
+    pub fn object(mut self, tier: Arc<dyn Tier>, opts: ObjectOptions) -> Self {
+        self.object = Some((tier, opts));
+        self
+    }
+
+    /// The engine. Must run inside a Tokio runtime when an object store with
+    /// write-back is configured (its uploader starts here).
+    pub fn build(self) -> Engine {
+        let memory = Arc::new(MemoryTier::new(self.cfg.memory_capacity.bytes()));
+        let leases = LeaseTable::new(self.cfg.pin_budget());
+        let (disk, policy) = match self.disk {
+            Some((d, p)) => (Some(d), p),
+            None => (None, WritePolicy::default()),
+        };
+        Engine {
+            cfg: self.cfg,
             memory,
-            disk: None,
-            policy: WritePolicy::default(),
-            lower,
+            disk,
+            policy,
             leases,
             counters: Counters::default(),
             writing: Default::default(),
+            object: self.object.map(|(t, o)| ObjectLink::new(t, o)),
+        }
+    }
+}
+
+impl Engine {
+    /// A builder for an engine with `cfg`; memory only unless told otherwise.
+    pub fn builder(cfg: EngineConfig) -> EngineBuilder {
+        EngineBuilder {
+            cfg,
+            disk: None,
             object: None,
         }
     }
 
-    /// Adds an object-store tier (a [`Tier`] of kind [`TierKind::Object`])
-    /// below the others: reads fall through to it, lookups ask it for keys no
-    /// local tier has, writes reach it per [`ObjectOptions::policy`]. Must be
-    /// called inside a Tokio runtime (write-back starts its uploader). See
-    /// `docs/object-store.md`.
-    pub fn with_object(mut self, tier: Arc<dyn Tier>, opts: ObjectOptions) -> Self {
-        self.lower.push(tier.clone());
-        self.object = Some(ObjectLink::new(tier, opts));
-        self
+    /// An engine with only the memory tier.
+    pub fn new(cfg: EngineConfig) -> Self {
+        Self::builder(cfg).build()
+    }
+
+    /// The local tiers below memory (the disk, when there is one).
+    fn below_memory(&self) -> impl Iterator<Item = &dyn Tier> {
+        self.disk.iter().map(|d| &**d as &dyn Tier)
+    }
+
+    /// Every tier below memory, the object store last.
+    fn lower(&self) -> impl Iterator<Item = &dyn Tier> {
+        self.below_memory()
+            .chain(self.object.iter().map(|o| &*o.tier as &dyn Tier))
     }
 
     /// Waits until write-back has uploaded every queued block; false when
@@ -228,17 +272,6 @@ impl Engine {
     /// True when an object-store tier is configured.
     pub fn has_object_tier(&self) -> bool {
         self.object.is_some()
-    }
-
-    /// An engine with memory in front of an optional disk tier (opened with
-    /// [`DiskTier::open`]), writing to it per `policy`. `None` is the same as
-    /// [`Engine::new`].
-    pub fn with_disk(cfg: EngineConfig, disk: Option<Arc<DiskTier>>, policy: WritePolicy) -> Self {
-        let lower: Vec<Arc<dyn Tier>> = disk.iter().map(|d| d.clone() as Arc<dyn Tier>).collect();
-        let mut e = Self::with_tiers(cfg, lower);
-        e.disk = disk;
-        e.policy = policy;
-        e
     }
 
     /// The disk tier, if configured.
@@ -295,11 +328,7 @@ impl Engine {
                 Some(TierKind::Memory)
             } else {
                 let mut found = None;
-                for t in self
-                    .lower
-                    .iter()
-                    .filter(|t| !crate::object_link::is_object(t))
-                {
+                for t in self.below_memory() {
                     let t0 = Instant::now();
                     let hit = t.contains(&id).await;
                     timing.add(t.kind(), t0.elapsed());
@@ -473,7 +502,7 @@ impl Engine {
         if let Some(b) = hit {
             return Ok(Some((b, TierKind::Memory)));
         }
-        for t in &self.lower {
+        for t in self.lower() {
             let t0 = Instant::now();
             let got = t.get(id).await;
             timing.add(t.kind(), t0.elapsed());
@@ -704,7 +733,7 @@ impl Engine {
         let t0 = Instant::now();
         let mut n = self.memory.remove(id);
         timing.add(TierKind::Memory, t0.elapsed());
-        for t in &self.lower {
+        for t in self.lower() {
             let t0 = Instant::now();
             let r = t.delete(id).await;
             timing.add(t.kind(), t0.elapsed());
@@ -723,7 +752,7 @@ impl Engine {
     /// Counters.
     pub fn stats(&self) -> EngineStats {
         let mut tiers = vec![(TierKind::Memory, Tier::stats(&*self.memory))];
-        tiers.extend(self.lower.iter().map(|t| (t.kind(), t.stats())));
+        tiers.extend(self.lower().map(|t| (t.kind(), t.stats())));
         EngineStats {
             tiers,
             active_leases: self.leases.active().0,

@@ -27,7 +27,9 @@ pub mod tier;
 
 pub use block::{Block, BlockId, BlockMeta};
 pub use disk::{DiskConfig, DiskTier, RecoveryReport, SyncMode};
-pub use engine::{Engine, EngineConfig, LookupOutcome, StorageTiming, WriteOutcome, WritePolicy};
+pub use engine::{
+    Engine, EngineBuilder, EngineConfig, LookupOutcome, StorageTiming, WriteOutcome, WritePolicy,
+};
 pub use error::{Error, Result};
 pub use keys::{HashFn, Key, Namespace};
 pub use object_link::{ObjectOptions, ObjectStats, ObjectWritePolicy};

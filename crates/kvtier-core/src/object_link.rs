@@ -1,13 +1,13 @@
 //! How the engine uses an object-store tier: write policy, the write-back
 //! upload queue and the parallel lookup of keys no local tier knows.
 //!
-//! The tier itself (a [`Tier`] with [`TierKind::Object`], e.g. `kvtier-object`'s
+//! The tier itself (a [`Tier`] with [`TierKind::Object`](crate::tier::TierKind::Object), e.g. `kvtier-object`'s
 //! `ObjectTier`) only stores and fetches objects; everything about *when* the
 //! engine talks to it lives here. See `docs/object-store.md`.
 use crate::block::{Block, BlockId};
 use crate::error::{Error, Result};
 use crate::keys::{Key, Namespace};
-use crate::tier::{Tier, TierKind};
+use crate::tier::Tier;
 use parking_lot::Mutex;
 use std::collections::{BTreeMap, HashMap};
 use std::hash::{Hash, Hasher};
@@ -410,9 +410,4 @@ async fn upload(st: &State, item: Item) {
     if empty {
         st.idle.notify_waiters();
     }
-}
-
-/// True for the object-store tier.
-pub(crate) fn is_object(t: &Arc<dyn Tier>) -> bool {
-    t.kind() == TierKind::Object
 }

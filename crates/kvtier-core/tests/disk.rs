@@ -529,11 +529,9 @@ async fn engine_demotes_to_disk_and_promotes_on_read() {
         let size = 100_000;
         let (disk, _) = open(cfg(dir.path(), 1 << 30, SyncMode::Never));
         // Memory holds 3 blocks: writing chain b evicts chain a, tail first.
-        let e = Engine::with_disk(
-            engine_cfg(3 * (size as u64 + 300)),
-            Some(Arc::new(disk)),
-            policy,
-        );
+        let e = Engine::builder(engine_cfg(3 * (size as u64 + 300)))
+            .disk(Some(Arc::new(disk)), policy)
+            .build();
         let n = ns("t");
         let a = chain_blocks(&n, 1, 3, size);
         let b = chain_blocks(&n, 2, 3, size);
@@ -603,11 +601,9 @@ async fn engine_write_through_survives_restart_and_long_chains() {
     let chain = chain_blocks(&n, 7, 6, size);
     {
         let (disk, _) = open(cfg(dir.path(), 1 << 30, SyncMode::Always));
-        let e = Engine::with_disk(
-            engine_cfg(2 * (size as u64 + 300)),
-            Some(Arc::new(disk)),
-            WritePolicy::WriteThrough,
-        );
+        let e = Engine::builder(engine_cfg(2 * (size as u64 + 300)))
+            .disk(Some(Arc::new(disk)), WritePolicy::WriteThrough)
+            .build();
         let mut t = StorageTiming::default();
         let mut pinned = chain_blocks(&n, 8, 2, size);
         for b in &pinned {
@@ -623,11 +619,9 @@ async fn engine_write_through_survives_restart_and_long_chains() {
     }
     let (disk, rep) = open(cfg(dir.path(), 1 << 30, SyncMode::Always));
     assert_eq!(rep.blocks, 8);
-    let e = Engine::with_disk(
-        engine_cfg(1 << 30),
-        Some(Arc::new(disk)),
-        WritePolicy::WriteThrough,
-    );
+    let e = Engine::builder(engine_cfg(1 << 30))
+        .disk(Some(Arc::new(disk)), WritePolicy::WriteThrough)
+        .build();
     let keys: Vec<Key> = chain.iter().map(|b| b.meta.id.key.clone()).collect();
     let mut t = StorageTiming::default();
     let out = e.lookup(&n, &keys, None, &mut t).await.unwrap();
@@ -645,11 +639,9 @@ async fn disk_full_degrades_unless_sync_always() {
         let (disk, _) = open(cfg(dir.path(), cost(size), SyncMode::Batch));
         drop(disk);
         let (disk, _) = open(cfg(dir.path(), cost(size), sync));
-        let e = Engine::with_disk(
-            engine_cfg(1 << 30),
-            Some(Arc::new(disk)),
-            WritePolicy::WriteThrough,
-        );
+        let e = Engine::builder(engine_cfg(1 << 30))
+            .disk(Some(Arc::new(disk)), WritePolicy::WriteThrough)
+            .build();
         let n = ns("t");
         let chain = chain_blocks(&n, 1, 2, size);
         let mut t = StorageTiming::default();

@@ -20,11 +20,11 @@ async fn fresh_writes_are_stored_not_existing_under_memory_pressure() {
         max_block_size: ByteSize::mib(1),
         ..Default::default()
     };
-    let engine = Arc::new(Engine::with_disk(
-        cfg,
-        Some(Arc::new(disk)),
-        WritePolicy::WriteThrough,
-    ));
+    let engine = Arc::new(
+        Engine::builder(cfg)
+            .disk(Some(Arc::new(disk)), WritePolicy::WriteThrough)
+            .build(),
+    );
     let ns = Namespace::new("race").unwrap();
     let payload = Bytes::from(vec![7u8; 200 << 10]);
     let mut tasks = Vec::new();

@@ -21,13 +21,16 @@ fn engine(url: &str, policy: ObjectWritePolicy, disk: Option<Arc<DiskTier>>) -> 
         ..Default::default()
     })
     .unwrap();
-    Engine::with_disk(cfg, disk, WritePolicy::WriteThrough).with_object(
-        Arc::new(tier),
-        ObjectOptions {
-            policy,
-            ..Default::default()
-        },
-    )
+    Engine::builder(cfg)
+        .disk(disk, WritePolicy::WriteThrough)
+        .object(
+            Arc::new(tier),
+            ObjectOptions {
+                policy,
+                ..Default::default()
+            },
+        )
+        .build()
 }
 
 fn chain(n: usize) -> Vec<Block> {

@@ -401,13 +401,18 @@ async fn serve_grpc(
 /// Builds the engine the config describes: memory, plus disk when `disk.dir`
 /// is set, plus the object store when `object_store` names one.
 pub async fn build_engine(cfg: &Config) -> anyhow::Result<Engine> {
-    let engine = build_local_engine(cfg).await?;
-    object::attach(engine, cfg)
+    let builder = Engine::builder(cfg.engine.engine_config());
+    let builder = with_disk(builder, cfg).await?;
+    Ok(object::attach(builder, cfg)?.build())
 }
 
-async fn build_local_engine(cfg: &Config) -> anyhow::Result<Engine> {
+/// Adds the disk tier when `disk.dir` is set (recovering what it holds).
+async fn with_disk(
+    builder: kvtier_core::EngineBuilder,
+    cfg: &Config,
+) -> anyhow::Result<kvtier_core::EngineBuilder> {
     if cfg.disk.dir.is_empty() {
-        return Ok(Engine::new(cfg.engine.engine_config()));
+        return Ok(builder);
     }
     let d = &cfg.disk;
     let mut dc = kvtier_core::DiskConfig::new(&d.dir, d.capacity);
@@ -425,11 +430,7 @@ async fn build_local_engine(cfg: &Config) -> anyhow::Result<Engine> {
         elapsed_ms = rep.elapsed.as_millis() as u64,
         "disk tier recovered"
     );
-    Ok(Engine::with_disk(
-        cfg.engine.engine_config(),
-        Some(Arc::new(disk)),
-        d.policy()?,
-    ))
+    Ok(builder.disk(Some(Arc::new(disk)), d.policy()?))
 }
 
 /// Refuses to listen beyond loopback without authentication, unless the

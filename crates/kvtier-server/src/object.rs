@@ -1,7 +1,7 @@
 //! Wiring of the object-store tier (`[object_store]`, per-namespace stores,
 //! per-tenant stores from `[[compat.tenants]]`) into the engine.
 use crate::config::Config;
-use kvtier_core::{Engine, ObjectOptions};
+use kvtier_core::{EngineBuilder, ObjectOptions};
 use kvtier_object::{ObjectTier, ObjectTierConfig};
 use std::sync::Arc;
 
@@ -35,11 +35,10 @@ pub fn tier_config(cfg: &Config) -> Option<ObjectTierConfig> {
     })
 }
 
-/// Adds the configured object-store tier to `engine` (unchanged when none).
-/// Must run inside a Tokio runtime.
-pub fn attach(engine: Engine, cfg: &Config) -> anyhow::Result<Engine> {
+/// Adds the configured object-store tier to `builder` (unchanged when none).
+pub fn attach(builder: EngineBuilder, cfg: &Config) -> anyhow::Result<EngineBuilder> {
     let Some(tc) = tier_config(cfg) else {
-        return Ok(engine);
+        return Ok(builder);
     };
     let o = &cfg.object_store;
     let tier = anyhow::Context::context(ObjectTier::open(tc), "object_store.url")?;
@@ -53,5 +52,5 @@ pub fn attach(engine: Engine, cfg: &Config) -> anyhow::Result<Engine> {
         store_name: format!("object store {}", tier.describe()),
     };
     tracing::info!(stores = %tier.describe(), policy = %opts.policy, "object-store tier enabled");
-    Ok(engine.with_object(Arc::new(tier), opts))
+    Ok(builder.object(Arc::new(tier), opts))
 }

@@ -46,10 +46,11 @@ impl Tier for SlowTier {
 #[tokio::test]
 async fn read_returns_what_it_has_before_the_deadline() {
     let cfg = common::test_config();
-    let engine = Arc::new(Engine::with_tiers(
-        cfg.engine.engine_config(),
-        vec![Arc::new(SlowTier)],
-    ));
+    let engine = Arc::new(
+        Engine::builder(cfg.engine.engine_config())
+            .object(Arc::new(SlowTier), ObjectOptions::default())
+            .build(),
+    );
     let server = kvtier_server::Server::start_with_engine(cfg, engine)
         .await
         .unwrap();
@@ -126,10 +127,11 @@ async fn read_returns_what_it_has_before_the_deadline() {
 #[tokio::test]
 async fn data_plane_read_returns_partial_before_the_client_deadline() {
     let cfg = common::test_config();
-    let engine = Arc::new(Engine::with_tiers(
-        cfg.engine.engine_config(),
-        vec![Arc::new(SlowTier)],
-    ));
+    let engine = Arc::new(
+        Engine::builder(cfg.engine.engine_config())
+            .object(Arc::new(SlowTier), ObjectOptions::default())
+            .build(),
+    );
     let server = kvtier_server::Server::start_with_engine(cfg, engine)
         .await
         .unwrap();
