@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib
 
+from ._error import Error
 from .keys import chain
 
 __version__ = "0.1.0"
@@ -37,7 +38,7 @@ _LAZY = {
     "ServerError": "server",
 }
 
-__all__ = ["chain", "__version__", *_LAZY]
+__all__ = ["Error", "chain", "__version__", *_LAZY]
 
 
 def __getattr__(name: str):

@@ -37,6 +37,8 @@ import threading
 from pathlib import Path
 from types import SimpleNamespace
 
+from ._error import Error
+
 __all__ = ["PROTO_FILES", "ensure_generated", "load", "proto_dir"]
 
 #: The proto files compiled, relative to the proto root.
@@ -50,7 +52,7 @@ _lock = threading.Lock()
 _loaded: SimpleNamespace | None = None
 
 
-class ProtoError(ImportError):
+class ProtoError(Error, ImportError):
     """The stubs are missing and cannot be generated."""
 
 

@@ -3,10 +3,12 @@ from __future__ import annotations
 
 import grpc
 
-__all__ = ["KvtierError", "status_code"]
+from ._error import Error
+
+__all__ = ["Error", "KvtierError", "status_code"]
 
 
-class KvtierError(Exception):
+class KvtierError(Error):
     """A call failed: the server's status, or a client-side check (checksum, deadline).
 
     ``code`` is a :class:`grpc.StatusCode`; ``message`` the status message.

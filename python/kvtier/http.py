@@ -16,10 +16,12 @@ import urllib.error
 import urllib.parse
 import urllib.request
 
+from ._error import Error
+
 __all__ = ["HttpClient", "HttpError"]
 
 
-class HttpError(Exception):
+class HttpError(Error):
     """A non-success HTTP answer: ``status`` (int), ``code`` and ``message`` from the JSON body."""
 
     def __init__(self, status: int, code: str, message: str):

@@ -22,13 +22,15 @@ import time
 from pathlib import Path
 from typing import Sequence
 
+from ._error import Error
+
 __all__ = ["Server", "ServerError", "find_binary", "free_port_pair", "REPO_ROOT"]
 
 #: The repository root when running from a source checkout (python/kvtier/..).
 REPO_ROOT = Path(__file__).resolve().parent.parent.parent
 
 
-class ServerError(RuntimeError):
+class ServerError(Error, RuntimeError):
     """The server could not be started or stopped."""
 
 
@@ -96,9 +98,13 @@ class Server:
             *map(str, args),
         ]
         stderr = tempfile.TemporaryFile()
-        proc = subprocess.Popen(
-            cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=stderr, env=env
-        )
+        try:
+            proc = subprocess.Popen(
+                cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=stderr, env=env
+            )
+        except OSError as e:
+            stderr.close()
+            raise ServerError(f"cannot run {bin_path}: {e}") from e
         try:
             line = cls._read_ready_line(proc, timeout)
             try:

@@ -38,6 +38,7 @@ from typing import Sequence
 
 import grpc
 
+from ._error import Error
 from .errors import KvtierError, status_code
 
 __all__ = ["WirePool", "HEADER", "MAGIC", "SIZE", "Kind", "parse_addr"]
@@ -417,7 +418,7 @@ def _recv_exact(sock: socket.socket, n: int, deadline: _Deadline) -> bytes:
     return b"".join(parts)
 
 
-class BufferTooSmall(ValueError):
+class BufferTooSmall(Error, ValueError):
     """A ``read(into=...)`` buffer cannot take its payload (the caller's mistake, not retried)."""
 
 
