@@ -25,7 +25,8 @@ How LMCache's operations map onto kvtier's:
   copy); a chunk whose size is not a whole number of tokens of this layout is
   a miss with a warning, never loaded.
 * **Puts** send the memory object's bytes as they are (no copy on the data
-  plane) and release the object when done.
+  plane). The object's reference stays LMCache's: its connector wrapper
+  releases it once the put returns.
 * **Failures are misses.** No method raises into LMCache or waits past the
   configured timeout (below LMCache's own blocking timeout).
 
@@ -277,11 +278,15 @@ class KvtierRemoteConnector(RemoteConnector):
             def into(i, n, objs=objs):
                 if not self._size_ok(n):
                     return None
-                obj = self.local_cpu_backend.allocate(self.meta_shapes, self.meta_dtypes, self.meta_fmt,
-                                                      busy_loop=False)
+                # A retried read asks again for the same block: reuse its
+                # object (a second allocation would never be released).
+                obj = objs.get(i)
                 if obj is None:
-                    return None
-                objs[i] = obj
+                    obj = self.local_cpu_backend.allocate(self.meta_shapes, self.meta_dtypes, self.meta_fmt,
+                                                          busy_loop=False)
+                    if obj is None:
+                        return None
+                    objs[i] = obj
                 return obj.byte_array
 
             try:

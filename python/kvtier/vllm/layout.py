@@ -169,7 +169,9 @@ class PayloadLayout:
             for i, p in enumerate(payloads):
                 host[i].copy_(self._bytes(p))
         host = host[:n]
-        src = host.to(self.device, non_blocking=True) if on_device else host
+        # Asynchronous only where the stream is synchronized below (CUDA): on
+        # other accelerators the copy blocks, so `host` may be freed after it.
+        src = host.to(self.device, non_blocking=self.device.type == "cuda") if on_device else host
         src = src.view(self._bits).view(self._payload_shape(n))
         idx = self._kernel_index(block_ids)
         for l, kv in enumerate(self.layers):

@@ -136,3 +136,54 @@ def test_kvtier_stopped_mid_run_means_misses_not_hangs(kvtier_bin, tmp_path):
     assert out["lookup"] == 0 and out["retrieved"] == 0, out
     assert out["elapsed_s"] < 30, f"misses took {out['elapsed_s']:.1f} s"
     assert out["stats"]["errors"] >= 1
+
+
+def test_a_retried_read_reuses_its_memory_objects():
+    """The client retries a data-plane read after a broken reply and asks
+    ``into`` again for the same blocks: the plugin must hand back the objects
+    it allocated the first time, not allocate (and leak) new ones. The client
+    is a stand-in that replays exactly that call sequence; the allocator
+    counts what is allocated and released."""
+    from kvtier.client import ReadBlock
+    from kvtier.lmcache import KvtierRemoteConnector
+
+    class Obj:
+        def __init__(self, n):
+            self.byte_array = bytearray(n)
+            self.refs = 1
+
+        def ref_count_down(self):
+            self.refs -= 1
+
+    class Backend:
+        def __init__(self):
+            self.made = []
+
+        def allocate(self, *a, **kw):
+            self.made.append(Obj(64))
+            return self.made[-1]
+
+    class RetryingClient:
+        def read(self, ns, keys, into=None):
+            for i in range(len(keys)):  # first attempt: the reply breaks off
+                into(i, 64)
+            blocks = []
+            for i, k in enumerate(keys):  # the retry, from the first block
+                buf = memoryview(into(i, 64)).cast("B")
+                buf[:] = bytes([i]) * 64
+                blocks.append(ReadBlock(index=i, key=k, parent=None, token_count=0, payload=buf, tier=None))
+            return type("R", (), {"blocks": blocks})()
+
+    conn = object.__new__(KvtierRemoteConnector)
+    conn.local_cpu_backend = Backend()
+    conn.client = RetryingClient()
+    conn.full_chunk_size_bytes, conn.single_token_size = 64, 16
+    conn.meta_shapes = conn.meta_dtypes = conn.meta_fmt = None
+    conn._ns_cache, conn.prefix, conn._layout = {}, "", "{}"
+    conn.stats = {"bad_size": 0}
+    conn.namespace = lambda key: "ns"
+    keys = [type("K", (), {"chunk_hash_hex": f"{i:064x}"})() for i in range(3)]
+    got = conn._read(keys)
+    assert len(conn.local_cpu_backend.made) == 3, "one object per block, whatever the retries"
+    assert [bytes(o.byte_array[:1]) for o in got] == [b"\x00", b"\x01", b"\x02"]
+    assert all(o.refs == 1 for o in got)
