@@ -138,7 +138,11 @@ class PayloadLayout:
         CPU, or the per-tile path)."""
         if self.device.type == "cpu" or not self.batched:
             return None
-        return torch.empty((n, self.nbytes), dtype=torch.uint8, pin_memory=True)
+        return self._rows(n)
+
+    def _rows(self, n: int) -> torch.Tensor:
+        """``[n, nbytes]`` bytes on the host, pinned where a device will read them."""
+        return torch.empty((n, self.nbytes), dtype=torch.uint8, pin_memory=self.device.type != "cpu")
 
     def scatter_many(self, block_ids: list[int], payloads: list, host: torch.Tensor | None = None) -> None:
         """Copies ``payloads[i]`` into vLLM block ``block_ids[i]``, for all ``i``.
@@ -165,7 +169,7 @@ class PayloadLayout:
             return
         on_device = self.device.type != "cpu"
         if host is None or host.shape[0] < n:
-            host = torch.empty((n, self.nbytes), dtype=torch.uint8, pin_memory=on_device)
+            host = self._rows(n)
             for i, p in enumerate(payloads):
                 host[i].copy_(self._bytes(p))
         host = host[:n]
