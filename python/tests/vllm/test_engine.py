@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from kvtier import Block, Client
+from kvtier import Block, Client, KvtierError
 from kvtier.server import Server
 from kvtier.vllm.common import chain_keys
 from kvtier.vllm.testing import prompt_tokens
@@ -191,8 +191,18 @@ def test_failures_are_recomputed_and_the_engine_keeps_serving(models, kvtier_bin
             assert_same_logprobs(out2, baseline["P"], "after kvtier came back")
             payload_bytes = events(st, "init")[0]["payload_bytes"]
             # 3. Block 5 replaced by one of the wrong size (another writer's garbage).
-            c.delete(ns, [keys[5]])
-            c.write(ns, [Block(key=keys[5], parent=keys[4], payload=b"\x01" * 1000, token_count=BS)])
+            # The engine's saves are asynchronous: one still in flight after
+            # done[2] can store the right block 5 again between our delete and
+            # our write. Repeat until ours is the one held.
+            end = time.monotonic() + 30
+            while True:
+                c.delete(ns, [keys[5]])
+                try:
+                    c.write(ns, [Block(key=keys[5], parent=keys[4], payload=b"\x01" * 1000, token_count=BS)])
+                    break
+                except KvtierError as e:
+                    assert "already holds a different block" in str(e), e
+                    assert time.monotonic() < end, "an engine save kept replacing block 5"
             assert c.lookup(ns, keys=keys).found == 6
         go[3].touch()
         out3 = engine.wait_file(done[3])["outputs"][0]
