@@ -14,6 +14,7 @@
 //! `kvtier-server` translate their requests into calls on [`engine::Engine`].
 
 pub mod block;
+mod chain_index;
 pub mod deadline;
 pub mod disk;
 pub mod engine;

@@ -1,28 +1,23 @@
 //! The memory tier: a byte budget, eviction that keeps chains prefix-closed,
 //! TTLs and pins.
 //!
-//! ```text
-//!   map: BlockId -> Entry { block, tick, children, pinned_until, expires_at }
-//!   leaves:  tick -> BlockId      (blocks with no resident child, LRU order)
-//!   expiry:  (instant, tick) -> BlockId
-//!   orphans: parent BlockId -> [child keys]  (children written before their parent)
-//! ```
-//!
-//! Only *leaves* (blocks none of whose children are resident) are eviction
-//! candidates, least recently used first, so a chain is always eaten from its
-//! tail: a parent is never evicted while one of its children is resident.
-//! Removing a block for any other reason (delete, TTL) removes its resident
-//! descendants too. Together these keep the resident set prefix-closed.
+//! The bookkeeping (chain links, leaf LRU, expiry, orphans, pins) is the
+//! [`crate::chain_index::ChainIndex`] the disk tier uses too, holding whole
+//! blocks here. Only *leaves* (blocks none of whose children are resident) are
+//! eviction candidates, least recently used first, so a chain is always eaten
+//! from its tail; removing a block for any other reason (delete, TTL) removes
+//! its resident descendants too. Together these keep the resident set
+//! prefix-closed.
 //!
 //! Why hand-written and not moka / foyer / quick_cache: see `docs/cache-choice.md`
 //! (none of them can restrict eviction to chain leaves or pin by lease).
 use crate::block::{Block, BlockId};
+use crate::chain_index::{ChainIndex, Found, Node};
 use crate::error::{Error, Result};
 use crate::keys::Key;
 use crate::tier::{PutOutcome, Tier, TierKind, TierStats};
 use async_trait::async_trait;
 use parking_lot::Mutex;
-use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tokio::time::Instant;
 
@@ -38,26 +33,12 @@ pub fn unix_ms() -> u64 {
         .unwrap_or(0)
 }
 
-struct Entry {
-    block: Block,
-    /// Last access; also this entry's position in `leaves` while it is a leaf.
-    tick: u64,
-    /// Keys of resident children (same namespace).
-    children: Vec<Key>,
-    pinned_until: Option<Instant>,
-    /// Position in `expiry`, if the block has a TTL.
-    expiry: Option<(Instant, u64)>,
-}
-
-impl Entry {
+impl Node for Block {
     fn cost(&self) -> u64 {
-        cost_of(&self.block)
+        cost_of(self)
     }
-    fn is_leaf(&self) -> bool {
-        self.children.is_empty()
-    }
-    fn pinned(&self, now: Instant) -> bool {
-        self.pinned_until.is_some_and(|p| p > now)
+    fn parent(&self) -> Option<&Key> {
+        self.meta.parent.as_ref()
     }
 }
 
@@ -65,19 +46,8 @@ fn cost_of(b: &Block) -> u64 {
     b.payload.len() as u64 + b.meta.id.key.as_bytes().len() as u64 + ENTRY_OVERHEAD
 }
 
-#[derive(Default)]
-struct Inner {
-    map: HashMap<BlockId, Entry>,
-    leaves: BTreeMap<u64, BlockId>,
-    expiry: BTreeMap<(Instant, u64), BlockId>,
-    orphans: HashMap<BlockId, Vec<Key>>,
-    bytes: u64,
-    tick: u64,
-    hits: u64,
-    misses: u64,
-    evictions: u64,
-    expirations: u64,
-}
+/// Blocks by id, in the shared chain index; expiry on tokio's clock.
+type Inner = ChainIndex<Block, Instant>;
 
 /// How a put treats an existing block under the same key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -112,12 +82,14 @@ impl MemoryTier {
     /// Looks a block up, counting a hit or miss and refreshing its recency.
     pub fn get_block(&self, id: &BlockId) -> Option<Block> {
         let mut g = self.inner.lock();
-        let now = Instant::now();
-        let found = g.touch(id, now).map(|e| e.block.clone());
+        let found = match g.lookup(id, Instant::now(), true) {
+            Found::Live(b) => Some(b.clone()),
+            Found::Missing | Found::Expired(_) => None,
+        };
         if found.is_some() {
-            g.hits += 1
+            g.counters.hits += 1
         } else {
-            g.misses += 1
+            g.counters.misses += 1
         }
         found
     }
@@ -125,7 +97,7 @@ impl MemoryTier {
     /// True when present (refreshes recency; counts no hit/miss).
     pub fn contains_block(&self, id: &BlockId) -> bool {
         let mut g = self.inner.lock();
-        g.touch(id, Instant::now()).is_some()
+        matches!(g.lookup(id, Instant::now(), true), Found::Live(_))
     }
 
     /// Stores a block. See [`Overwrite`].
@@ -151,15 +123,17 @@ impl MemoryTier {
             )));
         }
         let now = Instant::now();
-        let mut guard = self.inner.lock();
-        let g = &mut *guard;
+        let mut g = self.inner.lock();
         g.purge_expired(now);
         let id = block.meta.id.clone();
-        let same = g.touch(&id, now).map(|e| {
-            e.block.meta.crc32c == block.meta.crc32c
-                && e.block.meta.parent == block.meta.parent
-                && e.block.payload == block.payload
-        });
+        let same = match g.lookup(&id, now, true) {
+            Found::Live(e) => Some(
+                e.meta.crc32c == block.meta.crc32c
+                    && e.meta.parent == block.meta.parent
+                    && e.payload == block.payload,
+            ),
+            Found::Missing | Found::Expired(_) => None,
+        };
         if let Some(same) = same {
             if same {
                 return Ok((PutOutcome::Existing, Vec::new()));
@@ -180,104 +154,53 @@ impl MemoryTier {
             .meta
             .expires_unix_ms
             .map(|exp| now + Duration::from_millis(exp.saturating_sub(unix_ms())));
-        g.tick += 1;
-        let tick = g.tick;
-        let children = g.orphans.remove(&id).unwrap_or_default();
-        let expiry = expires_at.map(|t| (t, tick));
-        if let Some(k) = expiry {
-            g.expiry.insert(k, id.clone());
-        }
-        if let Some(parent) = block.meta.parent.clone() {
-            let pid = BlockId::new(id.namespace.clone(), parent);
-            match g.map.get_mut(&pid) {
-                Some(p) => {
-                    if p.is_leaf() {
-                        let t = p.tick;
-                        p.children.push(id.key.clone());
-                        g.leaves.remove(&t);
-                    } else {
-                        p.children.push(id.key.clone());
-                    }
-                }
-                None => g.orphans.entry(pid).or_default().push(id.key.clone()),
+        g.insert(id.clone(), block, expires_at);
+        let capacity = self.capacity;
+        match g.evict_until(|bytes| bytes <= capacity, Some(&id), now) {
+            Ok(evicted) => Ok((
+                PutOutcome::Stored,
+                evicted.into_iter().map(|(_, b)| b).collect(),
+            )),
+            Err(_) => {
+                // What was evicted on the way stays evicted (and is not
+                // demoted: the put failed, and those leaves were least
+                // recently used anyway).
+                let pinned = g.pinned_bytes(now);
+                g.remove_cascade(&id);
+                let why = if pinned > capacity / 2 {
+                    format!("{pinned} of {capacity} bytes are pinned by leases")
+                } else {
+                    "the rest of memory holds this block's own ancestors (the chain is longer \
+                     than the memory tier; raise --memory-capacity or add a disk tier)"
+                        .to_string()
+                };
+                Err(Error::exhausted(format!(
+                    "memory tier full, block not stored: {why}"
+                )))
             }
         }
-        let entry = Entry {
-            block,
-            tick,
-            children,
-            pinned_until: None,
-            expiry,
-        };
-        if entry.is_leaf() {
-            g.leaves.insert(tick, id.clone());
-        }
-        g.map.insert(id.clone(), entry);
-        g.bytes += cost;
-        let mut evicted = Vec::new();
-        if !g.evict_to(self.capacity, now, &id, &mut evicted) {
-            let pinned: u64 = g
-                .map
-                .values()
-                .filter(|e| e.pinned(now))
-                .map(Entry::cost)
-                .sum();
-            g.remove_cascade(&id);
-            let why = if pinned > self.capacity / 2 {
-                format!("{pinned} of {} bytes are pinned by leases", self.capacity)
-            } else {
-                "the rest of memory holds this block's own ancestors (the chain is longer than the \
-                 memory tier; raise --memory-capacity or add a disk tier)"
-                    .to_string()
-            };
-            return Err(Error::exhausted(format!(
-                "memory tier full, block not stored: {why}"
-            )));
-        }
-        Ok((PutOutcome::Stored, evicted))
     }
 
     /// Removes a block and its resident descendants; returns how many.
     pub fn remove(&self, id: &BlockId) -> u64 {
-        self.inner.lock().remove_cascade(id)
+        self.inner.lock().remove_cascade(id).len() as u64
     }
 
     /// Pins resident blocks until `until`; returns how many were resident.
     pub fn pin(&self, ids: &[BlockId], until: Instant) -> usize {
-        let mut guard = self.inner.lock();
-        let g = &mut *guard;
-        let mut n = 0;
-        for id in ids {
-            if let Some(e) = g.map.get_mut(id) {
-                e.pinned_until = Some(e.pinned_until.map_or(until, |p| p.max(until)));
-                n += 1;
-            }
-        }
-        n
+        self.inner.lock().pin(ids, until)
     }
 
     /// What pinning `ids` in order holds here, per id (see
     /// [`crate::lease::chain_costs`]).
     pub fn pin_costs(&self, ids: &[BlockId]) -> Vec<u64> {
-        let g = self.inner.lock();
-        crate::lease::chain_costs(ids, |id| {
-            g.map
-                .get(id)
-                .map(|e| (e.cost(), e.block.meta.parent.clone()))
-        })
+        self.inner.lock().pin_costs(ids)
     }
 
     /// Lifts the pins that end exactly at `until` (placed by the lease being
     /// released; a pin a later lease extended ends later and stays).
     pub fn unpin(&self, ids: &[BlockId], until: Instant) {
-        let mut g = self.inner.lock();
-        for id in ids {
-            if let Some(e) = g.map.get_mut(id)
-                && e.pinned_until == Some(until)
-            {
-                e.pinned_until = None;
-            }
-        }
+        self.inner.lock().unpin(ids, until)
     }
 
     /// Counters (same as [`Tier::stats`], without the async trait).
@@ -287,157 +210,14 @@ impl MemoryTier {
 
     /// Removes every expired block now; returns how many.
     pub fn purge_expired(&self) -> u64 {
-        self.inner.lock().purge_expired(Instant::now())
+        self.inner.lock().purge_expired(Instant::now()).len() as u64
     }
 
     /// Checks the structural invariants (used by tests): byte accounting, the
-    /// leaf set, and prefix closure (every resident block's parent, if it was
-    /// ever linked, is resident).
+    /// leaf set, and the chain links (see
+    /// [`crate::chain_index::ChainIndex::check_invariants`]).
     pub fn check_invariants(&self) -> std::result::Result<(), String> {
-        let g = self.inner.lock();
-        let bytes: u64 = g.map.values().map(Entry::cost).sum();
-        if bytes != g.bytes {
-            return Err(format!("byte count {} != sum {}", g.bytes, bytes));
-        }
-        for (id, e) in &g.map {
-            let in_leaves = g.leaves.get(&e.tick) == Some(id);
-            if e.is_leaf() != in_leaves {
-                return Err(format!(
-                    "{id:?}: leaf={} in_leaves={in_leaves}",
-                    e.is_leaf()
-                ));
-            }
-            for c in &e.children {
-                let cid = BlockId::new(id.namespace.clone(), c.clone());
-                match g.map.get(&cid) {
-                    Some(ch) if ch.block.meta.parent.as_ref() == Some(&id.key) => {}
-                    _ => return Err(format!("{id:?} lists non-resident child {c:?}")),
-                }
-            }
-            if let Some(p) = &e.block.meta.parent {
-                let pid = BlockId::new(id.namespace.clone(), p.clone());
-                let linked = g
-                    .map
-                    .get(&pid)
-                    .is_some_and(|pe| pe.children.contains(&id.key));
-                let orphan = g.orphans.get(&pid).is_some_and(|o| o.contains(&id.key));
-                if linked == orphan {
-                    return Err(format!("{id:?}: linked={linked} orphan={orphan}"));
-                }
-            }
-        }
-        if g.leaves.len() > g.map.len() {
-            return Err("stale leaves".into());
-        }
-        Ok(())
-    }
-}
-
-impl Inner {
-    /// Refreshes recency of a live entry; removes it if expired.
-    fn touch(&mut self, id: &BlockId, now: Instant) -> Option<&Entry> {
-        let expired = match self.map.get(id) {
-            None => return None,
-            Some(e) => e.expiry.is_some_and(|(t, _)| t <= now),
-        };
-        if expired {
-            self.expirations += self.remove_cascade(id);
-            return None;
-        }
-        self.tick += 1;
-        let tick = self.tick;
-        let e = self.map.get_mut(id)?;
-        let old = std::mem::replace(&mut e.tick, tick);
-        if e.is_leaf() {
-            self.leaves.remove(&old);
-            self.leaves.insert(tick, id.clone());
-        }
-        self.map.get(id)
-    }
-
-    fn purge_expired(&mut self, now: Instant) -> u64 {
-        let mut n = 0;
-        while let Some((&(t, _), _)) = self.expiry.first_key_value() {
-            if t > now {
-                break;
-            }
-            let (_, id) = self.expiry.pop_first().expect("non-empty");
-            n += self.remove_cascade(&id);
-        }
-        self.expirations += n;
-        n
-    }
-
-    /// Evicts LRU unpinned leaves (never `keep`) until within `capacity`,
-    /// appending them to `evicted`. Returns false if that is impossible (the
-    /// blocks evicted so far stay evicted and are still reported).
-    fn evict_to(
-        &mut self,
-        capacity: u64,
-        now: Instant,
-        keep: &BlockId,
-        evicted: &mut Vec<Block>,
-    ) -> bool {
-        if self.bytes <= capacity {
-            return true;
-        }
-        self.purge_expired(now);
-        while self.bytes > capacity {
-            // Scan leaves oldest first, skipping pinned ones. Removing a leaf may
-            // turn its parent into a leaf with an older tick, so rescan each time.
-            let victim = self
-                .leaves
-                .values()
-                .find(|id| *id != keep && !self.map.get(*id).is_some_and(|e| e.pinned(now)))
-                .cloned();
-            let Some(id) = victim else { return false };
-            if let Some(e) = self.map.get(&id) {
-                evicted.push(e.block.clone());
-            }
-            self.remove_cascade(&id);
-            self.evictions += 1;
-        }
-        true
-    }
-
-    /// Removes `id` and its resident descendants, keeping every index consistent.
-    fn remove_cascade(&mut self, id: &BlockId) -> u64 {
-        let mut stack = vec![id.clone()];
-        let mut removed = 0;
-        while let Some(cur) = stack.pop() {
-            let Some(e) = self.map.remove(&cur) else {
-                continue;
-            };
-            removed += 1;
-            self.bytes -= e.cost();
-            if e.is_leaf() {
-                self.leaves.remove(&e.tick);
-            }
-            if let Some(k) = e.expiry {
-                self.expiry.remove(&k);
-            }
-            for c in &e.children {
-                stack.push(BlockId::new(cur.namespace.clone(), c.clone()));
-            }
-            // Children we pushed are removed below us; unlink from our parent
-            // only if the parent stays (it is not part of this cascade).
-            if let Some(p) = &e.block.meta.parent {
-                let pid = BlockId::new(cur.namespace.clone(), p.clone());
-                if let Some(pe) = self.map.get_mut(&pid) {
-                    pe.children.retain(|k| k != &cur.key);
-                    if pe.children.is_empty() {
-                        let t = pe.tick;
-                        self.leaves.insert(t, pid);
-                    }
-                } else if let Some(o) = self.orphans.get_mut(&pid) {
-                    o.retain(|k| k != &cur.key);
-                    if o.is_empty() {
-                        self.orphans.remove(&pid);
-                    }
-                }
-            }
-        }
-        removed
+        self.inner.lock().check_invariants()
     }
 }
 
@@ -460,14 +240,15 @@ impl Tier for MemoryTier {
     }
     fn stats(&self) -> TierStats {
         let g = self.inner.lock();
+        let c = g.counters;
         TierStats {
-            blocks: g.map.len() as u64,
-            bytes: g.bytes,
+            blocks: g.len() as u64,
+            bytes: g.bytes(),
             capacity_bytes: self.capacity,
-            hits: g.hits,
-            misses: g.misses,
-            evictions: g.evictions,
-            expirations: g.expirations,
+            hits: c.hits,
+            misses: c.misses,
+            evictions: c.evictions,
+            expirations: c.expirations,
         }
     }
 }

@@ -1,21 +1,15 @@
 //! The disk tier's in-memory index: which records exist, their chain links and
-//! LRU order. It mirrors the memory tier's bookkeeping (see `memory.rs`) without
-//! payloads:
+//! LRU order. The bookkeeping is the [`ChainIndex`] the memory tier uses too,
+//! holding each record's location and metadata instead of its payload, with
+//! expiry in Unix milliseconds (records outlive the process). On top of it this
+//! module keeps what only the disk needs: bytes reserved by writes in flight
+//! and records expressed as the files to unlink.
 //!
-//! ```text
-//!   map:     BlockId -> Entry { seq, file hash, cost, tick, children, pin, expiry }
-//!   leaves:  tick -> BlockId            (no resident child; LRU eviction order)
-//!   expiry:  (unix ms, seq) -> BlockId
-//!   orphans: parent BlockId -> [child keys]  (children recorded before their parent)
-//!   inflight_parents: parents of writes not yet committed (never evicted)
-//! ```
-//!
-//! Only unpinned leaves are evicted, so chains are eaten from the tail and the
-//! set on disk stays prefix-closed. All methods are in-memory only; callers
-//! turn the returned [`Removed`] records into unlinks outside the lock.
+//! All methods are in-memory only; callers turn the returned [`Removed`]
+//! records into unlinks outside the lock.
 use crate::block::BlockId;
+use crate::chain_index::{ChainIndex, Counters, Found, Node};
 use crate::keys::Key;
-use std::collections::{BTreeMap, HashMap};
 use tokio::time::Instant;
 
 /// One committed record.
@@ -29,9 +23,6 @@ pub(crate) struct Entry {
     pub payload_len: u64,
     pub parent: Option<Key>,
     pub expires_unix_ms: Option<u64>,
-    tick: u64,
-    children: Vec<Key>,
-    pinned_until: Option<Instant>,
 }
 
 impl Entry {
@@ -52,19 +43,16 @@ impl Entry {
             payload_len,
             parent,
             expires_unix_ms,
-            tick: 0,
-            children: Vec::new(),
-            pinned_until: None,
         }
     }
-    fn is_leaf(&self) -> bool {
-        self.children.is_empty()
+}
+
+impl Node for Entry {
+    fn cost(&self) -> u64 {
+        self.cost
     }
-    fn pinned(&self, now: Instant) -> bool {
-        self.pinned_until.is_some_and(|p| p > now)
-    }
-    fn expired(&self, now_ms: u64) -> bool {
-        self.expires_unix_ms.is_some_and(|e| e <= now_ms)
+    fn parent(&self) -> Option<&Key> {
+        self.parent.as_ref()
     }
 }
 
@@ -73,6 +61,15 @@ impl Entry {
 pub(crate) struct Removed {
     pub hash: [u8; 16],
     pub seq: u64,
+}
+
+fn removed(v: Vec<(BlockId, Entry)>) -> Vec<Removed> {
+    v.into_iter()
+        .map(|(_, e)| Removed {
+            hash: e.hash,
+            seq: e.seq,
+        })
+        .collect()
 }
 
 /// Result of looking an id up.
@@ -87,96 +84,58 @@ pub(crate) enum Lookup {
 
 #[derive(Default)]
 pub(crate) struct Index {
-    map: HashMap<BlockId, Entry>,
-    leaves: BTreeMap<u64, BlockId>,
-    expiry: BTreeMap<(u64, u64), BlockId>,
-    orphans: HashMap<BlockId, Vec<Key>>,
-    inflight_parents: HashMap<BlockId, u32>,
-    /// Committed bytes.
-    pub bytes: u64,
+    chain: ChainIndex<Entry, u64>,
     /// Bytes reserved by writes in flight.
     pub reserved: u64,
-    tick: u64,
-    pub hits: u64,
-    pub misses: u64,
-    pub evictions: u64,
-    pub expirations: u64,
 }
 
 impl Index {
     pub fn len(&self) -> usize {
-        self.map.len()
+        self.chain.len()
+    }
+
+    /// Committed bytes.
+    pub fn bytes(&self) -> u64 {
+        self.chain.bytes()
+    }
+
+    /// Hit, miss, eviction and expiry counts.
+    pub fn counters(&self) -> Counters {
+        self.chain.counters
+    }
+
+    pub fn counters_mut(&mut self) -> &mut Counters {
+        &mut self.chain.counters
     }
 
     pub fn get(&self, id: &BlockId) -> Option<&Entry> {
-        self.map.get(id)
+        self.chain.get(id)
     }
 
     /// Looks `id` up, refreshing its recency if `touch`; an expired entry is
     /// removed (with its descendants) and reported.
     pub fn lookup(&mut self, id: &BlockId, now_ms: u64, touch: bool) -> Lookup {
-        let Some(e) = self.map.get(id) else {
-            return Lookup::Missing;
-        };
-        if e.expired(now_ms) {
-            let removed = self.remove_cascade(id);
-            self.expirations += removed.len() as u64;
-            return Lookup::Expired(removed);
+        match self.chain.lookup(id, now_ms, touch) {
+            Found::Live(e) => Lookup::Live(e.clone()),
+            Found::Missing => Lookup::Missing,
+            Found::Expired(r) => Lookup::Expired(removed(r)),
         }
-        if touch {
-            self.tick += 1;
-            let tick = self.tick;
-            let e = self.map.get_mut(id).expect("present");
-            let old = std::mem::replace(&mut e.tick, tick);
-            if e.is_leaf() {
-                self.leaves.remove(&old);
-                self.leaves.insert(tick, id.clone());
-            }
-        }
-        Lookup::Live(self.map[id].clone())
     }
 
     /// Inserts a committed record (the id must not be present).
-    pub fn insert(&mut self, id: BlockId, mut e: Entry) {
-        debug_assert!(!self.map.contains_key(&id));
-        self.tick += 1;
-        e.tick = self.tick;
-        e.children = self.orphans.remove(&id).unwrap_or_default();
-        if let Some(exp) = e.expires_unix_ms {
-            self.expiry.insert((exp, e.seq), id.clone());
-        }
-        if let Some(parent) = e.parent.clone() {
-            let pid = BlockId::new(id.namespace.clone(), parent);
-            match self.map.get_mut(&pid) {
-                Some(p) => {
-                    if p.is_leaf() {
-                        self.leaves.remove(&p.tick);
-                    }
-                    p.children.push(id.key.clone());
-                }
-                None => self.orphans.entry(pid).or_default().push(id.key.clone()),
-            }
-        }
-        if e.is_leaf() {
-            self.leaves.insert(e.tick, id.clone());
-        }
-        self.bytes += e.cost;
-        self.map.insert(id, e);
+    pub fn insert(&mut self, id: BlockId, e: Entry) {
+        let expires = e.expires_unix_ms;
+        self.chain.insert(id, e, expires);
     }
 
     /// Marks `parent` as the parent of a write in flight (protected from eviction).
     pub fn hold_parent(&mut self, parent: &BlockId) {
-        *self.inflight_parents.entry(parent.clone()).or_default() += 1;
+        self.chain.hold(parent)
     }
 
     /// Undoes [`Index::hold_parent`].
     pub fn release_parent(&mut self, parent: &BlockId) {
-        if let Some(n) = self.inflight_parents.get_mut(parent) {
-            *n -= 1;
-            if *n == 0 {
-                self.inflight_parents.remove(parent);
-            }
-        }
+        self.chain.release(parent)
     }
 
     /// Evicts LRU unpinned leaves (never `protect` nor a parent of a write in
@@ -190,148 +149,46 @@ impl Index {
         protect: Option<&BlockId>,
         now: Instant,
     ) -> Result<Vec<Removed>, Vec<Removed>> {
-        let mut out = Vec::new();
-        while self.bytes + self.reserved + need > capacity {
-            let victim = self
-                .leaves
-                .values()
-                .find(|id| {
-                    Some(*id) != protect
-                        && !self.inflight_parents.contains_key(*id)
-                        && !self.map.get(*id).is_some_and(|e| e.pinned(now))
-                })
-                .cloned();
-            let Some(id) = victim else { return Err(out) };
-            out.extend(self.remove_cascade(&id));
-            self.evictions += 1;
-        }
-        Ok(out)
+        let reserved = self.reserved;
+        self.chain
+            .evict_until(|bytes| bytes + reserved + need <= capacity, protect, now)
+            .map(removed)
+            .map_err(removed)
     }
 
     /// Bytes pinned by leases now.
     pub fn pinned_bytes(&self, now: Instant) -> u64 {
-        self.map
-            .values()
-            .filter(|e| e.pinned(now))
-            .map(|e| e.cost)
-            .sum()
+        self.chain.pinned_bytes(now)
+    }
+
+    /// What pinning `ids` in order holds here, per id.
+    pub fn pin_costs(&self, ids: &[BlockId]) -> Vec<u64> {
+        self.chain.pin_costs(ids)
     }
 
     /// Removes every expired record; returns them.
     pub fn purge_expired(&mut self, now_ms: u64) -> Vec<Removed> {
-        let mut out = Vec::new();
-        while let Some((&(t, _), _)) = self.expiry.first_key_value() {
-            if t > now_ms {
-                break;
-            }
-            let (_, id) = self.expiry.pop_first().expect("non-empty");
-            out.extend(self.remove_cascade(&id));
-        }
-        self.expirations += out.len() as u64;
-        out
+        removed(self.chain.purge_expired(now_ms))
     }
 
     /// Lifts the pins that end exactly at `until` (an early-released lease's).
     pub fn unpin(&mut self, ids: &[BlockId], until: Instant) {
-        for id in ids {
-            if let Some(e) = self.map.get_mut(id)
-                && e.pinned_until == Some(until)
-            {
-                e.pinned_until = None;
-            }
-        }
+        self.chain.unpin(ids, until)
     }
 
     /// Pins present records until `until`; returns how many were present.
     pub fn pin(&mut self, ids: &[BlockId], until: Instant) -> usize {
-        let mut n = 0;
-        for id in ids {
-            if let Some(e) = self.map.get_mut(id) {
-                e.pinned_until = Some(e.pinned_until.map_or(until, |p| p.max(until)));
-                n += 1;
-            }
-        }
-        n
+        self.chain.pin(ids, until)
     }
 
     /// Removes `id` and its descendants. The result lists descendants before
     /// ancestors, so unlinking in order never leaves a child without its parent.
     pub fn remove_cascade(&mut self, id: &BlockId) -> Vec<Removed> {
-        let mut stack = vec![id.clone()];
-        let mut out = Vec::new();
-        while let Some(cur) = stack.pop() {
-            let Some(e) = self.map.remove(&cur) else {
-                continue;
-            };
-            self.bytes -= e.cost;
-            if e.is_leaf() {
-                self.leaves.remove(&e.tick);
-            }
-            if let Some(exp) = e.expires_unix_ms {
-                self.expiry.remove(&(exp, e.seq));
-            }
-            for c in &e.children {
-                stack.push(BlockId::new(cur.namespace.clone(), c.clone()));
-            }
-            if let Some(p) = &e.parent {
-                let pid = BlockId::new(cur.namespace.clone(), p.clone());
-                if let Some(pe) = self.map.get_mut(&pid) {
-                    pe.children.retain(|k| k != &cur.key);
-                    if pe.children.is_empty() {
-                        self.leaves.insert(pe.tick, pid);
-                    }
-                } else if let Some(o) = self.orphans.get_mut(&pid) {
-                    o.retain(|k| k != &cur.key);
-                    if o.is_empty() {
-                        self.orphans.remove(&pid);
-                    }
-                }
-            }
-            out.push(Removed {
-                hash: e.hash,
-                seq: e.seq,
-            });
-        }
-        out.reverse();
-        out
+        removed(self.chain.remove_cascade(id))
     }
 
     /// Checks byte accounting, the leaf set and the parent/child links.
     pub fn check_invariants(&self) -> Result<(), String> {
-        let bytes: u64 = self.map.values().map(|e| e.cost).sum();
-        if bytes != self.bytes {
-            return Err(format!("byte count {} != sum {bytes}", self.bytes));
-        }
-        for (id, e) in &self.map {
-            let in_leaves = self.leaves.get(&e.tick) == Some(id);
-            if e.is_leaf() != in_leaves {
-                return Err(format!(
-                    "{id:?}: leaf={} in_leaves={in_leaves}",
-                    e.is_leaf()
-                ));
-            }
-            for c in &e.children {
-                let cid = BlockId::new(id.namespace.clone(), c.clone());
-                match self.map.get(&cid) {
-                    Some(ch) if ch.parent.as_ref() == Some(&id.key) => {}
-                    _ => return Err(format!("{id:?} lists non-resident child {c:?}")),
-                }
-            }
-            if let Some(p) = &e.parent {
-                let pid = BlockId::new(id.namespace.clone(), p.clone());
-                let linked = self
-                    .map
-                    .get(&pid)
-                    .is_some_and(|pe| pe.children.contains(&id.key));
-                let orphan = self.orphans.get(&pid).is_some_and(|o| o.contains(&id.key));
-                if linked == orphan {
-                    return Err(format!("{id:?}: linked={linked} orphan={orphan}"));
-                }
-            }
-        }
-        if self.leaves.len() > self.map.len() {
-            return Err("stale leaves".into());
-        }
-        Ok(())
+        self.chain.check_invariants()
     }
 }

@@ -244,7 +244,7 @@ impl DiskTier {
     /// [`crate::lease::chain_costs`]).
     pub fn pin_costs(&self, ids: &[BlockId]) -> Vec<u64> {
         let index = self.shared.index.lock();
-        crate::lease::chain_costs(ids, |id| index.get(id).map(|e| (e.cost, e.parent.clone())))
+        index.pin_costs(ids)
     }
 
     /// Lifts the pins that end exactly at `until` (see `MemoryTier::unpin`).
@@ -291,12 +291,12 @@ impl DiskTier {
 fn tier_stats(idx: &Index, capacity: u64) -> TierStats {
     TierStats {
         blocks: idx.len() as u64,
-        bytes: idx.bytes,
+        bytes: idx.bytes(),
         capacity_bytes: capacity,
-        hits: idx.hits,
-        misses: idx.misses,
-        evictions: idx.evictions,
-        expirations: idx.expirations,
+        hits: idx.counters().hits,
+        misses: idx.counters().misses,
+        evictions: idx.counters().evictions,
+        expirations: idx.counters().expirations,
     }
 }
 

@@ -286,7 +286,7 @@ pub(super) fn rebuild(
         Ok(v) | Err(v) => v,
     };
     rep.evicted_over_capacity = evicted.len() as u64;
-    idx.evictions = 0;
+    idx.counters_mut().evictions = 0;
     doomed.extend(evicted.iter().map(|r| record_path(blocks, r)));
     for p in &doomed {
         if let Err(e) = fs::remove_file(p)
@@ -296,7 +296,7 @@ pub(super) fn rebuild(
         }
     }
     rep.blocks = idx.len() as u64;
-    rep.bytes = idx.bytes;
+    rep.bytes = idx.bytes();
     rep.elapsed = t0.elapsed();
     tracing::info!(dir = %cfg.dir.display(), blocks = rep.blocks, bytes = rep.bytes, torn = rep.dropped_torn,
         corrupt = rep.dropped_corrupt, elapsed_ms = rep.elapsed.as_millis() as u64, "disk tier recovered");

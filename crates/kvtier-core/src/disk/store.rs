@@ -286,11 +286,11 @@ impl Shared {
             match idx.lookup(id, unix_ms(), true) {
                 Lookup::Live(e) => e,
                 Lookup::Missing => {
-                    idx.misses += 1;
+                    idx.counters_mut().misses += 1;
                     return Ok(None);
                 }
                 Lookup::Expired(r) => {
-                    idx.misses += 1;
+                    idx.counters_mut().misses += 1;
                     drop(idx);
                     self.unlink_later(&r);
                     return Ok(None);
@@ -307,14 +307,14 @@ impl Shared {
                     idx.remove_cascade(id);
                     tracing::warn!(path = %path.display(), "disk tier: record file vanished; dropped from the index");
                 }
-                idx.misses += 1;
+                idx.counters_mut().misses += 1;
                 return Ok(None);
             }
             Err(e) => Err(format!("read failed: {e}")),
         };
         match checked {
             Ok(block) => {
-                self.index.lock().hits += 1;
+                self.index.lock().counters_mut().hits += 1;
                 Ok(Some(block))
             }
             Err(why) => {
@@ -323,7 +323,7 @@ impl Shared {
                 self.corrupt_on_read.fetch_add(1, Ordering::Relaxed);
                 let removed = {
                     let mut idx = self.index.lock();
-                    idx.misses += 1;
+                    idx.counters_mut().misses += 1;
                     if idx.get(id).is_some_and(|e| e.seq == entry.seq) {
                         idx.remove_cascade(id)
                     } else {
