@@ -135,7 +135,7 @@ pub struct AnalysisConfig {
     pub target_tokens_per_s: Option<f64>,
     /// Tolerances of the self-checks; defaults when absent.
     #[serde(default)]
-    pub thresholds: Option<crate::analysis::Thresholds>,
+    pub thresholds: Option<Thresholds>,
 }
 
 /// The machine the generator ran on.

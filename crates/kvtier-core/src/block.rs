@@ -42,8 +42,7 @@ impl BlockMeta {
     /// Expires `ttl_ms` from now (0: never), on the wall clock every tier and
     /// node shares.
     pub fn expire_after_ms(&mut self, ttl_ms: u64) {
-        self.expires_unix_ms =
-            (ttl_ms > 0).then(|| crate::memory::unix_ms().saturating_add(ttl_ms));
+        self.expires_unix_ms = (ttl_ms > 0).then(|| crate::clock::unix_ms().saturating_add(ttl_ms));
     }
 }
 

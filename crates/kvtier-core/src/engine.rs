@@ -685,7 +685,7 @@ impl Engine {
     /// are counted and logged.
     async fn demote(&self, evicted: Vec<Block>, timing: &mut StorageTiming) {
         let Some(disk) = &self.disk else { return };
-        let now = crate::memory::unix_ms();
+        let now = crate::clock::unix_ms();
         for b in evicted {
             // `writing` before `has`: a write-through that is no longer in
             // flight has committed (or failed), so `has` is then current.

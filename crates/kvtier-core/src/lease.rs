@@ -216,7 +216,7 @@ impl LeaseTable {
         Ok(LeaseGrant {
             id,
             expires_at,
-            expires_unix_ms: crate::memory::unix_ms() + dur.as_millis() as u64,
+            expires_unix_ms: crate::clock::unix_ms() + dur.as_millis() as u64,
         })
     }
 

@@ -2,8 +2,11 @@
 //!
 //! * [`keys`]: namespaces, block keys and the chained block hash.
 //! * [`block`]: immutable blocks (payload + metadata, CRC32C-checked).
+//! * [`clock`]: the wall clock expiry times are stamped with (Unix ms).
 //! * [`tier`]: the trait every storage tier implements.
 //! * [`memory`]: the memory tier (byte budget, prefix-closed eviction, TTLs, pins).
+//! * `chain_index`: the prefix-closed index (chain links, leaf LRU, expiry,
+//!   pins) both local tiers keep.
 //! * [`disk`]: the local disk tier (crash-safe records, checksums, restart recovery).
 //! * [`engine`]: composes tiers into one store: lookup, read, write, delete, leases.
 //! * [`object_link`]: how the engine uses an object-store tier (write policies,
@@ -15,6 +18,7 @@
 
 pub mod block;
 mod chain_index;
+pub mod clock;
 pub mod deadline;
 pub mod disk;
 pub mod engine;

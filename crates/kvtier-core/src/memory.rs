@@ -18,20 +18,15 @@ use crate::keys::Key;
 use crate::tier::{PutOutcome, Tier, TierKind, TierStats};
 use async_trait::async_trait;
 use parking_lot::Mutex;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 use tokio::time::Instant;
 
 /// Bytes charged per entry on top of its payload (map entry, key, metadata), so
 /// that millions of tiny key/value entries cannot blow through the budget.
 pub const ENTRY_OVERHEAD: u64 = 160;
 
-/// Current Unix time in milliseconds.
-pub fn unix_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
-}
+pub use crate::clock::unix_ms;
+pub use crate::tier::Overwrite;
 
 impl Node for Block {
     fn cost(&self) -> u64 {
@@ -48,16 +43,6 @@ fn cost_of(b: &Block) -> u64 {
 
 /// Blocks by id, in the shared chain index; expiry on tokio's clock.
 type Inner = ChainIndex<Block, Instant>;
-
-/// How a put treats an existing block under the same key.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Overwrite {
-    /// Blocks are immutable: an identical re-write is a no-op, a different
-    /// payload under the same key is rejected.
-    Never,
-    /// Key/value semantics: replace the old value (and drop its descendants).
-    Replace,
-}
 
 /// The memory tier. See the module docs.
 pub struct MemoryTier {

@@ -87,3 +87,13 @@ pub trait Tier: Send + Sync + 'static {
         Vec::new()
     }
 }
+
+/// How a put treats an existing block under the same key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Overwrite {
+    /// Blocks are immutable: an identical re-write is a no-op, a different
+    /// payload under the same key is rejected.
+    Never,
+    /// Key/value semantics: replace the old value (and drop its descendants).
+    Replace,
+}

@@ -32,9 +32,10 @@ mod recovery;
 mod store;
 
 use crate::block::{Block, BlockId};
+use crate::clock::unix_ms;
 use crate::error::{Error, Result};
-use crate::memory::{Overwrite, unix_ms};
 use crate::size::ByteSize;
+use crate::tier::Overwrite;
 use crate::tier::{PutOutcome, Tier, TierKind, TierStats};
 use async_trait::async_trait;
 use background::Background;
