@@ -1,0 +1,358 @@
+//! The engine: one store over three named tier slots.
+//!
+//! The slots are memory (always), disk (optional) and the shared object store
+//! (optional), built with [`Engine::builder`]. They are named rather than a
+//! list of `dyn Tier` because each one plays a different part in a write:
+//! memory evicts and demotes, the disk is written through or back per
+//! [`WritePolicy`], and the object store is written first (write-through) or
+//! queued (write-back) and asked in parallel on lookups. A list would need a
+//! role per entry, which is what a name is. Every slot implements [`Tier`],
+//! and reads, deletes and stats go through that trait.
+//!
+//! Reads walk the slots top to bottom and promote what they find into memory;
+//! lookups walk a chain of keys and stop at the first key no tier has. Every
+//! call reports how long it spent in each tier, which the fronts return to
+//! clients as server timing.
+//!
+//! With a disk tier ([`EngineBuilder::disk`]) writes follow a [`WritePolicy`]:
+//!
+//! * [`WritePolicy::WriteThrough`] (the default): every write goes to memory
+//!   *and* disk before it is acknowledged, so under `--disk-sync always` an
+//!   acknowledged write is durable; memory is a cache in front of the disk.
+//! * [`WritePolicy::WriteBack`]: writes go to memory only; blocks reach the
+//!   disk when memory evicts them (demotion). Faster writes, nothing durable
+//!   until demoted.
+//!
+//! In both, blocks memory evicts that the disk does not hold are demoted to
+//! it, and disk hits are promoted to memory. A disk write that fails under
+//! `batch` / `never` sync degrades to memory-only (counted in
+//! [`EngineStats::degraded_writes`]); under `always` it fails the write.
+//! See `docs/durability.md`.
+use crate::block::{Block, BlockId};
+use crate::disk::{DiskTier, SyncMode};
+use crate::error::{Error, ErrorKind, Result};
+use crate::keys::{HashFn, Key, Namespace};
+use crate::lease::{LeaseGrant, LeaseTable};
+use crate::memory::{MemoryTier, Overwrite};
+use crate::object_link::{ObjectLink, ObjectOptions, ObjectWritePolicy};
+use crate::tier::{PutOutcome, Tier, TierKind};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+mod leases;
+mod types;
+mod write;
+
+pub use types::{
+    EngineConfig, EngineStats, LookupOutcome, StorageTiming, WriteOutcome, WritePolicy,
+};
+
+#[derive(Default)]
+struct Counters {
+    degraded_writes: AtomicU64,
+    demotions: AtomicU64,
+    demotion_failures: AtomicU64,
+    lease_refusals: AtomicU64,
+}
+
+/// The store. Cheap to share behind an `Arc`.
+pub struct Engine {
+    cfg: EngineConfig,
+    memory: Arc<MemoryTier>,
+    /// The disk tier, if configured.
+    disk: Option<Arc<DiskTier>>,
+    policy: WritePolicy,
+    leases: LeaseTable,
+    counters: Counters,
+    /// Blocks whose write-through to the disk tier is in progress (with a count
+    /// of concurrent writers): memory may evict them before that write lands,
+    /// and demoting them then would write the same record twice (and report
+    /// the caller's fresh write as `Existing`).
+    writing: parking_lot::Mutex<std::collections::HashMap<BlockId, usize>>,
+    /// The object-store tier, if configured.
+    object: Option<ObjectLink>,
+}
+
+/// Builds an [`Engine`]: memory, then optionally a disk and an object store.
+pub struct EngineBuilder {
+    cfg: EngineConfig,
+    disk: Option<(Arc<DiskTier>, WritePolicy)>,
+    object: Option<(Arc<dyn Tier>, ObjectOptions)>,
+}
+
+impl EngineBuilder {
+    /// A disk tier (opened with [`DiskTier::open`]) below memory, written per
+    /// `policy`; `None` leaves the slot empty.
+    pub fn disk(mut self, disk: Option<Arc<DiskTier>>, policy: WritePolicy) -> Self {
+        self.disk = disk.map(|d| (d, policy));
+        self
+    }
+
+    /// The shared object store (any [`Tier`]) below the local tiers: reads
+    /// fall through to it, lookups ask it for keys no local tier has, writes
+    /// reach it per [`ObjectOptions::policy`]. See `docs/object-store.md`.
+    pub fn object(mut self, tier: Arc<dyn Tier>, opts: ObjectOptions) -> Self {
+        self.object = Some((tier, opts));
+        self
+    }
+
+    /// The engine. Must run inside a Tokio runtime when an object store with
+    /// write-back is configured (its uploader starts here).
+    pub fn build(self) -> Engine {
+        let memory = Arc::new(MemoryTier::new(self.cfg.memory_capacity.bytes()));
+        let leases = LeaseTable::new(self.cfg.pin_budget());
+        let (disk, policy) = match self.disk {
+            Some((d, p)) => (Some(d), p),
+            None => (None, WritePolicy::default()),
+        };
+        Engine {
+            cfg: self.cfg,
+            memory,
+            disk,
+            policy,
+            leases,
+            counters: Counters::default(),
+            writing: Default::default(),
+            object: self.object.map(|(t, o)| ObjectLink::new(t, o)),
+        }
+    }
+}
+
+impl Engine {
+    /// A builder for an engine with `cfg`; memory only unless told otherwise.
+    pub fn builder(cfg: EngineConfig) -> EngineBuilder {
+        EngineBuilder {
+            cfg,
+            disk: None,
+            object: None,
+        }
+    }
+
+    /// An engine with only the memory tier.
+    pub fn new(cfg: EngineConfig) -> Self {
+        Self::builder(cfg).build()
+    }
+
+    /// The local tiers below memory (the disk, when there is one).
+    fn below_memory(&self) -> impl Iterator<Item = &dyn Tier> {
+        self.disk.iter().map(|d| &**d as &dyn Tier)
+    }
+
+    /// Every tier below memory, the object store last.
+    fn lower(&self) -> impl Iterator<Item = &dyn Tier> {
+        self.below_memory()
+            .chain(self.object.iter().map(|o| &*o.tier as &dyn Tier))
+    }
+
+    /// Waits until write-back has uploaded every queued block; false when
+    /// `timeout` passed first. True at once without write-back.
+    pub async fn flush_object_uploads(&self, timeout: Duration) -> bool {
+        match self.object.as_ref().and_then(|o| o.writeback.as_ref()) {
+            Some(wb) => wb.flush(timeout).await,
+            None => true,
+        }
+    }
+
+    /// True when an object-store tier is configured.
+    pub fn has_object_tier(&self) -> bool {
+        self.object.is_some()
+    }
+
+    /// The disk tier, if configured.
+    pub fn disk(&self) -> Option<&Arc<DiskTier>> {
+        self.disk.as_ref()
+    }
+
+    /// The write policy towards the disk tier.
+    pub fn write_policy(&self) -> WritePolicy {
+        self.policy
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &EngineConfig {
+        &self.cfg
+    }
+
+    /// The memory tier (for tests and maintenance tasks).
+    pub fn memory(&self) -> &MemoryTier {
+        &self.memory
+    }
+
+    /// Computes chain keys from tokens (`block_size` 0 = default; only full blocks).
+    pub fn keys_for_tokens(
+        &self,
+        tokens: &[u32],
+        block_size: usize,
+        hash: HashFn,
+    ) -> Result<Vec<Key>> {
+        let bs = if block_size == 0 {
+            self.cfg.default_block_size
+        } else {
+            block_size
+        };
+        hash.chain(tokens, bs)
+    }
+
+    /// Counts the leading `keys` present in any tier, optionally pinning them.
+    pub async fn lookup(
+        &self,
+        ns: &Namespace,
+        keys: &[Key],
+        lease: Option<Duration>,
+        timing: &mut StorageTiming,
+    ) -> Result<LookupOutcome> {
+        let mut tiers = Vec::with_capacity(keys.len());
+        let mut ids = Vec::with_capacity(keys.len());
+        for key in keys {
+            let id = BlockId::new(ns.clone(), key.clone());
+            let t0 = Instant::now();
+            let in_mem = self.memory.contains_block(&id);
+            timing.add(TierKind::Memory, t0.elapsed());
+            let tier = if in_mem {
+                Some(TierKind::Memory)
+            } else {
+                let mut found = None;
+                for t in self.below_memory() {
+                    let t0 = Instant::now();
+                    let hit = t.contains(&id).await;
+                    timing.add(t.kind(), t0.elapsed());
+                    if hit? {
+                        found = Some(t.kind());
+                        break;
+                    }
+                }
+                found
+            };
+            match tier {
+                Some(t) => {
+                    tiers.push(t);
+                    ids.push(id);
+                }
+                None => break,
+            }
+        }
+        if let Some(obj) = &self.object
+            && ids.len() < keys.len()
+        {
+            let t0 = Instant::now();
+            let n = obj
+                .lookup(ns, &keys[ids.len()..], |id: &BlockId| self.held_locally(id))
+                .await;
+            timing.add(TierKind::Object, t0.elapsed());
+            for key in &keys[ids.len()..ids.len() + n] {
+                tiers.push(TierKind::Object);
+                ids.push(BlockId::new(ns.clone(), key.clone()));
+            }
+        }
+        // A lease covers as much of the prefix as the pin budget allows, and
+        // only that much is reported found: the client reads what is pinned
+        // and computes the rest.
+        let lease = match lease {
+            Some(d) if !ids.is_empty() => match self.pin(&ids, d, true)? {
+                Some((grant, n)) => {
+                    tiers.truncate(n);
+                    Some(grant)
+                }
+                None => {
+                    tiers.clear();
+                    None
+                }
+            },
+            _ => None,
+        };
+        Ok(LookupOutcome {
+            found: tiers.len(),
+            tiers,
+            lease,
+        })
+    }
+
+    /// Reads one block from the highest tier that has it, promoting it to memory.
+    pub async fn read(
+        &self,
+        id: &BlockId,
+        timing: &mut StorageTiming,
+    ) -> Result<Option<(Block, TierKind)>> {
+        let t0 = Instant::now();
+        let hit = self.memory.get_block(id);
+        timing.add(TierKind::Memory, t0.elapsed());
+        if let Some(b) = hit {
+            return Ok(Some((b, TierKind::Memory)));
+        }
+        for t in self.lower() {
+            let t0 = Instant::now();
+            let got = t.get(id).await;
+            timing.add(t.kind(), t0.elapsed());
+            if let Some(b) = got? {
+                let t0 = Instant::now();
+                // Promotion is best effort: a full memory tier must not fail the read.
+                let evicted = self.memory.put_block_evicting(b.clone(), Overwrite::Never);
+                timing.add(TierKind::Memory, t0.elapsed());
+                if let Ok((_, evicted)) = evicted {
+                    self.demote(evicted, timing).await;
+                }
+                if t.kind() == TierKind::Object {
+                    self.promote_to_disk(&b);
+                }
+                return Ok(Some((b, t.kind())));
+            }
+        }
+        Ok(None)
+    }
+
+    /// Whether memory or disk holds `id` (the object store not asked).
+    fn held_locally(&self, id: &BlockId) -> bool {
+        self.memory.contains_block(id) || self.disk.as_ref().is_some_and(|d| d.has(id))
+    }
+
+    /// Fails with `InvalidArgument` naming the limit if `len` is too large.
+    pub fn check_size(&self, len: usize) -> Result<()> {
+        let max = self.cfg.max_block_size;
+        if len as u64 > max.bytes() {
+            return Err(Error::invalid(format!(
+                "payload of {len} bytes exceeds the maximum block size of {max} ({} bytes)",
+                max.bytes()
+            )));
+        }
+        Ok(())
+    }
+
+    /// Deletes a block (and its descendants) from every tier; returns how many
+    /// blocks were removed from the tier that held the most.
+    pub async fn delete(&self, id: &BlockId, timing: &mut StorageTiming) -> Result<u64> {
+        let t0 = Instant::now();
+        let mut n = self.memory.remove(id);
+        timing.add(TierKind::Memory, t0.elapsed());
+        for t in self.lower() {
+            let t0 = Instant::now();
+            let r = t.delete(id).await;
+            timing.add(t.kind(), t0.elapsed());
+            n = n.max(r?);
+        }
+        Ok(n)
+    }
+
+    /// Removes expired blocks from memory and the disk tier's index (their
+    /// files are unlinked in the background); returns how many. Called
+    /// periodically; does no blocking I/O.
+    pub fn purge_expired(&self) -> u64 {
+        self.memory.purge_expired() + self.disk.as_ref().map_or(0, |d| d.purge_expired())
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> EngineStats {
+        let mut tiers = vec![(TierKind::Memory, Tier::stats(&*self.memory))];
+        tiers.extend(self.lower().map(|t| (t.kind(), t.stats())));
+        EngineStats {
+            tiers,
+            active_leases: self.leases.active().0,
+            pinned_bytes: self.leases.pinned_total(),
+            lease_refusals: self.counters.lease_refusals.load(Ordering::Relaxed),
+            degraded_writes: self.counters.degraded_writes.load(Ordering::Relaxed),
+            demotions: self.counters.demotions.load(Ordering::Relaxed),
+            demotion_failures: self.counters.demotion_failures.load(Ordering::Relaxed),
+            object: self.object.as_ref().map(ObjectLink::stats),
+        }
+    }
+}
