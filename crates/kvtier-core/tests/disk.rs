@@ -1,6 +1,8 @@
 //! Disk tier: roundtrips, restart recovery, torn and corrupt records, leaf-first
 //! eviction under a byte budget, TTLs, bad directories and the engine on top.
+mod common;
 use bytes::Bytes;
+use common::{chain_with, ns};
 use kvtier_core::disk::{DiskConfig, DiskTier, SyncMode, format};
 use kvtier_core::error::ErrorKind;
 use kvtier_core::memory::{Overwrite, unix_ms};
@@ -11,38 +13,17 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-fn ns(s: &str) -> Namespace {
-    Namespace::new(s).unwrap()
-}
-
+/// Payload bytes vary within a block, so a torn or shifted record shows.
 fn chain_blocks(ns_: &Namespace, seed: u32, n: usize, size: usize) -> Vec<Block> {
-    let tokens: Vec<u32> = (0..(n * 4) as u32)
-        .map(|t| t.wrapping_mul(7919) ^ seed)
-        .collect();
-    let keys = HashFn::default().chain(&tokens, 4).unwrap();
-    keys.iter()
-        .enumerate()
-        .map(|(i, k)| {
-            let parent = if i == 0 {
-                None
-            } else {
-                Some(keys[i - 1].clone())
-            };
-            let payload: Vec<u8> = (0..size)
-                .map(|j| {
-                    (j as u32)
-                        .wrapping_mul(31)
-                        .wrapping_add(seed * 7 + i as u32) as u8
-                })
-                .collect();
-            Block::new(
-                BlockId::new(ns_.clone(), k.clone()),
-                parent,
-                4,
-                Bytes::from(payload),
-            )
-        })
-        .collect()
+    chain_with(ns_, seed, n, |i| {
+        (0..size)
+            .map(|j| {
+                (j as u32)
+                    .wrapping_mul(31)
+                    .wrapping_add(seed * 7 + i as u32) as u8
+            })
+            .collect()
+    })
 }
 
 fn cfg(dir: &Path, cap: u64, sync: SyncMode) -> DiskConfig {

@@ -1,32 +1,17 @@
 //! Engine + memory-tier behaviour: prefix-closed eviction (property test), TTLs
 //! under paused time, leases, idempotent writes and bad input.
+mod common;
 use bytes::Bytes;
+use common::{chain_with, ns};
 use kvtier_core::error::ErrorKind;
 use kvtier_core::*;
 use proptest::prelude::*;
 use std::time::Duration;
 
-fn ns(s: &str) -> Namespace {
-    Namespace::new(s).unwrap()
-}
-
 fn chain_blocks(ns_: &Namespace, seed: u32, n: usize, size: usize) -> Vec<Block> {
-    let tokens: Vec<u32> = (0..(n * 4) as u32)
-        .map(|t| t.wrapping_mul(7919) ^ seed)
-        .collect();
-    let keys = HashFn::default().chain(&tokens, 4).unwrap();
-    keys.iter()
-        .enumerate()
-        .map(|(i, k)| {
-            let parent = if i == 0 {
-                None
-            } else {
-                Some(keys[i - 1].clone())
-            };
-            let payload = Bytes::from(vec![(seed as u8).wrapping_add(i as u8); size]);
-            Block::new(BlockId::new(ns_.clone(), k.clone()), parent, 4, payload)
-        })
-        .collect()
+    chain_with(ns_, seed, n, |i| {
+        vec![(seed as u8).wrapping_add(i as u8); size]
+    })
 }
 
 fn engine(cap: u64) -> Engine {
