@@ -1,6 +1,7 @@
 //! One error type for the core, with a kind that fronts map to gRPC / HTTP status
 //! codes in one place each.
 use std::fmt;
+use std::sync::Arc;
 
 /// What went wrong, coarse enough to map onto a protocol status.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -23,13 +24,25 @@ pub enum ErrorKind {
     Internal,
 }
 
-/// The core's error: a kind plus a human-readable message naming the culprit.
-#[derive(Debug, Clone, thiserror::Error)]
+/// The core's error: a kind (what the caller can do about it), a message
+/// naming the culprit with the context added on the way up, and the
+/// underlying error (an `io::Error`, the object store's) when there is one,
+/// reachable through [`std::error::Error::source`] for logs.
+#[derive(Debug, Clone)]
 pub struct Error {
     /// Coarse category, used for status mapping.
     pub kind: ErrorKind,
     /// Message for the caller; names the limit, key or path involved.
     pub message: String,
+    source: Option<Arc<dyn std::error::Error + Send + Sync + 'static>>,
+}
+
+impl std::error::Error for Error {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.source
+            .as_deref()
+            .map(|e| e as &(dyn std::error::Error + 'static))
+    }
 }
 
 impl fmt::Display for Error {
@@ -45,6 +58,7 @@ macro_rules! ctor {
             Self {
                 kind: ErrorKind::$kind,
                 message: message.into(),
+                source: None,
             }
         }
     };
@@ -64,6 +78,13 @@ impl Error {
     /// callers add where it happened without losing what kind it is.
     pub fn context(mut self, context: impl std::fmt::Display) -> Self {
         self.message = format!("{context}: {}", self.message);
+        self
+    }
+
+    /// The same error with `source` as its cause (kept for logs; the message
+    /// should already say what it means for the caller).
+    pub fn with_source(mut self, source: impl std::error::Error + Send + Sync + 'static) -> Self {
+        self.source = Some(Arc::new(source));
         self
     }
 }

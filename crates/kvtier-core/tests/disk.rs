@@ -422,6 +422,12 @@ async fn uncreatable_dir_names_the_path() {
         "{}",
         err.message
     );
+    // The OS error stays reachable as the source, and survives added context.
+    let err = err.context("opening the disk tier");
+    let io = std::error::Error::source(&err)
+        .and_then(|s| s.downcast_ref::<std::io::Error>())
+        .expect("the io::Error as source");
+    assert_eq!(io.kind(), std::io::ErrorKind::NotADirectory, "{io}");
     let err = DiskTier::open(cfg(&file, 1 << 20, SyncMode::Always)).unwrap_err();
     assert!(
         err.message.contains(&file.display().to_string()),

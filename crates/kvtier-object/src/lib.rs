@@ -338,7 +338,8 @@ impl ObjectTier {
             Ok(Err(e)) => fail(format!(
                 "object store {} unavailable: {op} {path} failed: {e}",
                 store.url
-            )),
+            ))
+            .map_err(|err| err.with_source(e)),
             Ok(Ok(v)) => Ok(Some(v)),
         }
     }

@@ -60,6 +60,7 @@ fn dir_error(dir: &Path, what: &str, e: io::Error) -> Error {
         "disk tier directory {}: {what}: {e}",
         dir.display()
     ))
+    .with_source(e)
 }
 
 /// Creates the directory tree, checks or writes `FORMAT`, takes `LOCK`.

@@ -51,14 +51,15 @@ pub(crate) fn is_out_of_space(e: &io::Error) -> bool {
 /// Maps an I/O error during a write to the core error (`ResourceExhausted` for
 /// a full device, `Internal` otherwise), naming the path.
 pub(crate) fn write_error(what: &str, path: &Path, e: io::Error) -> Error {
-    if is_out_of_space(&e) {
+    let err = if is_out_of_space(&e) {
         Error::exhausted(format!(
             "disk tier out of space: {what} {}: {e}; the block was not stored on disk",
             path.display()
         ))
     } else {
         Error::internal(format!("disk tier: {what} {}: {e}", path.display()))
-    }
+    };
+    err.with_source(e)
 }
 
 pub(super) fn sync_dir(dir: &Path) -> io::Result<()> {
