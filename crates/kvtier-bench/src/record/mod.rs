@@ -1,0 +1,282 @@
+//! The versioned perf record (`record.json`) that one `kvtier bench` run writes.
+//!
+//! A [`Record`] is the single source of truth for a run: `summary.md` and
+//! `report.html` are rendered from it, and `kvtier bench compare` reads two of
+//! them. The schema is documented in `docs/bench-record.md`; bump
+//! [`SCHEMA_VERSION`] on any incompatible change.
+//!
+//! Latencies are microseconds (`f64`). Every percentile is read from an
+//! HdrHistogram that was *merged* across processes and repeats — percentiles
+//! are never averaged. Per-repeat figures are kept only to show the spread
+//! (median, min, max) and to test significance in [`crate::analysis::compare`].
+//!
+//! The load generator builds steps with [`crate::builder::StepBuilder`] from
+//! raw histograms; this module depends on no other module of the crate.
+//!
+//! This file holds the run's header ([`Record`], [`Machine`], the inputs of the
+//! analysis), reading older schema versions, and the time / commit stamps.
+//! The rest of the schema is in parts, all re-exported here:
+//!
+//! * `step`: load modes, latency phases, steps and their per-op results;
+//! * `peers`: peer runs, their tools' references, network settings, link probe;
+//! * `analysis`: the derived section [`Analysis`] and everything in it.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+mod analysis;
+mod peers;
+mod step;
+
+pub use analysis::{
+    Analysis, CapacityPlan, Degradation, DegradationRow, Knee, LittleCheck, Multipliers, OpUsl,
+    PeerComparison, Recommendation, Sla, Thresholds, UslFit,
+};
+pub use peers::{LinkProbe, Network, PeerReference, PeerRun, ReferenceRow};
+pub use step::{AcrossRepeats, Flag, Mode, OpStats, Percentiles, Phase, RepeatOp, Spread, Step};
+
+/// Schema version of [`Record`]; bumped on any incompatible change.
+pub const SCHEMA_VERSION: u32 = 2;
+
+/// One bench run: what was measured, where, how, and the results.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Record {
+    /// Always [`SCHEMA_VERSION`] when written by this crate.
+    pub schema_version: u32,
+    /// UTC start time, RFC 3339 (`2026-01-05T12:00:00Z`).
+    pub date: String,
+    /// `git rev-parse HEAD` of the binary's source tree, if known.
+    pub git_commit: Option<String>,
+    /// The machine the generator ran on.
+    pub machine: Machine,
+    /// The command line that produced the run, so it can be re-run.
+    pub command_line: Vec<String>,
+    /// Workload name (e.g. `seed-iteration`, `read-only`).
+    pub workload: String,
+    /// API / protocol exercised (e.g. `grpc`, `http`, `kvstore-compat`).
+    pub api: String,
+    /// Value (block) size in bytes.
+    pub value_size: u64,
+    /// Target address(es) of the system under test.
+    pub target: String,
+    /// Inputs of the analysis: SLAs, capacity target, thresholds.
+    #[serde(default)]
+    pub analysis_config: AnalysisConfig,
+    /// One entry per load level (closed concurrency or open rate), in run order.
+    pub steps: Vec<Step>,
+    /// Peer systems (Redis, Mooncake Store) measured in the same run with the
+    /// same steps, repeats alternating with kvtier's.
+    #[serde(default)]
+    pub peers: Vec<PeerRun>,
+    /// Raw TCP throughput between generator and target, measured in the same run.
+    #[serde(default)]
+    pub link_probe: Option<LinkProbe>,
+    /// The network settings every system ran under (comparison rule 1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<Network>,
+    /// Derived results; filled by [`crate::analysis::analyze`].
+    #[serde(default)]
+    pub analysis: Option<Analysis>,
+}
+
+impl Record {
+    /// A record stamped with the current UTC time, schema version and this machine.
+    pub fn new(workload: &str, api: &str, value_size: u64, target: &str) -> Self {
+        Record {
+            schema_version: SCHEMA_VERSION,
+            date: rfc3339_now(),
+            git_commit: None,
+            machine: Machine::detect(),
+            command_line: std::env::args().collect(),
+            workload: workload.to_string(),
+            api: api.to_string(),
+            value_size,
+            target: target.to_string(),
+            analysis_config: AnalysisConfig::default(),
+            steps: Vec::new(),
+            peers: Vec::new(),
+            link_probe: None,
+            network: None,
+            analysis: None,
+        }
+    }
+
+    /// Parses a record, rejecting unknown schema versions. Version 1 (one
+    /// `peer` and a separate `peer_reference`) is read as version 2 with
+    /// that peer first in `peers` and the reference attached to it.
+    pub fn from_json(text: &str) -> anyhow::Result<Self> {
+        let mut v: serde_json::Value = serde_json::from_str(text)?;
+        let version = v.get("schema_version").and_then(|x| x.as_u64());
+        match version {
+            Some(1) => upgrade_v1(&mut v),
+            Some(x) if x == u64::from(SCHEMA_VERSION) => {}
+            _ => anyhow::bail!(
+                "record schema_version {version:?} is not supported (expected 1 or {SCHEMA_VERSION})"
+            ),
+        }
+        Ok(serde_json::from_value(v)?)
+    }
+
+    /// The peer run named `name` (e.g. `redis 7.0.15`), if any.
+    pub fn peer(&self, name: &str) -> Option<&PeerRun> {
+        self.peers.iter().find(|p| p.name == name)
+    }
+}
+
+/// Version 1 → 2: `peer` + `peer_reference` become `peers[0]` (+ its `reference`).
+fn upgrade_v1(v: &mut serde_json::Value) {
+    let Some(o) = v.as_object_mut() else { return };
+    let reference = o.remove("peer_reference").filter(|r| !r.is_null());
+    let peers = match o.remove("peer").filter(|p| !p.is_null()) {
+        Some(mut p) => {
+            if let (Some(po), Some(r)) = (p.as_object_mut(), reference) {
+                po.insert("reference".into(), r);
+            }
+            vec![p]
+        }
+        None => Vec::new(),
+    };
+    o.insert("peers".into(), serde_json::Value::Array(peers));
+    o.insert("schema_version".into(), SCHEMA_VERSION.into());
+}
+
+/// Inputs to the analysis that come from the command line.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
+pub struct AnalysisConfig {
+    /// SLA strings such as `read.p99=100ms`, see [`crate::analysis::sla::parse_slas`].
+    #[serde(default)]
+    pub slas: Vec<String>,
+    /// Capacity planning target in tokens/s (all servers together).
+    #[serde(default)]
+    pub target_tokens_per_s: Option<f64>,
+    /// Tolerances of the self-checks; defaults when absent.
+    #[serde(default)]
+    pub thresholds: Option<Thresholds>,
+}
+
+/// The machine the generator ran on.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
+pub struct Machine {
+    /// Logical cores available to the process.
+    pub cores: u32,
+    /// Total memory in bytes (from `/proc/meminfo`), 0 if unknown.
+    pub memory_bytes: u64,
+    /// Host name.
+    pub hostname: String,
+    /// Kernel release (`uname -r`).
+    pub kernel: String,
+}
+
+impl Machine {
+    /// Reads cores, memory, hostname and kernel of this (Linux) machine; unknowns are empty.
+    pub fn detect() -> Self {
+        let read = |p: &str| {
+            std::fs::read_to_string(p)
+                .map(|s| s.trim().to_string())
+                .unwrap_or_default()
+        };
+        let memory_bytes = read("/proc/meminfo")
+            .lines()
+            .find_map(|l| l.strip_prefix("MemTotal:"))
+            .and_then(|rest| rest.split_whitespace().next()?.parse::<u64>().ok())
+            .map_or(0, |kib| kib * 1024);
+        Machine {
+            cores: std::thread::available_parallelism().map_or(1, |n| n.get() as u32),
+            memory_bytes,
+            hostname: read("/proc/sys/kernel/hostname"),
+            kernel: read("/proc/sys/kernel/osrelease"),
+        }
+    }
+}
+
+/// `git rev-parse HEAD` in the current directory (read-only), if git and a repository are there.
+pub fn git_commit() -> Option<String> {
+    let out = std::process::Command::new("git")
+        .args(["rev-parse", "HEAD"])
+        .output()
+        .ok()?;
+    let s = String::from_utf8(out.stdout).ok()?.trim().to_string();
+    (out.status.success() && !s.is_empty()).then_some(s)
+}
+
+/// Current UTC time as RFC 3339 with second precision.
+pub fn rfc3339_now() -> String {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or(Duration::ZERO)
+        .as_secs();
+    rfc3339(secs)
+}
+
+/// Formats Unix seconds as RFC 3339 UTC.
+pub fn rfc3339(unix_secs: u64) -> String {
+    let days = (unix_secs / 86_400) as i64;
+    let rem = unix_secs % 86_400;
+    // Howard Hinnant's civil_from_days.
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rfc3339_known_dates() {
+        assert_eq!(rfc3339(0), "1970-01-01T00:00:00Z");
+        assert_eq!(rfc3339(1_767_614_400), "2026-01-05T12:00:00Z");
+        assert_eq!(rfc3339(951_782_400), "2000-02-29T00:00:00Z");
+    }
+
+    #[test]
+    fn schema_version_checked() {
+        let r = Record::new("w", "grpc", 1, "t");
+        let text = serde_json::to_string(&r).unwrap();
+        assert_eq!(Record::from_json(&text).unwrap(), r);
+        let bad = text.replace("\"schema_version\":2", "\"schema_version\":99");
+        assert_ne!(bad, text);
+        assert!(Record::from_json(&bad).is_err());
+    }
+
+    #[test]
+    fn a_version_1_record_reads_with_its_peer_and_reference_attached() {
+        let mut v: serde_json::Value =
+            serde_json::to_value(Record::new("read", "grpc", 1, "t")).unwrap();
+        let o = v.as_object_mut().unwrap();
+        o.insert("schema_version".into(), 1.into());
+        o.remove("peers");
+        o.insert(
+            "peer".into(),
+            serde_json::json!({"name": "redis 7", "op_map": {"read": "get"}, "steps": []}),
+        );
+        o.insert(
+            "peer_reference".into(),
+            serde_json::json!({"tool": "redis-benchmark", "rows": [
+                {"concurrency": 8, "op": "get", "throughput_ops_s": 5.0, "p50_us": 1.0, "p99_us": 2.0}]}),
+        );
+        let r = Record::from_json(&v.to_string()).unwrap();
+        assert_eq!(r.schema_version, SCHEMA_VERSION);
+        assert_eq!(r.peers.len(), 1);
+        assert_eq!(r.peers[0].name, "redis 7");
+        let rf = r.peers[0]
+            .reference
+            .as_ref()
+            .expect("reference moved onto the peer");
+        assert_eq!(rf.rows[0].throughput_ops_s, 5.0);
+        assert_eq!(rf.rows[0].generator_cpu_utilisation, None);
+    }
+}
