@@ -38,7 +38,8 @@ _LAZY = {
     "ServerError": "server",
 }
 
-__all__ = ["Error", "chain", "__version__", *_LAZY]
+__all__ = ["Error", "chain", "__version__"]
+__all__ += list(_LAZY)
 
 
 def __getattr__(name: str):

@@ -24,15 +24,16 @@ import random
 import ssl
 import threading
 import time
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Iterable, Sequence, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, TypeVar, Union
 
 import grpc
 
 from . import keys as _keys
+from . import wire as _wire
 from ._crc import crc32c
 from ._proto import load as _load_proto
-from . import wire as _wire
 from .errors import KvtierError
 
 __all__ = [
@@ -57,6 +58,16 @@ MAX_MESSAGE_SIZE = 512 << 20
 
 T = TypeVar("T")
 
+if TYPE_CHECKING:
+    from typing_extensions import Buffer, TypeAlias
+
+    #: What a :class:`Block` may carry: any bytes-like object, or a list or tuple of
+    #: them that together form the payload (``Sequence`` because ``list`` is invariant).
+    Payload: TypeAlias = Union[Buffer, Sequence[Buffer]]
+    #: A :class:`ReadBlock`'s payload: ``bytes``, or with ``read(into=...)`` a view of
+    #: the caller's buffer (a list of views for a scatter list).
+    ReadPayload: TypeAlias = Union[bytes, memoryview, list[memoryview]]
+
 
 class Tier(enum.IntEnum):
     """Storage tier a block was found in (``kvtier.v1.Tier``)."""
@@ -67,7 +78,7 @@ class Tier(enum.IntEnum):
     OBJECT = 3
 
     @classmethod
-    def of(cls, v: int) -> "Tier":
+    def of(cls, v: int) -> Tier:
         try:
             return cls(v)
         except ValueError:
@@ -100,7 +111,7 @@ class ServerTiming:
         return max(0, self.elapsed_us - self.total_us)
 
     @classmethod
-    def _from_pb(cls, t, elapsed_us: int = 0) -> "ServerTiming":
+    def _from_pb(cls, t, elapsed_us: int = 0) -> ServerTiming:
         if t is None:
             return cls(elapsed_us=elapsed_us)
         return cls(
@@ -124,7 +135,7 @@ class Block:
     """
 
     key: bytes
-    payload: bytes
+    payload: Payload
     parent: bytes | None = None
     token_count: int = 0
     ttl_ms: int = 0
@@ -151,7 +162,7 @@ class ReadBlock:
     key: bytes
     parent: bytes | None
     token_count: int
-    payload: bytes
+    payload: ReadPayload
     """Payload, checksum verified."""
     tier: Tier
 
@@ -168,7 +179,7 @@ class ReadResult:
     timing: ServerTiming
 
     @property
-    def payloads(self) -> list[bytes]:
+    def payloads(self) -> list[ReadPayload]:
         return [b.payload for b in self.blocks]
 
 
@@ -302,7 +313,7 @@ class Client:
         self._salt = salt.encode() if isinstance(salt, str) else bytes(salt)
         self.retries = retries
         self._pb = _load_proto()
-        options = [
+        options: list[tuple[str, Any]] = [
             ("grpc.max_send_message_length", MAX_MESSAGE_SIZE),
             ("grpc.max_receive_message_length", MAX_MESSAGE_SIZE),
             # Without this, channels with equal arguments share one subchannel
@@ -339,6 +350,7 @@ class Client:
                     ca_pem = f.read()
             cert_pem = key_pem = None
             if tls_cert:
+                assert tls_key is not None  # they go together (checked above)
                 with open(tls_cert, "rb") as f:
                     cert_pem = f.read()
                 with open(tls_key, "rb") as f:
@@ -419,7 +431,7 @@ class Client:
                 self._wire_known = True
         return self._wire
 
-    def __enter__(self) -> "Client":
+    def __enter__(self) -> Client:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -432,8 +444,9 @@ class Client:
         base = 0.020 * (1 << min(attempt, 6))
         return base / 2 + random.uniform(0, base / 2)
 
-    def _call(self, fn: Callable[[object, float], T], timeout: float | None = None) -> tuple[T, int]:
-        """Runs ``fn(stub, remaining_seconds)`` with retries on UNAVAILABLE.
+    def _call(self, fn: Callable[[Any, float], T], timeout: float | None = None) -> tuple[T, int]:
+        """Runs ``fn(stub, remaining_seconds)`` with retries on UNAVAILABLE (``stub``: a
+        ``KvTierStub``, generated and loaded at run time, hence ``Any``).
 
         Returns the result and the end-to-end time in microseconds.
         """
@@ -504,7 +517,11 @@ class Client:
             )
             checked: list[bytes] | None = None
         else:
-            checked = self.keys_for(tokens) if tokens is not None else _check_keys(keys)
+            if tokens is not None:
+                checked = self.keys_for(tokens)
+            else:
+                assert keys is not None  # exactly one of keys and tokens (checked above)
+                checked = _check_keys(keys)
             req = pb.LookupRequest(namespace=namespace, keys=checked, lease_ms=lease_ms)
         r, us = self._call(lambda s, t: s.Lookup(req, timeout=t), timeout)
         return LookupResult(
@@ -609,7 +626,7 @@ class Client:
         )
 
     @staticmethod
-    def _to_read_block(rb, payload: bytes | None = None) -> ReadBlock:
+    def _to_read_block(rb, payload: ReadPayload | None = None) -> ReadBlock:
         """A verified :class:`ReadBlock`; ``payload`` replaces the message's (data plane)."""
         if not rb.HasField("block"):
             raise KvtierError(grpc.StatusCode.INTERNAL, "server sent a ReadBlock without a block")
@@ -824,10 +841,11 @@ def _crc_of(payload) -> int:
     return crc32c(payload)
 
 
-def _fill(view_or_parts, payload) -> object:
+def _fill(view_or_parts, payload) -> memoryview | list[memoryview]:
     """Copies ``payload`` into one writable buffer or consecutive parts; returns what was filled."""
     if isinstance(view_or_parts, (list, tuple)):
-        parts, pos = [], 0
+        parts: list[memoryview] = []
+        pos = 0
         src = memoryview(payload).cast("B")
         for p in view_or_parts:
             v = memoryview(p).cast("B")

@@ -20,7 +20,7 @@ class KvtierError(Error):
         self.message = message
 
     @classmethod
-    def from_rpc(cls, e: grpc.RpcError) -> "KvtierError":
+    def from_rpc(cls, e: grpc.RpcError) -> KvtierError:
         code = e.code() if hasattr(e, "code") else grpc.StatusCode.UNKNOWN
         details = e.details() if hasattr(e, "details") else str(e)
         err = cls(code or grpc.StatusCode.UNKNOWN, details or "")

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import struct
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 __all__ = [
     "HASHES",

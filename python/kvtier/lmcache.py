@@ -35,6 +35,7 @@ kvtier has no listing API: ``list()`` returns nothing.
 from __future__ import annotations
 
 import asyncio
+import builtins  # annotations say builtins.list: the class's own list() method shadows it there
 import hashlib
 import json
 import logging
@@ -42,7 +43,7 @@ import re
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, List, Optional
+from typing import Any
 
 from lmcache.v1.storage_backend.connector import ConnectorAdapter, ConnectorContext
 from lmcache.v1.storage_backend.connector.base_connector import RemoteConnector
@@ -221,7 +222,7 @@ class KvtierRemoteConnector(RemoteConnector):
             self._warn.warn(what, "kvtier %s failed (treated as a miss): %s", what, e)
             return default
 
-    def _found(self, keys, pin_for: Optional[str] = None) -> int:
+    def _found(self, keys, pin_for: str | None = None) -> int:
         """Leading chunks present; with ``pin_for`` (a lookup id) they are
         leased until that lookup's read releases them."""
         found = 0
@@ -238,7 +239,8 @@ class KvtierRemoteConnector(RemoteConnector):
         finally:
             if taken:
                 self.stats["leases_taken"] += len(taken)
-                self._remember(pin_for, taken)
+                if pin_for is not None:  # always: only a pinned lookup asks for leases
+                    self._remember(pin_for, taken)
         return found
 
     def _remember(self, lookup_id: str, lease_ids: list[int]) -> None:
@@ -344,16 +346,16 @@ class KvtierRemoteConnector(RemoteConnector):
     def support_batched_contains(self) -> bool:
         return True
 
-    def batched_contains(self, keys: List) -> int:
+    def batched_contains(self, keys: builtins.list) -> int:
         return self._sync("contains", lambda: self._found(keys), 0)
 
     def support_batched_async_contains(self) -> bool:
         return True
 
-    async def batched_async_contains(self, lookup_id: str, keys: List, pin: bool = False) -> int:
+    async def batched_async_contains(self, lookup_id: str, keys: builtins.list, pin: bool = False) -> int:
         return await self._run("contains", lambda: self._found(keys, lookup_id if pin else None), 0)
 
-    async def get(self, key) -> Optional[Any]:
+    async def get(self, key) -> Any | None:
         self.stats["gets"] += 1
         objs = await self._run("get", lambda: self._read([key]), [])
         self.stats["hits"] += len(objs)
@@ -362,7 +364,7 @@ class KvtierRemoteConnector(RemoteConnector):
     def support_batched_get_non_blocking(self) -> bool:
         return True
 
-    async def batched_get_non_blocking(self, lookup_id: str, keys: List) -> List:
+    async def batched_get_non_blocking(self, lookup_id: str, keys: builtins.list) -> builtins.list:
         self.stats["gets"] += len(keys)
         try:
             objs = await self._run("get", lambda: self._read(keys), [])
@@ -378,7 +380,7 @@ class KvtierRemoteConnector(RemoteConnector):
     def support_batched_put(self) -> bool:
         return True
 
-    async def batched_put(self, keys: List, memory_objs: List) -> None:
+    async def batched_put(self, keys: builtins.list, memory_objs: builtins.list) -> None:
         await self._run("put", lambda: self._write(list(keys), list(memory_objs)), None)
 
     def remove_sync(self, key) -> bool:
@@ -391,7 +393,7 @@ class KvtierRemoteConnector(RemoteConnector):
     async def ping(self) -> int:
         return await self._run("ping", lambda: (self.client.stats(), 0)[1], 1)
 
-    async def list(self) -> List[str]:
+    async def list(self) -> builtins.list[str]:
         return []
 
     async def close(self) -> None:

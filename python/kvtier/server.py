@@ -19,8 +19,8 @@ import subprocess
 import tempfile
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from ._error import Error
 
@@ -83,7 +83,7 @@ class Server:
         timeout: float = 60.0,
         env: dict | None = None,
         listen: str = "127.0.0.1:0",
-    ) -> "Server":
+    ) -> Server:
         """Starts the server and waits (at most ``timeout`` seconds) until it is listening.
 
         ``args`` are extra ``serve`` flags, e.g. ``["--max-block-size", "1MiB"]``;
@@ -130,6 +130,7 @@ class Server:
     @staticmethod
     def _read_ready_line(proc: subprocess.Popen, timeout: float) -> str:
         """Reads stdout up to the first newline, bounded by ``timeout``; fails early if the process exits."""
+        assert proc.stdout is not None, "started with stdout=PIPE"
         fd = proc.stdout.fileno()
         buf = b""
         deadline = time.monotonic() + timeout
@@ -149,8 +150,10 @@ class Server:
         return buf.split(b"\n", 1)[0].decode()
 
     def _drain_stdout(self) -> None:
+        stdout = self.proc.stdout
+        assert stdout is not None, "started with stdout=PIPE"
         try:
-            while self.proc.stdout.read(65536):
+            while stdout.read(65536):
                 pass
         except (OSError, ValueError):
             pass
@@ -187,7 +190,9 @@ class Server:
                 self.proc.wait(timeout=10)
                 self._close()
                 self.returncode = self.proc.returncode
-                raise ServerError(f"kvtier (pid {self.proc.pid}) did not stop within {timeout}s of SIGTERM; killed")
+                raise ServerError(
+                    f"kvtier (pid {self.proc.pid}) did not stop within {timeout}s of SIGTERM; killed"
+                ) from None
         self.returncode = self.proc.returncode
         self._close()
         return self.returncode
@@ -198,7 +203,7 @@ class Server:
             self.proc.stdout.close()
         self._stderr.close()
 
-    def __enter__(self) -> "Server":
+    def __enter__(self) -> Server:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -37,7 +37,7 @@ import logging
 import re
 import threading
 import time
-from typing import Any, List, Optional
+from typing import Any
 
 import grpc
 
@@ -67,7 +67,7 @@ def _views(ptrs, sizes) -> list[memoryview]:
 class KvtierHiCache(_Base):
     """SGLang ``HiCacheStorage`` backed by a kvtier server."""
 
-    def __init__(self, storage_config, kwargs: Optional[dict] = None):
+    def __init__(self, storage_config, kwargs: dict | None = None):
         extra = dict(getattr(storage_config, "extra_config", None) or {})
         unknown = sorted(set(extra) - _OPTIONS)
         if unknown:
@@ -84,7 +84,7 @@ class KvtierHiCache(_Base):
         self.timeout = int(extra.get("timeout_ms", 5000)) / 1000
         self.client = Client(url, connections=int(extra.get("connections", 4)), timeout=self.timeout, retries=1,
                              data_plane=bool(extra.get("data_plane", True)))
-        self.mem_pool_host = None
+        self.mem_pool_host: Any = None  # SGLang's host KV pool, once registered
         self.namespace = ""
         self.page_bytes = 0
         self.nbuf = 0
@@ -154,7 +154,7 @@ class KvtierHiCache(_Base):
 
     # -- v1 interface -------------------------------------------------------------------
 
-    def batch_exists(self, keys: List[str], extra_info=None) -> int:
+    def batch_exists(self, keys: list[str], extra_info=None) -> int:
         try:
             self.stats["exists"] += 1
             found = self.client.lookup(self.namespace, keys=[self._key(k) for k in keys]).found
@@ -167,7 +167,7 @@ class KvtierHiCache(_Base):
     def exists(self, key: str) -> bool:
         return self.batch_exists([key]) == 1
 
-    def batch_get_v1(self, keys: List[str], host_indices, extra_info=None) -> List[bool]:
+    def batch_get_v1(self, keys: list[str], host_indices, extra_info=None) -> list[bool]:
         ok = [False] * len(keys)
         if not keys:
             return ok
@@ -193,7 +193,7 @@ class KvtierHiCache(_Base):
             ok = [False] * len(keys)
         return ok
 
-    def batch_set_v1(self, keys: List[str], host_indices, extra_info=None) -> List[bool]:
+    def batch_set_v1(self, keys: list[str], host_indices, extra_info=None) -> list[bool]:
         if not keys:
             return []
         try:
@@ -211,7 +211,7 @@ class KvtierHiCache(_Base):
             self._failed("set", e)
             return [False] * len(keys)
 
-    def _store(self, blocks: list) -> List[bool]:
+    def _store(self, blocks: list) -> list[bool]:
         try:
             r = self.client.write(self.namespace, blocks)
             self.stats["stored_pages"] += r.stored
@@ -232,7 +232,7 @@ class KvtierHiCache(_Base):
 
     # -- the older interface ----------------------------------------------------------------
 
-    def get(self, key: str, target_location: Optional[Any] = None, target_sizes: Optional[Any] = None):
+    def get(self, key: str, target_location: Any | None = None, target_sizes: Any | None = None):
         """The page's bytes into ``target_location`` (a tensor) when given; returns it, or ``None``."""
         try:
             into = None
@@ -248,29 +248,31 @@ class KvtierHiCache(_Base):
                 return target_location
             import torch
 
-            return torch.frombuffer(bytearray(r.blocks[0].payload), dtype=torch.uint8)
+            payload = r.blocks[0].payload
+            assert not isinstance(payload, list)  # read without `into`: one buffer
+            return torch.frombuffer(bytearray(payload), dtype=torch.uint8)
         except Exception as e:  # noqa: BLE001
             self._failed("get", e)
             return None
 
-    def batch_get(self, keys: List[str], target_locations: Optional[Any] = None,
-                  target_sizes: Optional[Any] = None):
+    def batch_get(self, keys: list[str], target_locations: Any | None = None,
+                  target_sizes: Any | None = None):
         locs = target_locations or [None] * len(keys)
         return [self.get(k, t) for k, t in zip(keys, locs)]
 
-    def set(self, key: str, value: Optional[Any] = None, target_location: Optional[Any] = None,
-            target_sizes: Optional[Any] = None) -> bool:
+    def set(self, key: str, value: Any | None = None, target_location: Any | None = None,
+            target_sizes: Any | None = None) -> bool:
         try:
-            src = value if value is not None else target_location
+            src: Any = value if value is not None else target_location
             data = memoryview(src.contiguous().view(-1).view(__import__("torch").uint8).numpy()).cast("B")
             return self._store([Block(key=self._key(key), payload=data)])[0]
         except Exception as e:  # noqa: BLE001
             self._failed("set", e)
             return False
 
-    def batch_set(self, keys: List[str], values: Optional[Any] = None, target_locations: Optional[Any] = None,
-                  target_sizes: Optional[Any] = None) -> bool:
-        vals = values if values is not None else target_locations
+    def batch_set(self, keys: list[str], values: Any | None = None, target_locations: Any | None = None,
+                  target_sizes: Any | None = None) -> bool:
+        vals: Any = values if values is not None else target_locations
         return all(self.set(k, v) for k, v in zip(keys, vals))
 
     def clear(self) -> None:

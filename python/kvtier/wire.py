@@ -33,8 +33,8 @@ import ssl
 import struct
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import grpc
 
@@ -202,7 +202,7 @@ class WirePool:
 
     def _call(
         self, kind: int, meta: bytes, payloads: Sequence, data_len: int, timeout: float, reply_kind: int, into=None
-    ) -> "_Frame":
+    ) -> _Frame:
         deadline = _Deadline(timeout)
         if self._pid != os.getpid():
             # A forked child: close its copies of the parent's descriptors
@@ -237,8 +237,8 @@ class WirePool:
                 # Some Error frames close the connection on the server's side
                 # (bad framing); errors are rare, so never reuse after one.
                 sock.close()
-                e = self._w.WireError.FromString(reply.meta)
-                raise KvtierError(status_code(e.code), e.message)
+                err = self._w.WireError.FromString(reply.meta)
+                raise KvtierError(status_code(err.code), err.message)
             self._give_back(sock)
             if reply.kind != reply_kind:
                 raise KvtierError(
@@ -294,7 +294,7 @@ class WirePool:
             self._hello(s, deadline, timeout)
         return s
 
-    def _hello(self, s: socket.socket, deadline: "_Deadline", timeout: float) -> None:
+    def _hello(self, s: socket.socket, deadline: _Deadline, timeout: float) -> None:
         """Authenticates a new connection (a Hello frame, docs/wire.md)."""
         meta = self._w.WireHello(token=self.token).SerializeToString()
         try:
@@ -307,8 +307,8 @@ class WirePool:
             raise KvtierError(grpc.StatusCode.UNAVAILABLE, f"data plane {self._name()}: {e}") from e
         if f.kind == Kind.ERROR:
             s.close()
-            e = self._w.WireError.FromString(f.meta)
-            raise KvtierError(status_code(e.code), e.message)
+            err = self._w.WireError.FromString(f.meta)
+            raise KvtierError(status_code(err.code), err.message)
         if f.kind != Kind.HELLO_REPLY:
             s.close()
             raise KvtierError(grpc.StatusCode.INTERNAL, f"data plane {self._name()}: Hello answered with kind {f.kind:#04x}")
@@ -320,7 +320,7 @@ class WirePool:
                 return
         sock.close()
 
-    def _exchange(self, sock, kind, rid, meta, payloads, data_len, deadline, into=None) -> "_Frame":
+    def _exchange(self, sock, kind, rid, meta, payloads, data_len, deadline, into=None) -> _Frame:
         header = HEADER.pack(MAGIC, kind, 0, 0, rid, len(meta), data_len)
         _send_all(sock, [header, meta, *payloads], deadline)
         raw = _recv_exact(sock, HEADER.size, deadline)
@@ -344,7 +344,7 @@ class WirePool:
                 raise ValueError(f"read reply has {len(read_reply.blocks)} blocks but {len(lengths)} payloads")
         if sum(lengths) != data_len:
             raise ValueError(f"payload lengths add up to {sum(lengths)} bytes but the frame carries {data_len}")
-        out = []
+        out: list[bytes | memoryview | list[memoryview]] = []
         for i, n in enumerate(lengths):
             buf = into(i, n) if into is not None and read_reply is not None else None
             if buf is None:
@@ -357,7 +357,8 @@ class WirePool:
                     f"buffer for payload {i} holds {room} bytes (writable: {not any(v.readonly for v in views)}), "
                     f"need {n}"
                 )
-            filled, left = [], n
+            filled: list[memoryview] = []
+            left = n
             for v in views:
                 k = min(v.nbytes, left)
                 _recv_into_exact(sock, v[:k], deadline)
@@ -373,7 +374,7 @@ class WirePool:
 class _Frame:
     kind: int
     meta: bytes
-    payloads: list  # bytes, or memoryviews of the caller's buffers
+    payloads: list[bytes | memoryview | list[memoryview]]  # bytes, or views of the caller's buffers
     read_reply: object | None
 
 

@@ -105,13 +105,16 @@ def test_conversation_versions_streaming_and_errors(stub):
     ra, ro = lookup(pb, s, tenant, alt), lookup(pb, s, tenant, toks)
     assert ra.cached_blocks == 3 and ra.last_hash == alt_hashes[2]
     assert ro.cached_blocks == 3 and ro.last_hash == hashes[2]
-    read = lambda loc: s.Read(pb.ReadRequest(resource_name=tenant[0], container_name=tenant[1], location=loc))
+
+    def read(loc):
+        return s.Read(pb.ReadRequest(resource_name=tenant[0], container_name=tenant[1], location=loc))
+
     assert read(ra.locations[2].location).chunk.buffer == alt_payloads[2]
     assert read(ro.locations[2].location).chunk.buffer == payloads[2]
 
     # StreamingRead of all locations answers in order; an unknown location is found=false.
     locs = [loc.location for loc in r.locations] + ["44" * 25]
-    reqs = (pb.ReadRequest(resource_name=tenant[0], container_name=tenant[1], location=l) for l in locs)
+    reqs = (pb.ReadRequest(resource_name=tenant[0], container_name=tenant[1], location=location) for location in locs)
     out = list(s.StreamingRead(reqs))
     assert [o.chunk.buffer for o in out[:3]] == payloads
     assert not out[3].found and not out[3].success and "not found" in out[3].error

@@ -76,21 +76,21 @@ def test_systemd_unit_verifies(kvtier_bin, tmp_path):
     local.write_text(unit.replace("/usr/local/bin/kvtier", str(kvtier_bin)))
     r = subprocess.run([_tool("systemd-analyze"), "verify", str(local)], capture_output=True, text=True, timeout=120)
     # systemd-analyze exits 0 on many problems it only warns about: any output is a failure.
-    problems = [l for l in (r.stdout + r.stderr).splitlines() if str(local) in l or "kvtier" in l]
+    problems = [line for line in (r.stdout + r.stderr).splitlines() if str(local) in line or "kvtier" in line]
     assert r.returncode == 0 and not problems, r.stdout + r.stderr
 
 
 def test_dockerfile_is_multi_stage_non_root_with_a_healthcheck(kvtier_bin, tmp_path):
     text = (DEPLOY / "Dockerfile").read_text()
-    lines = [l for l in text.splitlines() if l and not l.startswith("#")]
-    froms = [l for l in lines if l.startswith("FROM ")]
+    lines = [line for line in text.splitlines() if line and not line.startswith("#")]
+    froms = [line for line in lines if line.startswith("FROM ")]
     assert len(froms) >= 2 and " AS build" in froms[0], "multi-stage: build, then a slim runtime"
     final = text.split(froms[-1], 1)[1]
     user = re.search(r"^USER (\S+)", final, re.M)
     assert user and user.group(1).split(":")[0] not in ("0", "root"), "the runtime image runs as non-root"
     assert re.search(r"^HEALTHCHECK .*CMD", final, re.M | re.S)
     assert "COPY --from=build" in final and "cargo" not in final
-    exposed = {int(p) for l in lines if l.startswith("EXPOSE") for p in l.split()[1:]}
+    exposed = {int(p) for line in lines if line.startswith("EXPOSE") for p in line.split()[1:]}
     effective = _check_config(kvtier_bin, (DEPLOY / "kvtier.container.toml").read_text(), tmp_path)
     assert exposed == {50051, 50052, 8080}
     assert "0.0.0.0:50051" in effective and "0.0.0.0:8080" in effective

@@ -30,8 +30,8 @@ def _netlab(out: Path, *args: str) -> dict:
 
 
 def _namespaces() -> set[str]:
-    return {l.split()[0] for l in subprocess.run(["ip", "netns", "list"], capture_output=True,
-                                                 text=True).stdout.splitlines() if l.strip()}
+    return {line.split()[0] for line in subprocess.run(["ip", "netns", "list"], capture_output=True,
+                                                       text=True).stdout.splitlines() if line.strip()}
 
 
 def test_configured_rtt_is_measured_and_one_stream_slows_with_it(tmp_path):

@@ -42,7 +42,7 @@ def blocks(path: Path):
 
 def test_every_block_is_run_or_says_why_not():
     for doc in DOCS:
-        for lang, body, why in blocks(doc):
+        for lang, _body, why in blocks(doc):
             assert lang in ("sh", "python", "rust", "text", "toml", "json"), f"{doc.name}: unknown block language {lang}"
             if why is not None:
                 assert len(why.strip()) > 10, f"{doc.name}: a skipped block needs a reason"

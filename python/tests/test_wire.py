@@ -14,10 +14,10 @@ import grpc
 import pytest
 
 from kvtier import Block, Client, KvtierError, keys
+from kvtier import wire as kvtier_wire
 from kvtier._crc import crc32c
 from kvtier.pb import v1 as pb
 from kvtier.pb import wire as wpb
-from kvtier import wire as kvtier_wire
 from kvtier.wire import HEADER, MAGIC, Kind, WirePool, parse_addr
 
 BS = 128

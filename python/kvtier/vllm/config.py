@@ -9,8 +9,9 @@ the operator asked for.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, fields
-from typing import Any, Mapping
+from typing import Any
 
 __all__ = ["ConnectorConfig", "LOAD_MODES"]
 
@@ -65,7 +66,7 @@ class ConnectorConfig:
     """If set, one JSON line per lookup, load and save is appended here."""
 
     @classmethod
-    def from_extra(cls, extra: Mapping[str, Any] | None) -> "ConnectorConfig":
+    def from_extra(cls, extra: Mapping[str, Any] | None) -> ConnectorConfig:
         """Parses ``kv_connector_extra_config``; raises ``ValueError`` naming the bad key."""
         extra = dict(extra or {})
         known = {f.name: f for f in fields(cls)}
@@ -80,7 +81,7 @@ class ConnectorConfig:
         values: dict[str, Any] = {}
         for name, value in extra.items():
             default = known[name].default
-            kind = type(default) if name != "url" else str
+            kind: type = type(default) if name != "url" else str
             if kind is bool:
                 if not isinstance(value, bool):
                     raise ValueError(f"kvtier connector: {name} must be true or false, not {value!r}")

@@ -100,16 +100,16 @@ class PayloadLayout:
         if not self.batched:
             out = torch.empty(self._payload_shape(n), dtype=self.dtype, device=self.device)
             for i, b in enumerate(block_ids):
-                for l, kv in enumerate(self.layers):
-                    out[i, l].copy_(self._tile(kv, b))
+                for layer, kv in enumerate(self.layers):
+                    out[i, layer].copy_(self._tile(kv, b))
         else:
             out = torch.empty(self._payload_shape(n), dtype=self._bits, device=self.device)
             idx = self._kernel_index(block_ids)
-            for l, kv in enumerate(self.layers):
+            for layer, kv in enumerate(self.layers):
                 # [n*k, H, N, C] -> [n, k, H, N, C] -> [n, H, k, N, C]
                 sel = kv.view(self._bits).index_select(0, idx)
                 sel = sel.view(n, self.split, self.heads, self.kernel_tokens, self.content)
-                out[:, l].copy_(sel.permute(0, 2, 1, 3, 4))
+                out[:, layer].copy_(sel.permute(0, 2, 1, 3, 4))
         if self.device.type != "cpu":
             host = torch.empty(out.shape, dtype=out.dtype, pin_memory=True)
             host.copy_(out)  # synchronous: the blocks may be reused after this step
@@ -164,8 +164,8 @@ class PayloadLayout:
         if not self.batched:
             for b, p in zip(block_ids, payloads):
                 src = self._bytes(p).view(self.dtype).view(self._payload_shape(1)[1:])
-                for l, kv in enumerate(self.layers):
-                    self._tile(kv, b).copy_(src[l])
+                for layer, kv in enumerate(self.layers):
+                    self._tile(kv, b).copy_(src[layer])
             return
         on_device = self.device.type != "cpu"
         if host is None or host.shape[0] < n:
@@ -178,9 +178,9 @@ class PayloadLayout:
         src = host.to(self.device, non_blocking=self.device.type == "cuda") if on_device else host
         src = src.view(self._bits).view(self._payload_shape(n))
         idx = self._kernel_index(block_ids)
-        for l, kv in enumerate(self.layers):
+        for layer, kv in enumerate(self.layers):
             # [n, H, k, N, C] -> [n, k, H, N, C] -> [n*k, H, N, C]
-            tiles = src[:, l].permute(0, 2, 1, 3, 4).reshape(n * self.split, self.heads, self.kernel_tokens,
+            tiles = src[:, layer].permute(0, 2, 1, 3, 4).reshape(n * self.split, self.heads, self.kernel_tokens,
                                                                self.content)
             kv.view(self._bits).index_copy_(0, idx, tiles)
         if self.device.type == "cuda":

@@ -15,12 +15,13 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Any
 
 from .common import Breaker, LoadSpec, SaveSpec, StatsLog, chain_keys, is_outage, log
 from .config import ConnectorConfig
 from .identity import EngineIdentity
 
-__all__ = ["SchedulerSide", "KvtierMetadataBase"]
+__all__ = ["SchedulerSide"]
 
 
 @dataclass
@@ -76,7 +77,7 @@ class SchedulerSide:
         self._key_salt = os.environ.get("KVTIER_KEY_SALT", "").encode()
         self.breaker = Breaker(cfg.url, cfg.retry_initial_ms / 1000, cfg.retry_max_ms / 1000)
         self._states: dict[str, _State] = {}
-        self._requests: dict[str, object] = {}
+        self._requests: dict[str, Any] = {}  # vLLM's Request objects
         self._loads: list[LoadSpec] = []
         self._kv_cache_manager = None
         # Lease releases are fire-and-forget: never on the scheduler's path.
@@ -136,7 +137,7 @@ class SchedulerSide:
             return
 
         def go():
-            for ns, lease_id in leases.items():
+            for lease_id in leases.values():
                 try:
                     self.client.release(lease_id, timeout=self.cfg.lookup_timeout_ms / 1000)
                 except Exception as e:  # noqa: BLE001 - the lease expires anyway
@@ -264,9 +265,9 @@ class SchedulerSide:
                     st.saved = min(st.saved, st.load_first + bad[0])
                     st.found = min(st.found, st.load_first + bad[0])
         for req_id in finished_recving or ():
-            st = self._states.get(req_id)
-            if st is not None:
-                st.loading = False
+            state = self._states.get(req_id)
+            if state is not None:
+                state.loading = False
 
     def shutdown(self) -> None:
         self._releaser.shutdown(wait=False)

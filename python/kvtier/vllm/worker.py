@@ -77,6 +77,13 @@ class WorkerSide:
                  self.namespace, self.layout.nbytes, self.block_size, self.layout.describe())
         self.stats("init", namespace=self.namespace, **self.layout.describe())
 
+    @property
+    def _layout(self) -> PayloadLayout:
+        """The layout, for the load path: loads start only once it exists (``start_load``)."""
+        if self.layout is None:
+            raise RuntimeError("kvtier connector: KV caches not registered")
+        return self.layout
+
     # -- loading ----------------------------------------------------------
 
     def _fail(self, spec: LoadSpec, start: int, why: str) -> None:
@@ -98,11 +105,12 @@ class WorkerSide:
         lease = spec.leases.get(self.namespace, 0)
         # On a GPU the payloads are received straight into pinned memory
         # (notes/018): one copy fewer before the transfer to the device.
-        host = self.layout.host_rows(len(spec.keys))
+        layout = self._layout
+        host = layout.host_rows(len(spec.keys))
         rows: dict[int, object] = {}
 
         def into(i: int, n: int):
-            if host is None or n != self.layout.nbytes or i >= len(host):
+            if host is None or n != layout.nbytes or i >= len(host):
                 return None
             rows[i] = host[i].numpy()
             return rows[i]
@@ -121,8 +129,8 @@ class WorkerSide:
         payloads = []
         why = ""
         for b in r.blocks:
-            if len(b.payload) != self.layout.nbytes:
-                why = (f"block {b.key.hex()} has {len(b.payload)} bytes, expected {self.layout.nbytes}: "
+            if len(b.payload) != layout.nbytes:
+                why = (f"block {b.key.hex()} has {len(b.payload)} bytes, expected {layout.nbytes}: "
                        "not this model's KV; deleted so it can be stored again")
                 self._submit("delete", [b.key])
                 break
@@ -138,13 +146,13 @@ class WorkerSide:
         t0 = time.perf_counter()
         payloads, why, host = self._read(spec)
         t1 = time.perf_counter()
-        self.layout.scatter_many(spec.block_ids[:len(payloads)], payloads, host=host)
+        self._layout.scatter_many(spec.block_ids[:len(payloads)], payloads, host=host)
         t2 = time.perf_counter()
         self._fail(spec, len(payloads), why)
         self.counters["loaded_blocks"] += len(payloads)
         self.stats("load", req=spec.req_id, mode="async" if spec.is_async else "sync", blocks=len(spec.keys),
                    loaded=len(payloads), error=why, read_us=int((t1 - t0) * 1e6), copy_us=int((t2 - t1) * 1e6),
-                   bytes=len(payloads) * self.layout.nbytes)
+                   bytes=len(payloads) * self._layout.nbytes)
 
     def start_load(self, loads: list[LoadSpec]) -> None:
         if self.layout is None:
@@ -183,7 +191,7 @@ class WorkerSide:
         for spec, fut in self._layerwise:
             payloads, _, _ = fut.result()
             for bid, p in zip(spec.block_ids, payloads):
-                self.layout.scatter_layer(layer, bid, p)
+                self._layout.scatter_layer(layer, bid, p)
         self._layers_done.add(layer)
 
     def _finish_layerwise(self) -> None:
@@ -198,7 +206,7 @@ class WorkerSide:
             self._fail(spec, len(payloads), why)
             self.counters["loaded_blocks"] += len(payloads)
             self.stats("load", req=spec.req_id, mode="layerwise", blocks=len(spec.keys), loaded=len(payloads),
-                       error=why, read_us=read_us, bytes=len(payloads) * self.layout.nbytes)
+                       error=why, read_us=read_us, bytes=len(payloads) * self._layout.nbytes)
         self._layerwise = []
 
     def get_finished(self) -> set[str]:

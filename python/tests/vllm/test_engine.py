@@ -164,7 +164,7 @@ def test_failures_are_recomputed_and_the_engine_keeps_serving(models, kvtier_bin
         out1 = engine.wait_file(done[1])["outputs"][0]
         assert_same_logprobs(out1, baseline["P"], "served with kvtier down")
         assert events(st, "load") == []
-        warnings = [l for l in engine.text().splitlines() if "is unreachable" in l]
+        warnings = [line for line in engine.text().splitlines() if "is unreachable" in line]
         assert 1 <= len(warnings) <= 2, f"one warning per process role, got {warnings}"
 
         # 2. kvtier comes up at that address: the engine uses it again (it runs P

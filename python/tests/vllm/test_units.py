@@ -321,7 +321,7 @@ def test_lookup_once_hit_capped_below_prompt_and_loads_planned():
     s._kv_cache_manager.blocks["a"] = [10, 11]
     s.update_state_after_alloc(r, SimpleNamespace(get_block_ids=lambda: ([10, 11],)), 2 * BS - 1)
     loads, saves = s.build(_out(new=[("a", 2 * BS - 1)], scheduled={"a": 1}))
-    assert [(l.keys, l.block_ids, l.leases) for l in loads] == [(keys, [10, 11], {"ns": 7})]
+    assert [(load.keys, load.block_ids, load.leases) for load in loads] == [(keys, [10, 11], {"ns": 7})]
     assert saves == [], "blocks kvtier holds are not stored again"
 
 
@@ -376,8 +376,9 @@ def test_preempted_request_is_looked_up_again_and_failed_loads_restored():
 
 
 def test_unreachable_kvtier_means_zero_tokens_and_no_repeated_waits():
-    from kvtier import KvtierError
     import grpc
+
+    from kvtier import KvtierError
 
     c = FakeClient(fail=KvtierError(grpc.StatusCode.UNAVAILABLE, "down"))
     s = _sched(c, retry_initial_ms=60_000, retry_max_ms=60_000)
