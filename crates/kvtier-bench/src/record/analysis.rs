@@ -96,7 +96,7 @@ pub struct Degradation {
     pub rows: Vec<DegradationRow>,
 }
 
-/// Everything [`analyze`] derives from a record.
+/// Everything [`analyze`](crate::analysis::analyze) derives from a record.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
 pub struct Analysis {
     /// Tolerances used.

@@ -20,7 +20,7 @@ pub struct PeerRun {
     /// kvtier op → peer op used for ratio tables, e.g. `read → get`.
     #[serde(default)]
     pub op_map: BTreeMap<String, String>,
-    /// Steps, same structure as [`Record::steps`].
+    /// Steps, same structure as [`Record::steps`](super::Record::steps).
     pub steps: Vec<Step>,
     /// The peer's own benchmark tool, run against it in the same run (e.g.
     /// `redis-benchmark`): comparisons use the better of it and `steps`.
