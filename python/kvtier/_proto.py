@@ -1,27 +1,29 @@
-"""Generates the gRPC stubs from ``proto/`` on first use.
+"""Loads the generated gRPC stubs (``kvtier._gen``), built when the package is built.
 
-The stubs live in ``kvtier/_gen/`` (gitignored), laid out like ``proto/``::
+Where the stubs come from:
 
-    _gen/kvtier/v1/kvtier_pb2.py, kvtier_pb2_grpc.py, kvtier_pb2.pyi, wire_pb2.py (data plane)
-    _gen/kvstore/kvstore_pb2.py, kvstore_pb2_grpc.py, kvstore_pb2.pyi
-    _gen/STAMP.json
+* **An installed package** (a wheel, ``pip install /path/to/kvtier/python``):
+  the build ran ``grpc_tools.protoc`` (``python/setup.py``, grpcio-tools is a
+  build requirement only) and the wheel ships ``kvtier/_gen``. Nothing is
+  generated at import time and grpcio-tools is not needed.
+* **A development checkout** (``PYTHONPATH=python``, or ``pip install -e
+  python``): ``kvtier/_gen`` is gitignored. When the stubs are missing, or
+  older than the ``.proto`` files in the repository's ``proto/`` (content
+  hashes, see :mod:`kvtier._protogen`), or made by another grpcio-tools
+  version than the one installed, they are regenerated on first use, **if
+  grpcio-tools is importable**; the test environments install it
+  (python/requirements-dev.txt, scripts/setup-vllm.sh, scripts/setup-lmcache.sh).
+  Without grpcio-tools, stubs that match the protos are used as they are and
+  missing or stale ones raise :class:`ProtoError`. ``python -m kvtier._proto``
+  (or ``make py-stubs``) generates them explicitly.
 
-They are (re)generated when missing or when the proto files or the
-grpcio-tools version differ from what ``STAMP.json`` records (content hashes,
-not mtimes: a fresh git checkout gives every file a new mtime). Generation
-runs ``grpc_tools.protoc`` into a temporary directory beside ``_gen``, rewrites
-the generated modules' absolute imports of each other (``from kvtier.v1 import
-kvtier_pb2``, which would resolve against *this* package) into relative ones,
-writes the stamp and then renames the directory into place, all under an
-inter-process file lock, so concurrent first imports (pytest-xdist, several
-workers) neither see a half-written tree nor race.
-
-Where the package directory is read-only (an installed wheel without stubs),
+Where the package directory is read-only (a checkout one cannot write to),
 the stubs are generated into a per-user cache directory instead and that
 directory is put first on ``kvtier.__path__``.
 
 Environment: ``KVTIER_PROTO_DIR`` overrides where the ``.proto`` files are
-looked for (default: the repository's ``proto/`` two levels above this file).
+looked for (default: the repository's ``proto/`` two levels above this file);
+an installed package finds none and uses the stubs it shipped.
 """
 from __future__ import annotations
 
@@ -29,31 +31,30 @@ import hashlib
 import importlib
 import json
 import os
-import re
-import shutil
 import sys
-import tempfile
 import threading
 from pathlib import Path
 from types import SimpleNamespace
 
+from . import _protogen
 from ._error import Error
+from ._protogen import PROTO_FILES, Stamp
 
-__all__ = ["PROTO_FILES", "ensure_generated", "load", "proto_dir"]
-
-#: The proto files compiled, relative to the proto root.
-PROTO_FILES = ("kvtier/v1/kvtier.proto", "kvtier/v1/wire.proto", "kvstore/kvstore.proto")
-_TOP_LEVEL = {p.split("/", 1)[0] for p in PROTO_FILES}
-_STAMP = "STAMP.json"
-_STAMP_FORMAT = 2
+__all__ = ["PROTO_FILES", "ProtoError", "ensure_generated", "load", "proto_dir"]
 
 PKG_DIR = Path(__file__).resolve().parent
 _lock = threading.Lock()
 _loaded: SimpleNamespace | None = None
 
+#: How to get stubs, for error messages.
+_HOW = (
+    "install the package (pip install /path/to/kvtier/python, which builds the stubs), or in a "
+    "checkout install grpcio-tools and run `python -m kvtier._proto` (make py-stubs)"
+)
+
 
 class ProtoError(Error, ImportError):
-    """The stubs are missing and cannot be generated."""
+    """The stubs are missing or stale and cannot be generated."""
 
 
 def proto_dir() -> Path | None:
@@ -63,178 +64,54 @@ def proto_dir() -> Path | None:
     if env:
         candidates.append(Path(env))
     candidates += [PKG_DIR.parent.parent / "proto", PKG_DIR / "proto"]
-    for c in candidates:
-        if all((c / f).is_file() for f in PROTO_FILES):
-            return c
-    return None
+    return _protogen.find_proto_dir(candidates)
 
 
-def _tools_version() -> str | None:
-    try:
-        from importlib.metadata import version
-
-        return version("grpcio-tools")
-    except Exception:
-        return None
+def _wanted_stamp(root: Path) -> Stamp:
+    return _protogen.wanted_stamp(root)
 
 
-def _wanted_stamp(root: Path) -> dict:
-    return {
-        "format": _STAMP_FORMAT,
-        "grpcio_tools": _tools_version(),
-        "protos": {f: hashlib.sha256((root / f).read_bytes()).hexdigest() for f in PROTO_FILES},
-    }
-
-
-def _read_stamp(gen: Path) -> dict | None:
-    try:
-        return json.loads((gen / _STAMP).read_text())
-    except (OSError, ValueError):
-        return None
-
-
-def _fresh(gen: Path, wanted: dict | None) -> bool:
-    have = _read_stamp(gen)
-    if have is None or have.get("format") != _STAMP_FORMAT:
-        return False
-    if wanted is None:  # no protos to compare with: take what is there
-        return True
-    if have.get("protos") != wanted["protos"]:
-        return False
-    # Regenerate for a different protoc, but only if one is there to do it.
-    return wanted["grpcio_tools"] is None or have.get("grpcio_tools") == wanted["grpcio_tools"]
-
-
-_BUILD_RE = re.compile(r"(BuildTopDescriptorsAndMessages\(DESCRIPTOR, )'[\w.]+'(, _globals\))")
-_IMPORT_RE = re.compile(r"^(?P<indent>[ \t]*)from (?P<mod>[A-Za-z_][\w.]*) import ", re.M)
-
-
-def _relativize(path: Path, root: Path) -> None:
-    """Rewrites ``from kvtier.v1 import x`` in a generated module into ``from . import x``."""
-    pkg = list(path.relative_to(root).parent.parts)
-    text = path.read_text()
-
-    def repl(m: re.Match) -> str:
-        target = m.group("mod").split(".")
-        if target[0] not in _TOP_LEVEL:
-            return m.group(0)  # google.protobuf, grpc, ...
-        common = 0
-        while common < min(len(pkg), len(target)) and pkg[common] == target[common]:
-            common += 1
-        rel = "." * (len(pkg) - common + 1) + ".".join(target[common:])
-        return f"{m.group('indent')}from {rel} import "
-
-    new = _IMPORT_RE.sub(repl, text)
-    # Message classes' __module__ (used by pickle and reprs) should name the
-    # module they really live in, not the proto package path.
-    new = _BUILD_RE.sub(r"\1__name__\2", new)
-    if new != text:
-        path.write_text(new)
-
-
-def _generate_into(out: Path, root: Path, wanted: dict) -> None:
-    try:
-        from grpc_tools import protoc
-    except ImportError as e:
-        raise ProtoError(
-            "kvtier: the gRPC stubs are not generated and grpcio-tools is not installed "
-            "(pip install grpcio-tools)"
-        ) from e
-    import importlib.resources as resources
-
-    include = str(resources.files("grpc_tools") / "_proto")
-    args = [
-        "grpc_tools.protoc",
-        f"-I{root}",
-        f"-I{include}",
-        f"--python_out={out}",
-        f"--pyi_out={out}",
-        f"--grpc_python_out={out}",
-        *PROTO_FILES,
-    ]
-    rc = protoc.main(args)
-    if rc != 0:
-        raise ProtoError(f"kvtier: grpc_tools.protoc failed with exit code {rc}: {' '.join(args)}")
-    for d in [out, *(p for p in out.rglob("*") if p.is_dir())]:
-        (d / "__init__.py").touch()
-    for f in list(out.rglob("*.py")) + list(out.rglob("*.pyi")):
-        _relativize(f, out)
-    (out / _STAMP).write_text(json.dumps(wanted, indent=1, sort_keys=True) + "\n")
-
-
-class _FileLock:
-    """An exclusive inter-process lock (fcntl where available; no-op elsewhere)."""
-
-    def __init__(self, path: Path):
-        self.path = path
-        self.fd: int | None = None
-
-    def __enter__(self):
-        try:
-            import fcntl
-        except ImportError:  # pragma: no cover - Windows
-            return self
-        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
-        fcntl.flock(self.fd, fcntl.LOCK_EX)
-        return self
-
-    def __exit__(self, *exc):
-        if self.fd is not None:
-            import fcntl
-
-            fcntl.flock(self.fd, fcntl.LOCK_UN)
-            os.close(self.fd)
-            self.fd = None
+def _fresh(gen: Path, wanted: Stamp | None) -> bool:
+    return _protogen.is_fresh(gen, wanted)
 
 
 def _writable(d: Path) -> bool:
     return os.access(d, os.W_OK | os.X_OK)
 
 
-def _cache_base(wanted: dict) -> Path:
+def _cache_base(wanted: Stamp) -> Path:
     base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "kvtier"
     digest = hashlib.sha256(json.dumps(wanted, sort_keys=True).encode()).hexdigest()[:16]
     return base / f"gen-{digest}"
 
 
-def _ensure_at(parent: Path, root: Path, wanted: dict) -> Path:
-    gen = parent / "_gen"
-    if _fresh(gen, wanted):
-        return gen
-    parent.mkdir(parents=True, exist_ok=True)
-    with _FileLock(parent / "_gen.lock"):
-        if _fresh(gen, wanted):  # another process did it while we waited
-            return gen
-        tmp = Path(tempfile.mkdtemp(prefix="_gen.tmp.", dir=parent))
-        old = None
-        try:
-            _generate_into(tmp, root, wanted)
-            if gen.exists():
-                old = parent / f"_gen.old.{os.getpid()}.{tmp.name.rsplit('.', 1)[-1]}"
-                os.rename(gen, old)
-            os.rename(tmp, gen)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-            if old is not None:
-                shutil.rmtree(old, ignore_errors=True)
-    return gen
+def _ensure_at(parent: Path, root: Path, wanted: Stamp) -> Path:
+    if not _protogen.is_fresh(parent / "_gen", wanted) and wanted["grpcio_tools"] is None:
+        raise ProtoError(
+            f"kvtier: the gRPC stubs in {parent / '_gen'} are missing or older than the .proto files "
+            f"in {root}, and grpcio-tools is not installed to generate them: {_HOW}"
+        )
+    try:
+        return _protogen.ensure_at(parent, root, wanted)
+    except _protogen.GenerateError as e:
+        raise ProtoError(f"kvtier: cannot generate the gRPC stubs: {e}") from e
 
 
 def ensure_generated() -> Path:
-    """Makes sure up-to-date stubs exist; returns the ``_gen`` directory used."""
+    """Makes sure usable stubs exist; returns the ``_gen`` directory used."""
     root = proto_dir()
-    wanted = _wanted_stamp(root) if root is not None else None
     local = PKG_DIR / "_gen"
-    if wanted is None:
+    if root is None:
         if _fresh(local, None):
             return local
         raise ProtoError(
-            "kvtier: no generated stubs in kvtier/_gen and no proto files found; "
-            "set KVTIER_PROTO_DIR to the directory holding kvtier/v1/kvtier.proto"
+            f"kvtier: no generated gRPC stubs in {local} and no .proto files to generate them from "
+            f"(set KVTIER_PROTO_DIR to the directory holding kvtier/v1/kvtier.proto): {_HOW}"
         )
+    wanted = _wanted_stamp(root)
     if _fresh(local, wanted) or _writable(PKG_DIR):
         return _ensure_at(PKG_DIR, root, wanted)
-    # Read-only install: generate into a per-user cache and look there first.
+    # Read-only package directory: generate into a per-user cache and look there first.
     parent = _cache_base(wanted)
     gen = _ensure_at(parent, root, wanted)
     pkg = sys.modules[__package__]
@@ -244,10 +121,11 @@ def ensure_generated() -> Path:
 
 
 def load() -> SimpleNamespace:
-    """Generates if needed and imports the stub modules.
+    """Generates if needed (development checkouts only) and imports the stub modules.
 
     Returns a namespace with ``v1`` (kvtier.v1 messages), ``v1_grpc`` (its
-    stub/servicer), ``kvstore`` and ``kvstore_grpc``.
+    stub/servicer), ``wire`` (the data plane's metadata messages), ``kvstore``
+    and ``kvstore_grpc``.
     """
     global _loaded
     if _loaded is not None:
@@ -264,3 +142,19 @@ def load() -> SimpleNamespace:
                 kvstore_grpc=importlib.import_module(f"{base}.kvstore.kvstore_pb2_grpc"),
             )
     return _loaded
+
+
+def main() -> int:
+    """``python -m kvtier._proto``: (re)generates the stubs of this checkout and says where."""
+    try:
+        gen = ensure_generated()
+    except ProtoError as e:
+        print(e, file=sys.stderr)
+        return 1
+    stamp = _protogen.read_stamp(gen) or {}
+    print(f"{gen} (grpcio-tools {stamp.get('grpcio_tools')})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

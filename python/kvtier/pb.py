@@ -1,4 +1,4 @@
-"""The generated protobuf/gRPC modules (generated on first import, see ``_proto``).
+"""The generated protobuf/gRPC modules (built with the package; in a checkout, generated on demand: see ``_proto``).
 
 ``v1`` holds the ``kvtier.v1`` messages (``v1.LookupRequest``, ``v1.Block``, ...), ``wire``
 the data plane's metadata messages (``wire.WireReadRequest``, ...),

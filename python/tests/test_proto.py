@@ -98,3 +98,44 @@ def test_read_only_package_generates_into_user_cache(tmp_path):
     assert p.returncode == 0, err
     assert out.strip().startswith(str(cache / "kvtier")), out
     assert not (py / "kvtier" / "_gen").exists()
+
+
+_NO_TOOLS = "import sys; sys.modules['grpc_tools'] = None  # grpcio-tools not installed\n"
+
+
+def test_without_grpcio_tools_fresh_stubs_are_used_and_stale_ones_refused(tmp_path):
+    py = _copy_tree(tmp_path)
+    p = _import(py, "import kvtier.pb")  # generated with this venv's grpcio-tools
+    assert p.wait(timeout=120) == 0, p.stderr.read()
+    stamp = (py / "kvtier" / "_gen" / "STAMP.json").read_text()
+    # Stubs that match the protos are used as they are.
+    p = _import(py, _NO_TOOLS + "import kvtier.pb as pb; pb.v1.StatsRequest()")
+    assert p.wait(timeout=120) == 0, p.stderr.read()
+    assert (py / "kvtier" / "_gen" / "STAMP.json").read_text() == stamp
+    # A changed proto cannot be compiled: a ProtoError that says what to do.
+    proto = tmp_path / "proto" / "kvtier" / "v1" / "kvtier.proto"
+    proto.write_text(proto.read_text() + "\nmessage Unused {}\n")
+    code = _NO_TOOLS + (
+        "from kvtier._proto import ProtoError\n"
+        "try:\n"
+        "    import kvtier.pb\n"
+        "except ProtoError as e:\n"
+        "    print(e)\n"
+        "else:\n"
+        "    raise SystemExit('stale stubs were used')\n"
+    )
+    p = _import(py, code)
+    out, err = p.communicate(timeout=120)
+    assert p.returncode == 0, out + err
+    assert "older than the .proto files" in out and "python -m kvtier._proto" in out, out
+
+
+def test_python_m_kvtier_proto_generates(tmp_path):
+    py = _copy_tree(tmp_path)
+    env = {k: v for k, v in os.environ.items() if k != "KVTIER_PROTO_DIR"}
+    env["PYTHONPATH"] = str(py)
+    r = subprocess.run([sys.executable, "-m", "kvtier._proto"], env=env, cwd=py,
+                       capture_output=True, text=True, timeout=120, check=False)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith(str(py / "kvtier" / "_gen")), r.stdout
+    assert json.loads((py / "kvtier" / "_gen" / "STAMP.json").read_text())["grpcio_tools"]

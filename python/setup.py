@@ -1,0 +1,88 @@
+"""Build hooks: the gRPC stubs are generated when the package is built.
+
+Everything else about the package is in pyproject.toml. ``build_py`` compiles
+the repository's ``proto/`` with grpcio-tools (a build requirement, pinned in
+pyproject.toml, not a runtime dependency) into ``build/lib/kvtier/_gen``, so a
+wheel ships its stubs and installing it needs no grpcio-tools. An editable
+install (``pip install -e python``) generates into the source tree's
+``kvtier/_gen`` instead (gitignored), unless stubs for the current protos are
+already there; at run time kvtier._proto regenerates them when the protos
+change and grpcio-tools is installed.
+
+An sdist carries a copy of ``proto/`` (the proto files live outside this
+directory in the repository), so a wheel can be built from it.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+from pathlib import Path
+from types import ModuleType
+
+from setuptools import setup
+from setuptools.command.build_py import build_py
+from setuptools.command.sdist import sdist
+
+HERE = Path(__file__).resolve().parent
+
+
+def _protogen() -> ModuleType:
+    """kvtier/_protogen.py, loaded by path: importing ``kvtier`` would need its runtime dependencies."""
+    spec = importlib.util.spec_from_file_location("_kvtier_protogen", HERE / "kvtier" / "_protogen.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _proto_root(gen: ModuleType) -> Path:
+    candidates = [Path(os.environ["KVTIER_PROTO_DIR"])] if os.environ.get("KVTIER_PROTO_DIR") else []
+    # The repository's proto/ (building from a checkout), else the copy an sdist carries.
+    candidates += [HERE.parent / "proto", HERE / "proto"]
+    root = gen.find_proto_dir(candidates)
+    if root is None:
+        raise SystemExit(f"kvtier: no proto files ({', '.join(gen.PROTO_FILES)}) in {candidates}")
+    return root
+
+
+class BuildPyWithStubs(build_py):
+    """``build_py`` that also generates ``kvtier/_gen`` from the proto files."""
+
+    def run(self) -> None:
+        super().run()
+        gen = _protogen()
+        root = _proto_root(gen)
+        wanted = gen.wanted_stamp(root)
+        if self.editable_mode:
+            # Stubs any grpcio-tools made from the same protos will do: a
+            # development venv may have made them with its own version.
+            gen.ensure_at(HERE / "kvtier", root, wanted, any_tools=True)
+            return
+        out = Path(self.build_lib) / "kvtier" / "_gen"
+        shutil.rmtree(out, ignore_errors=True)  # never ship stubs left from an earlier build
+        out.mkdir(parents=True)
+        gen.generate_into(out, root, wanted)
+
+    def get_outputs(self, include_bytecode: bool = True) -> list[str]:
+        outputs = list(super().get_outputs(include_bytecode))
+        gen_dir = Path(self.build_lib) / "kvtier" / "_gen"
+        if not self.editable_mode and gen_dir.is_dir():
+            outputs += [str(p) for p in sorted(gen_dir.rglob("*")) if p.is_file()]
+        return outputs
+
+
+class SdistWithProtos(sdist):
+    """``sdist`` that also carries the proto files, as ``proto/`` beside setup.py."""
+
+    def make_release_tree(self, base_dir: str, files: list[str]) -> None:
+        super().make_release_tree(base_dir, files)
+        gen = _protogen()
+        root = _proto_root(gen)
+        for f in gen.PROTO_FILES:
+            dest = Path(base_dir) / "proto" / f
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(root / f, dest)
+
+
+setup(cmdclass={"build_py": BuildPyWithStubs, "sdist": SdistWithProtos})
