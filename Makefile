@@ -1,6 +1,6 @@
 # kvtier: the two set-up commands are `make demo` and `make test`; both install
 # what they need (scripts/setup.sh) on a fresh machine.
-.PHONY: demo test install setup setup-test setup-vllm setup-integrations build release fmt clippy lint-py py-stubs rust-test py-test vllm-test integrations-test bench clean
+.PHONY: demo test install setup setup-test setup-vllm setup-integrations build release fmt clippy arch lint-py py-stubs rust-test py-test vllm-test integrations-test bench clean
 
 CARGO ?= cargo
 
@@ -30,6 +30,12 @@ rust-test:
 	$(CARGO) test --workspace
 
 # The Python SDK's lint and type check (config: python/pyproject.toml).
+# No module circles, no source file over 600 lines before its tests, every file
+# says why it exists (docs/architecture.md, "Checked shape").
+arch:
+	python3 scripts/check-architecture.py --self-test
+	python3 scripts/check-architecture.py
+
 lint-py: setup-test
 	.venv/bin/ruff check python
 	cd python && ../.venv/bin/mypy
@@ -59,7 +65,7 @@ setup-integrations:
 integrations-test: setup-integrations
 	.tools/lmcache/bin/python -m pytest -q python/tests/integrations
 
-test: setup-test fmt clippy lint-py rust-test py-test vllm-test integrations-test
+test: setup-test fmt clippy arch lint-py rust-test py-test vllm-test integrations-test
 
 bench:
 	scripts/bench-engine.sh
