@@ -26,6 +26,11 @@ pub struct ClientConfig {
     /// Data-plane connections (one request in flight each); 0: `connections`.
     /// Size it to the number of concurrent callers, like a Redis client pool.
     pub data_connections: usize,
+    /// Most data-plane connections one long read is striped over (1: never
+    /// stripe). Default [`crate::wire::MAX_STRIPES`]; a read is split only
+    /// when it has [`crate::wire::STRIPE_MIN_BLOCKS`] keys per stripe, and
+    /// never over more connections than the pool has.
+    pub read_stripes: usize,
     /// TCP congestion control of data-plane connections (best effort: a name
     /// the kernel refuses leaves the system default). `None` or `""`: system default.
     /// Default: the system default, as the server's
@@ -60,6 +65,7 @@ impl ClientConfig {
             hash: HashFn::default(),
             data_plane: true,
             data_connections: 0,
+            read_stripes: crate::wire::MAX_STRIPES,
             data_tcp_congestion: None,
             token: None,
             tls: None,

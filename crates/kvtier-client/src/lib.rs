@@ -133,7 +133,8 @@ impl Client {
                         client.cfg.token.as_deref(),
                         tls,
                     )
-                    .await?,
+                    .await?
+                    .with_max_stripes(client.cfg.read_stripes),
                 );
             }
         }

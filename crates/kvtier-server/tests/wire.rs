@@ -482,3 +482,80 @@ async fn writes_too_big_for_one_frame_are_refused_before_sending() {
     assert!(err.to_string().contains("split the batch"), "{err}");
     server.shutdown().await.unwrap();
 }
+
+/// Data-plane Read requests the server has answered with OK so far.
+async fn wire_reads(server: &kvtier_server::Server) -> u64 {
+    let m = common::metrics(server).await;
+    m.lines()
+        .find_map(|l| l.strip_prefix(r#"kvtier_requests_total{api="wire",op="read",code="ok"} "#))
+        .map_or(0, |v| v.parse().unwrap())
+}
+
+#[tokio::test]
+async fn long_reads_are_striped_over_connections_and_joined_in_prefix_order() {
+    let (server, _) = common::start(common::test_config()).await;
+    let c = Client::connect(ClientConfig::new(common::raw_endpoint(&server)))
+        .await
+        .unwrap();
+    let w = c.data_plane().expect("data plane");
+    // The default pool (4 connections) and stripe floor (8 keys per stripe).
+    assert_eq!(w.stripes_for(7), 1);
+    assert_eq!(w.stripes_for(16), 2);
+    assert_eq!(w.stripes_for(64), 4);
+    let n = 64usize;
+    let payload = |i: usize| Bytes::from(vec![i as u8; 10_000 + i]);
+    let keys: Vec<Key> = (0..n)
+        .map(|i| Key::new(format!("s{i:03}").into_bytes()).unwrap())
+        .collect();
+    let blocks: Vec<WriteBlock> = (0..n)
+        .map(|i| blk(format!("s{i:03}").as_bytes(), payload(i)))
+        .collect();
+    c.write("st", &blocks).await.unwrap();
+
+    // Whole chain: four requests, one per stripe; every block in key order.
+    let before = wire_reads(&server).await;
+    let rd = c.read("st", &keys, 0).await.unwrap();
+    assert_eq!(
+        wire_reads(&server).await - before,
+        4,
+        "one request per stripe"
+    );
+    assert_eq!(
+        (rd.blocks.len(), rd.partial, rd.reason.as_str()),
+        (n, false, "")
+    );
+    for (i, b) in rd.blocks.iter().enumerate() {
+        assert_eq!(b.index, i);
+        assert_eq!(b.payload, payload(i), "block {i}");
+    }
+    assert!(rd.timing.total_us > 0);
+
+    // A hole at 20 (in the second stripe): the prefix ends there even though
+    // the third and fourth stripes were read whole.
+    c.delete("st", &keys[20..21]).await.unwrap();
+    c.write("st", &blocks[21..]).await.unwrap(); // keys are unlinked: only 20 went
+    let rd = c.read("st", &keys, 0).await.unwrap();
+    assert_eq!(
+        (rd.blocks.len(), rd.partial, rd.reason.as_str()),
+        (20, true, "missing")
+    );
+    assert!(
+        rd.blocks
+            .iter()
+            .enumerate()
+            .all(|(i, b)| b.index == i && b.payload == payload(i))
+    );
+
+    // The same answer unstriped, in one request.
+    let mut cc = ClientConfig::new(common::raw_endpoint(&server));
+    cc.read_stripes = 1;
+    let one = Client::connect(cc).await.unwrap();
+    let before = wire_reads(&server).await;
+    let rd1 = one.read("st", &keys, 0).await.unwrap();
+    assert_eq!(wire_reads(&server).await - before, 1);
+    assert_eq!(
+        (rd1.blocks.len(), rd1.partial, rd1.reason.as_str()),
+        (20, true, "missing")
+    );
+    server.shutdown().await.unwrap();
+}

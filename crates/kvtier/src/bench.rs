@@ -40,7 +40,7 @@ struct RunArgs {
     /// Server to drive: grpc://HOST:PORT.
     #[arg(long)]
     target: Option<String>,
-    /// lookup | read | write | mixed | conversation | kv | ping | lookup-ping.
+    /// lookup | read | write | mixed | conversation | kv | ping | lookup-ping | prefix-read.
     #[arg(long, value_parser = Workload::parse)]
     workload: Option<Workload>,
     /// v1 (kvtier.v1 via the Rust client) | compat (kvstore.KVStoreService).
@@ -100,6 +100,10 @@ struct RunArgs {
     /// HTTP/2 connections per process to kvtier.
     #[arg(long, default_value_t = 4)]
     connections: usize,
+    /// Most data-plane connections one long read is striped over (1: one
+    /// connection per read). `prefix-read` opens this many per worker.
+    #[arg(long, default_value_t = kvtier_client::wire::MAX_STRIPES)]
+    read_stripes: usize,
     /// Client retries of a request the server shed (UNAVAILABLE) [default:
     /// the client's, 2]. With 0 every attempt is measured: shed requests
     /// count as errors, admitted ones keep their own latency, and the worker
@@ -183,6 +187,7 @@ pub async fn run(a: BenchArgs) -> anyhow::Result<()> {
     cfg.target_tokens_per_s = r.target_tokens_per_s;
     cfg.probe = r.probe;
     cfg.connections = r.connections.max(1);
+    cfg.read_stripes = r.read_stripes.max(1);
     cfg.data_tcp_congestion = r.data_tcp_congestion;
     cfg.retries = r.retries;
     cfg.quiet = r.quiet;

@@ -149,6 +149,64 @@ fn compat_conversation_counts_tokens_of_reads_and_writes() {
 }
 
 #[test]
+fn prefix_read_loads_the_whole_long_prefix_striped_or_not() {
+    let size = 20_000u64;
+    for stripes in ["1", "4"] {
+        let out = tmp(&format!("prefix-{stripes}"));
+        let r = bench(
+            &out,
+            &[
+                "--workload",
+                "prefix-read",
+                "--value-size",
+                &size.to_string(),
+                "--read-stripes",
+                stripes,
+                "--concurrency",
+                "1,2",
+                "--duration",
+                "300ms",
+                "--warmup",
+                "100ms",
+            ],
+        );
+        assert_eq!(r.api, "v1+wire");
+        for s in &r.steps {
+            let o = &s.ops["prefix-read"];
+            assert!(o.ops > 0 && o.errors == 0, "{}: {o:?}", s.label());
+            // Every unit read all 256 blocks: bytes and tokens per op are exact.
+            assert_eq!(o.bytes, o.ops * 256 * size, "{}", s.label());
+            assert_eq!(o.tokens, o.ops * 256 * 128, "{}", s.label());
+        }
+        assert!(
+            r.command_line
+                .join(" ")
+                .contains(&format!("--read-stripes {stripes}"))
+        );
+        let _ = std::fs::remove_dir_all(&out);
+    }
+    // Refused where it cannot be honest: the kvstore API, and peers.
+    for args in [
+        &["--api", "compat"][..],
+        &["--peer", "redis://127.0.0.1:1"][..],
+    ] {
+        let o = Command::new(BIN)
+            .args(["bench", "--workload", "prefix-read", "--concurrency", "1"])
+            .args(args)
+            .args(["--quiet", "--out"])
+            .arg(tmp("prefix-refused"))
+            .output()
+            .unwrap();
+        assert!(!o.status.success(), "{args:?} accepted");
+        assert!(
+            String::from_utf8_lossy(&o.stderr).contains("prefix-read workload needs --api v1"),
+            "{}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+    }
+}
+
+#[test]
 fn redis_peer_runs_interleaved() {
     assert!(
         Command::new("redis-server")

@@ -285,7 +285,8 @@ pub async fn preload(ctx: &Ctx, conn: &mut PeerConn) -> anyhow::Result<()> {
             }
         }
         Workload::Kv => keys.extend((0..KV_KEYS as u64).map(|i| kv_key(n, i))),
-        Workload::Write | Workload::Ping => {}
+        // prefix-read has no peer implementation (the sweep refuses it with peers).
+        Workload::Write | Workload::Ping | Workload::PrefixRead => {}
     }
     for k in keys {
         conn.cmd(&[b"SET", k.as_bytes(), &p[..]])
@@ -435,7 +436,7 @@ impl Unit for RedisWorker {
                     out.push(self.set(&write_key(n, u), 0).await);
                 }
             }
-            Workload::Mixed | Workload::LookupPing => unreachable!(),
+            Workload::Mixed | Workload::LookupPing | Workload::PrefixRead => unreachable!(),
         }
     }
 }

@@ -89,6 +89,9 @@ pub struct BenchConfig {
     pub data_tcp_congestion: String,
     /// HTTP/2 connections per process to kvtier.
     pub connections: usize,
+    /// Most data-plane connections one long read is striped over (1: never;
+    /// `prefix-read` opens this many per worker).
+    pub read_stripes: usize,
     /// Client retries of a request the server shed (UNAVAILABLE); `None`:
     /// the client's default (2). With 0 every attempt is a sample: shed ones
     /// count as errors and the worker backs off like a client would.
@@ -122,6 +125,7 @@ impl BenchConfig {
             target_tokens_per_s: None,
             probe: false,
             connections: 4,
+            read_stripes: kvtier_client::wire::MAX_STRIPES,
             retries: None,
             data_tcp_congestion: String::new(),
             quiet: false,
@@ -138,6 +142,10 @@ fn check(cfg: &BenchConfig) -> anyhow::Result<()> {
     anyhow::ensure!(
         !(matches!(cfg.workload, Workload::Ping | Workload::LookupPing) && cfg.api == Api::Compat),
         "the ping workloads need --api v1"
+    );
+    anyhow::ensure!(
+        cfg.workload != Workload::PrefixRead || (cfg.api == Api::V1 && cfg.peers.is_empty()),
+        "the prefix-read workload needs --api v1 and no --peer (no peer implements it yet)"
     );
     anyhow::ensure!(
         !cfg.concurrency.is_empty() || !cfg.rates.is_empty(),
@@ -212,6 +220,7 @@ pub fn run(cfg: &BenchConfig) -> anyhow::Result<Record> {
             connections: 1,
             transport: cfg.transport,
             data_connections: 1,
+            read_stripes: 1,
             data_tcp_congestion: cfg.data_tcp_congestion.clone(),
             retries: None,
             ping: false,

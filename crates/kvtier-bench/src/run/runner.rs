@@ -130,6 +130,7 @@ impl Runner<'_> {
             connections: self.cfg.connections,
             data_tcp_congestion: self.cfg.data_tcp_congestion.clone(),
             retries: self.cfg.retries,
+            read_stripes: self.cfg.read_stripes,
         };
         self.next_worker += u64::from(p) * u64::from(workers_of(per_proc));
         let r = if p == 1 {

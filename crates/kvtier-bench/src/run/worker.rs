@@ -66,6 +66,13 @@ pub struct WorkerSpec {
     /// Client retries of shed requests (`None`: the client's default).
     #[serde(default)]
     pub retries: Option<u32>,
+    /// Most data-plane connections one long read is striped over (1: never).
+    #[serde(default = "default_read_stripes")]
+    pub read_stripes: usize,
+}
+
+fn default_read_stripes() -> usize {
+    kvtier_client::wire::MAX_STRIPES
 }
 
 pub(super) fn workers_of(load: Load) -> u32 {
@@ -100,8 +107,15 @@ pub(super) async fn local_repeat(
                 api: *api,
                 connections: spec.connections,
                 transport: *transport,
-                // One data-plane connection per worker, like the Redis peer.
-                data_connections: n as usize,
+                // One data-plane connection per worker, like the Redis peer;
+                // a prefix read gets one per stripe.
+                data_connections: n as usize
+                    * if spec.workload == Workload::PrefixRead {
+                        spec.read_stripes.max(1)
+                    } else {
+                        1
+                    },
+                read_stripes: spec.read_stripes,
                 data_tcp_congestion: spec.data_tcp_congestion.clone(),
                 retries: spec.retries,
                 ping: matches!(spec.workload, Workload::Ping | Workload::LookupPing),

@@ -137,7 +137,7 @@ impl CompatWorker {
             }
             // Not offered by the seed's API (the sweep refuses these workloads
             // with --api compat); counted as failures if ever reached.
-            Op::Kv | Op::Ping => out.push(sample("set", Instant::now())),
+            Op::Kv | Op::Ping | Op::PrefixRead => out.push(sample("set", Instant::now())),
         }
     }
 }

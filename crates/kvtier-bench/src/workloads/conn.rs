@@ -32,6 +32,8 @@ pub struct ConnOpts {
     pub transport: Transport,
     /// Data-plane connections (one request in flight each; 0: `connections`).
     pub data_connections: usize,
+    /// Most data-plane connections one long read is striped over (1: never).
+    pub read_stripes: usize,
     /// Also open channels for `grpc.health.v1` pings.
     pub ping: bool,
     /// TCP congestion control of data-plane connections ("": system default).
@@ -49,6 +51,7 @@ impl Conn {
         cfg.timeout = TIMEOUT;
         cfg.data_plane = opts.transport != Transport::Grpc;
         cfg.data_connections = opts.data_connections;
+        cfg.read_stripes = opts.read_stripes.max(1);
         // "" (system default) is passed on as is: the client skips empty names.
         cfg.data_tcp_congestion = Some(opts.data_tcp_congestion.clone());
         if let Some(r) = opts.retries {

@@ -11,8 +11,8 @@ use kvtier_proto::kvstore as pb;
 
 use super::conn::compat_client;
 use super::{
-    BLOCK_TOKENS, CHAIN_BLOCKS, CONV_BLOCKS, CONVERSATIONS, Conn, KV_KEYS, Workload, block_hash,
-    kv_key, mix, stream_chain, stream_conv, tokens,
+    BLOCK_TOKENS, CHAIN_BLOCKS, CONV_BLOCKS, CONVERSATIONS, Conn, KV_KEYS, PREFIX_BLOCKS, Workload,
+    block_hash, kv_key, mix, stream_chain, stream_conv, stream_prefix, tokens,
 };
 
 /// Shared, read-only state of a workload in one process.
@@ -34,6 +34,8 @@ pub struct Ctx {
     pub(super) chain_keys: Vec<Key>,
     /// Keys of each preloaded conversation (v1).
     pub(super) conv_keys: Vec<Vec<Key>>,
+    /// Keys of the long prefix `prefix-read` loads (v1).
+    pub(super) prefix_keys: Vec<Key>,
     /// Locations of the preloaded chain's blocks (`kvstore`).
     pub(super) chain_locs: Vec<String>,
 }
@@ -56,6 +58,7 @@ impl Ctx {
             container: format!("c{nonce:016x}"),
             chain_keys: Vec::new(),
             conv_keys: Vec::new(),
+            prefix_keys: Vec::new(),
             chain_locs: Vec::new(),
         }
     }
@@ -77,9 +80,16 @@ impl Ctx {
         let n = self.nonce;
         match conn {
             Conn::V1(c, _) => {
-                if self.needs_chain() {
-                    let t = tokens(n, stream_chain(), CHAIN_BLOCKS * BLOCK_TOKENS);
-                    let keys = c.keys_for(&t);
+                let chains = [
+                    (self.needs_chain(), stream_chain(), CHAIN_BLOCKS),
+                    (
+                        self.workload == Workload::PrefixRead,
+                        stream_prefix(),
+                        PREFIX_BLOCKS,
+                    ),
+                ];
+                for (_, stream, blocks) in chains.into_iter().filter(|c| c.0) {
+                    let keys = c.keys_for(&tokens(n, stream, blocks * BLOCK_TOKENS));
                     for (i, k) in keys.iter().enumerate() {
                         let b = WriteBlock {
                             key: k.clone(),
@@ -120,6 +130,10 @@ impl Ctx {
                 anyhow::ensure!(
                     self.workload != Workload::Kv,
                     "the kv workload needs --api v1 (the kvstore API has no text keys)"
+                );
+                anyhow::ensure!(
+                    self.workload != Workload::PrefixRead,
+                    "the prefix-read workload needs --api v1 (the kvstore API reads one block per call)"
                 );
                 let mut c = compat_client(chans[0].clone());
                 let mut write_chain = async |stream: u64, blocks: usize| -> anyhow::Result<()> {
@@ -166,6 +180,8 @@ impl Ctx {
             Conn::V1(c, _) => {
                 self.chain_keys =
                     c.keys_for(&tokens(n, stream_chain(), CHAIN_BLOCKS * BLOCK_TOKENS));
+                self.prefix_keys =
+                    c.keys_for(&tokens(n, stream_prefix(), PREFIX_BLOCKS * BLOCK_TOKENS));
                 self.conv_keys = (0..CONVERSATIONS)
                     .map(|conv| {
                         c.keys_for(&tokens(n, stream_conv(conv), CONV_BLOCKS * BLOCK_TOKENS))

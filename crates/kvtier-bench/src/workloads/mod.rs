@@ -10,6 +10,7 @@
 //! | `kv` | 100-byte get / set in turn with text keys, `kvtier.v1` only (seed 004) | `get`, `set` |
 //! | `ping` | one empty gRPC round trip (`grpc.health.v1.Health/Check`; Redis `PING`) | `ping` |
 //! | `lookup-ping` | `lookup` and `ping` in turn: lookup latency next to an empty round trip | `lookup`, `ping` |
+//! | `prefix-read` | one lookup + one read of a whole 256-block prefix (preloaded), as an engine loading a 32k-token prompt; `v1` only | `prefix-read` |
 //!
 //! Everything a unit touches is derived from the run's `nonce`, so child
 //! processes find the preloaded data without being told more than the nonce.
@@ -46,6 +47,9 @@ use conn::{HealthClient, compat_client};
 pub const BLOCK_TOKENS: usize = 128;
 /// Blocks in the preloaded chain (lookups check all of it; reads pick one).
 pub const CHAIN_BLOCKS: usize = 64;
+/// Blocks in the long prefix `prefix-read` loads (32k tokens; ~300 MB at the
+/// default 1.2 MB per block).
+pub const PREFIX_BLOCKS: usize = 256;
 /// Conversations preloaded for the `conversation` workload.
 pub const CONVERSATIONS: usize = 16;
 /// Cached blocks per conversation (the 6 reads of an iteration).
@@ -88,6 +92,9 @@ impl WorkerId {
 
 fn stream_chain() -> u64 {
     1
+}
+fn stream_prefix() -> u64 {
+    2
 }
 fn stream_conv(c: usize) -> u64 {
     1000 + c as u64
@@ -154,6 +161,7 @@ enum Op {
     Ping,
     Conversation,
     Kv,
+    PrefixRead,
 }
 
 impl Op {
@@ -176,6 +184,7 @@ impl Op {
             Workload::Ping => Op::Ping,
             Workload::Conversation => Op::Conversation,
             Workload::Kv => Op::Kv,
+            Workload::PrefixRead => Op::PrefixRead,
         }
     }
 }

@@ -25,6 +25,9 @@ pub enum Workload {
     Ping,
     /// Lookup and ping in turn.
     LookupPing,
+    /// One Lookup + Read of a whole long prefix ([`super::PREFIX_BLOCKS`]
+    /// blocks), as an engine loading a long prompt (v1 only).
+    PrefixRead,
 }
 
 impl Workload {
@@ -39,9 +42,10 @@ impl Workload {
             "kv" => Workload::Kv,
             "ping" => Workload::Ping,
             "lookup-ping" => Workload::LookupPing,
+            "prefix-read" => Workload::PrefixRead,
             _ => anyhow::bail!(
                 "unknown workload {s:?}: expected lookup, read, write, mixed, conversation, kv, \
-                 ping or lookup-ping"
+                 ping, lookup-ping or prefix-read"
             ),
         })
     }
@@ -57,6 +61,7 @@ impl Workload {
             Workload::Kv => "kv",
             Workload::Ping => "ping",
             Workload::LookupPing => "lookup-ping",
+            Workload::PrefixRead => "prefix-read",
         }
     }
 

@@ -67,6 +67,31 @@ impl V1Worker {
         s
     }
 
+    /// An engine loading a long prompt: one Lookup of the whole prefix, then
+    /// one Read of what it found (striped by the client when long). One
+    /// sample; an error unless every block came back.
+    async fn prefix_read(&mut self, keys: &[Key]) -> Sample {
+        let c = &self.client;
+        let sent = Instant::now();
+        let r = match c.lookup(&self.ctx.ns, keys, None).await {
+            Ok(l) => c
+                .read(&self.ctx.ns, &keys[..l.found], 0)
+                .await
+                .map(|r| (l, r)),
+            Err(e) => Err(e),
+        };
+        let mut s = sample("prefix-read", sent);
+        s.shed = shed_v1(&r);
+        // No server-time split: a striped read is several requests in
+        // parallel, whose server times do not add up to this wait.
+        if let Ok((_, r)) = r {
+            s.error = r.partial || r.blocks.len() != keys.len();
+            s.bytes = r.blocks.iter().map(|b| b.payload.len() as u64).sum();
+            s.tokens = (r.blocks.len() * BLOCK_TOKENS) as u64;
+        }
+        s
+    }
+
     async fn write(&mut self, op: &'static str, key: Key, parent: Option<Key>) -> Sample {
         let c = &self.client;
         let b = WriteBlock {
@@ -122,6 +147,7 @@ impl V1Worker {
         match op {
             Op::Ping => out.push(self.ping().await),
             Op::Lookup => out.push(self.lookup(&ctx.chain_keys).await),
+            Op::PrefixRead => out.push(self.prefix_read(&ctx.prefix_keys).await),
             Op::Read => out.push(self.read("read", &ctx.chain_keys[pick]).await),
             Op::Write => out.push(self.write("write", self.new_key(u), None).await),
             Op::Conversation => {
