@@ -124,6 +124,11 @@ class ServerTiming:
             elapsed_us=elapsed_us,
         )
 
+    @classmethod
+    def _of(cls, msg, elapsed_us: int = 0) -> ServerTiming:
+        """The timing a reply message carries in its ``timing`` field, if set."""
+        return cls._from_pb(msg.timing if msg.HasField("timing") else None, elapsed_us)
+
 
 @dataclass(frozen=True)
 class Block:
@@ -530,7 +535,7 @@ class Client:
             keys=checked if checked is not None else list(r.keys),
             lease_id=r.lease_id,
             lease_expires_unix_ms=r.lease_expires_unix_ms,
-            timing=ServerTiming._from_pb(r.timing if r.HasField("timing") else None, us),
+            timing=ServerTiming._of(r, us),
         )
 
     def read(
@@ -622,7 +627,7 @@ class Client:
             requested=done.requested,
             partial=done.partial,
             reason=done.reason,
-            timing=ServerTiming._from_pb(done.timing if done.HasField("timing") else None, us),
+            timing=ServerTiming._of(done, us),
         )
 
     @staticmethod
@@ -691,7 +696,7 @@ class Client:
         else:
             req = self._pb.v1.WriteRequest(namespace=namespace, blocks=self._pb_blocks(blocks))
             r, us = self._call(lambda s, t: s.Write(req, timeout=t), timeout)
-        return WriteResult(r.stored, r.existing, ServerTiming._from_pb(r.timing if r.HasField("timing") else None, us))
+        return WriteResult(r.stored, r.existing, ServerTiming._of(r, us))
 
     def write_stream(self, namespace: str, blocks: Iterable[Block], batch_bytes: int = 16 << 20) -> WriteResult:
         """Stores blocks as a client stream of batches of about ``batch_bytes`` each.
@@ -715,7 +720,7 @@ class Client:
                 yield WriteRequest(namespace=namespace, blocks=batch)
 
         r, us = self._call(lambda s, t: s.WriteStream(reqs(), timeout=t))
-        return WriteResult(r.stored, r.existing, ServerTiming._from_pb(r.timing if r.HasField("timing") else None, us))
+        return WriteResult(r.stored, r.existing, ServerTiming._of(r, us))
 
     def write_tokens(
         self, namespace: str, tokens: Sequence[int], payloads: Sequence[bytes], ttl_ms: int = 0
@@ -738,14 +743,14 @@ class Client:
         """Deletes blocks (and their descendants)."""
         req = self._pb.v1.DeleteRequest(namespace=namespace, keys=_check_keys(keys))
         r, us = self._call(lambda s, t: s.Delete(req, timeout=t), timeout)
-        return DeleteResult(r.deleted, ServerTiming._from_pb(r.timing if r.HasField("timing") else None, us))
+        return DeleteResult(r.deleted, ServerTiming._of(r, us))
 
     def lease(self, namespace: str, keys: Sequence[bytes], lease_ms: int) -> LeaseResult:
         """Pins explicit keys against eviction for ``lease_ms``."""
         req = self._pb.v1.LeaseRequest(namespace=namespace, keys=_check_keys(keys), lease_ms=lease_ms)
         r, us = self._call(lambda s, t: s.Lease(req, timeout=t))
         return LeaseResult(
-            r.lease_id, r.lease_expires_unix_ms, ServerTiming._from_pb(r.timing if r.HasField("timing") else None, us)
+            r.lease_id, r.lease_expires_unix_ms, ServerTiming._of(r, us)
         )
 
     def release(self, lease_id: int, timeout: float | None = None) -> LeaseResult:
@@ -755,7 +760,7 @@ class Client:
         req = self._pb.v1.LeaseRequest(release_lease_id=lease_id)
         r, us = self._call(lambda s, t: s.Lease(req, timeout=t), timeout)
         return LeaseResult(
-            r.lease_id, r.lease_expires_unix_ms, ServerTiming._from_pb(r.timing if r.HasField("timing") else None, us)
+            r.lease_id, r.lease_expires_unix_ms, ServerTiming._of(r, us)
         )
 
     def stats(self) -> StatsResult:
@@ -770,7 +775,7 @@ class Client:
             active_leases=r.active_leases,
             expired_blocks=r.expired_blocks,
             version=r.version,
-            timing=ServerTiming._from_pb(r.timing if r.HasField("timing") else None, us),
+            timing=ServerTiming._of(r, us),
             data_listen=r.data_listen,
         )
 

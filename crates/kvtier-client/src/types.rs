@@ -121,7 +121,7 @@ pub(crate) fn to_read_block_checked(
     if actual != blk.crc32c {
         return Err(tonic::Status::data_loss(format!(
             "block {} arrived with crc32c {actual:#010x}, expected {:#010x}",
-            hex(&blk.key),
+            hex::encode(&blk.key),
             blk.crc32c
         )));
     }
@@ -138,8 +138,4 @@ pub(crate) fn to_read_block_checked(
         payload: blk.payload,
         tier: Tier::try_from(b.tier).unwrap_or(Tier::Unspecified),
     })
-}
-
-fn hex(b: &[u8]) -> String {
-    b.iter().map(|x| format!("{x:02x}")).collect()
 }

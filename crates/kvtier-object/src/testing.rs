@@ -341,36 +341,37 @@ impl Emulator {
     /// Creates a container (Azurite) or bucket (MinIO) with a signed request
     /// (object_store itself never creates them).
     pub fn create_container(&self, name: &str) -> Result<(), String> {
-        let (y, mo, d, h, mi, s, wd) = civil_now();
+        let now = std::time::SystemTime::now();
         let req = match self.kind {
             Kind::Minio => {
-                let amz_date = format!("{y:04}{mo:02}{d:02}T{h:02}{mi:02}{s:02}Z");
+                // 2026-11-23T14:10:00Z -> 20261123T141000Z
+                let amz_date: String = humantime::format_rfc3339_seconds(now)
+                    .to_string()
+                    .replace(['-', ':'], "");
                 let date = &amz_date[..8];
                 let host = format!("127.0.0.1:{}", self.port);
-                let ph = hex(ring::digest::digest(&ring::digest::SHA256, b"").as_ref());
+                let ph = hex::encode(ring::digest::digest(&ring::digest::SHA256, b"").as_ref());
                 let canonical = format!(
                     "PUT\n/{name}\n\nhost:{host}\nx-amz-content-sha256:{ph}\nx-amz-date:{amz_date}\n\nhost;x-amz-content-sha256;x-amz-date\n{ph}"
                 );
                 let scope = format!("{date}/us-east-1/s3/aws4_request");
                 let sts = format!(
                     "AWS4-HMAC-SHA256\n{amz_date}\n{scope}\n{}",
-                    hex(ring::digest::digest(&ring::digest::SHA256, canonical.as_bytes()).as_ref())
+                    hex::encode(
+                        ring::digest::digest(&ring::digest::SHA256, canonical.as_bytes()).as_ref()
+                    )
                 );
                 let mut k = hmac(format!("AWS4{MINIO_PASSWORD}").as_bytes(), date.as_bytes());
                 for part in ["us-east-1", "s3", "aws4_request"] {
                     k = hmac(&k, part.as_bytes());
                 }
-                let sig = hex(&hmac(&k, sts.as_bytes()));
+                let sig = hex::encode(hmac(&k, sts.as_bytes()));
                 format!(
                     "PUT /{name} HTTP/1.1\r\nHost: {host}\r\nx-amz-content-sha256: {ph}\r\nx-amz-date: {amz_date}\r\nAuthorization: AWS4-HMAC-SHA256 Credential={MINIO_USER}/{scope}, SignedHeaders=host;x-amz-content-sha256;x-amz-date, Signature={sig}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
                 )
             }
             Kind::Azurite => {
-                let mn = [
-                    "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov",
-                    "Dec",
-                ][mo as usize - 1];
-                let date = format!("{wd}, {d:02} {mn} {y} {h:02}:{mi:02}:{s:02} GMT");
+                let date = httpdate::fmt_http_date(now);
                 let path = format!("/{AZURITE_ACCOUNT}/{name}");
                 let sts = format!(
                     "PUT\n{}x-ms-date:{date}\nx-ms-version:2021-08-06\n/{AZURITE_ACCOUNT}{path}\nrestype:container",
@@ -413,34 +414,9 @@ impl Drop for Emulator {
     }
 }
 
-fn civil_now() -> (i64, u32, u32, u64, u64, u64, &'static str) {
-    let secs = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .expect("clock")
-        .as_secs();
-    let days = secs / 86400;
-    let (h, m, s) = ((secs % 86400) / 3600, (secs % 3600) / 60, secs % 60);
-    // Civil from days (Howard Hinnant's algorithm).
-    let z = days as i64 + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
-    let mo = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
-    let y = yoe + era * 400 + i64::from(mo <= 2);
-    let wd = ["Thu", "Fri", "Sat", "Sun", "Mon", "Tue", "Wed"][(days % 7) as usize];
-    (y, mo, d, h, m, s, wd)
-}
-
 fn hmac(key: &[u8], msg: &[u8]) -> Vec<u8> {
     let k = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, key);
     ring::hmac::sign(&k, msg).as_ref().to_vec()
-}
-
-fn hex(b: &[u8]) -> String {
-    b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
 /// The state letter of each thread of `pid` (`None` once it is gone).

@@ -64,13 +64,21 @@ fn main() -> std::process::ExitCode {
     }
 }
 
-/// One readable error: the message, the root cause if it adds something, and
-/// a hint for the mistakes people make (no server running, a wrong address).
+/// One readable error: the message, the storage error behind it (a core
+/// error names the path or key; its own source is the bare OS error), the
+/// root cause, each only if it adds something, and a hint for the mistakes
+/// people make (no server running, a wrong address).
 fn report(e: &anyhow::Error) -> String {
     let mut out = format!("error: {e}");
-    let root = e.root_cause().to_string();
-    if !out.contains(&root) {
-        out.push_str(&format!(": {root}"));
+    let core = e
+        .chain()
+        .filter_map(|c| c.downcast_ref::<kvtier_core::Error>())
+        .last()
+        .map(|c| c.to_string());
+    for text in core.into_iter().chain([e.root_cause().to_string()]) {
+        if !out.contains(&text) {
+            out.push_str(&format!(": {text}"));
+        }
     }
     let text = format!("{e:#}");
     if text.contains("Connection refused") || text.contains("tcp connect error") {

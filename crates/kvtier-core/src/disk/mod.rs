@@ -60,11 +60,13 @@ pub const ALLOC_UNIT: u64 = 4096;
 pub enum SyncMode {
     /// `fdatasync` the record and `fsync` its directory before acknowledging:
     /// an acknowledged write survives power loss.
+    /// The default, as the server's (`disk.sync = "always"`): nothing
+    /// acknowledged is lost unless asked for.
+    #[default]
     Always,
     /// Acknowledge after the rename; a background thread syncs every
     /// [`DiskConfig::batch_interval`]. Power loss can lose writes acknowledged
     /// in the last interval (plus the flush time); a process crash loses nothing.
-    #[default]
     Batch,
     /// Never sync: the page cache decides. Power loss can lose any recent
     /// write; a process crash loses nothing.
