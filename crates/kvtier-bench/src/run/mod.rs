@@ -221,6 +221,7 @@ pub fn run(cfg: &BenchConfig) -> anyhow::Result<Record> {
             transport: cfg.transport,
             data_connections: 1,
             read_stripes: 1,
+            long_reads: false,
             data_tcp_congestion: cfg.data_tcp_congestion.clone(),
             retries: None,
             ping: false,

@@ -116,6 +116,7 @@ pub(super) async fn local_repeat(
                         1
                     },
                 read_stripes: spec.read_stripes,
+                long_reads: spec.workload == Workload::PrefixRead,
                 data_tcp_congestion: spec.data_tcp_congestion.clone(),
                 retries: spec.retries,
                 ping: matches!(spec.workload, Workload::Ping | Workload::LookupPing),

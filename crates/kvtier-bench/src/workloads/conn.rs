@@ -9,7 +9,7 @@ use kvtier_client::{Client, ClientConfig};
 use kvtier_proto::kvstore::kv_store_service_client::KvStoreServiceClient;
 use tonic::transport::Channel;
 
-use super::{Api, TIMEOUT, Transport};
+use super::{Api, PREFIX_TIMEOUT, TIMEOUT, Transport};
 
 /// A connection (pool) to the system under test, shared by a process's workers.
 #[derive(Clone)]
@@ -34,6 +34,8 @@ pub struct ConnOpts {
     pub data_connections: usize,
     /// Most data-plane connections one long read is striped over (1: never).
     pub read_stripes: usize,
+    /// Reads of a whole long prefix (`prefix-read`): the longer deadline.
+    pub long_reads: bool,
     /// Also open channels for `grpc.health.v1` pings.
     pub ping: bool,
     /// TCP congestion control of data-plane connections ("": system default).
@@ -48,7 +50,11 @@ impl Conn {
         let ep = target.replacen("grpc://", "http://", 1);
         let mut cfg = ClientConfig::new(ep);
         cfg.connections = opts.connections.max(1);
-        cfg.timeout = TIMEOUT;
+        cfg.timeout = if opts.long_reads {
+            PREFIX_TIMEOUT
+        } else {
+            TIMEOUT
+        };
         cfg.data_plane = opts.transport != Transport::Grpc;
         cfg.data_connections = opts.data_connections;
         cfg.read_stripes = opts.read_stripes.max(1);

@@ -58,6 +58,9 @@ pub const CONV_BLOCKS: usize = 6;
 pub const KV_KEYS: usize = 1000;
 /// Deadline per request.
 pub const TIMEOUT: Duration = Duration::from_secs(10);
+/// Deadline of a `prefix-read` (~300 MB: 20 s at 120 Mbit/s; a slow link
+/// must show as a slow read, not as a deadline error).
+pub const PREFIX_TIMEOUT: Duration = Duration::from_secs(300);
 
 /// splitmix64: cheap deterministic pseudo-random numbers.
 pub fn mix(mut x: u64) -> u64 {
