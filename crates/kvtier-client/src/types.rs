@@ -89,7 +89,9 @@ pub struct WriteResult {
 
 pub(crate) fn to_lookup(r: pb::LookupResponse, keys: Vec<Key>) -> Lookup {
     Lookup {
-        found: r.found_blocks as usize,
+        // A count of leading keys found among those asked: a server that
+        // claims more cannot make `&keys[..found]` panic in the caller.
+        found: (r.found_blocks as usize).min(keys.len()),
         tiers: r
             .tiers
             .iter()
