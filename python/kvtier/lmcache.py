@@ -175,6 +175,65 @@ class KvtierRemoteConnector(RemoteConnector):
         # kvtier expires it (lease_ms); the entry is dropped by then too.
         self._leases: dict[str, tuple[float, list[int]]] = {}
         self._leases_lock = threading.Lock()
+        self._init_drain(local_cpu_backend)
+
+    # -- shutdown ---------------------------------------------------------------
+
+    def _init_drain(self, local_cpu_backend) -> None:
+        """Makes LMCache's local CPU backend wait for this connector's work
+        before it closes.
+
+        LMCache's ``StorageManager.close`` closes ``LocalCPUBackend`` (which
+        frees the memory arena every memory object lives in) before the
+        remote backend, and nothing waits for puts and gets still running on
+        this connector's threads: a put still reading a chunk's bytes, or a
+        get still receiving into one, then touches freed memory and the
+        process dies with SIGSEGV (seen in CI: a put to a stopped kvtier,
+        retrying while LMCache shut down). So the backend's ``close`` first
+        waits, bounded, until nothing of ours is in flight."""
+        self._busy = 0
+        self._idle = threading.Condition()
+        close = getattr(local_cpu_backend, "close", None)
+        if close is None:
+            return
+
+        def drain_then_close(*args, **kwargs):
+            if not self.drain():
+                log.warning("kvtier: work still in flight after %.0f s; LMCache frees its memory anyway",
+                            self._drain_timeout())
+            return close(*args, **kwargs)
+
+        local_cpu_backend.close = drain_then_close
+
+    def _drain_timeout(self) -> float:
+        # One operation's worst case: the client's timeout per attempt, two attempts, and backoff.
+        return 2 * self.timeout + 2
+
+    def drain(self, timeout: float | None = None) -> bool:
+        """Waits until no operation of this connector is in flight; False if
+        ``timeout`` (default: one operation's worst case) passed first."""
+        deadline = time.monotonic() + (self._drain_timeout() if timeout is None else timeout)
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is not self.loop and self.loop.is_running():
+            # A put LMCache submitted just before shutting down may not have
+            # started yet: one no-op through its loop (FIFO) lets every
+            # coroutine submitted earlier reach ``_run`` and be counted.
+            try:
+                asyncio.run_coroutine_threadsafe(asyncio.sleep(0), self.loop).result(
+                    max(0.0, deadline - time.monotonic()))
+            except Exception:  # noqa: BLE001 - the loop is going away: nothing more will start
+                pass
+        with self._idle:
+            return self._idle.wait_for(lambda: self._busy == 0, max(0.0, deadline - time.monotonic()))
+
+    def _done(self) -> None:
+        with self._idle:
+            self._busy -= 1
+            if self._busy == 0:
+                self._idle.notify_all()
 
     # -- keys and namespaces ------------------------------------------------------
 
@@ -206,9 +265,26 @@ class KvtierRemoteConnector(RemoteConnector):
     # -- plumbing ---------------------------------------------------------------
 
     async def _run(self, what: str, fn, default):
-        """Runs blocking ``fn`` on the connector's threads; any failure is ``default``."""
+        """Runs blocking ``fn`` on the connector's threads; any failure is
+        ``default``. ``fn`` counts as in flight (see ``drain``) from now until
+        it has returned on its thread, even if the awaiting coroutine is
+        cancelled first."""
+        with self._idle:
+            self._busy += 1
+
+        def job():
+            try:
+                return fn()
+            finally:
+                self._done()
+
         try:
-            return await asyncio.get_running_loop().run_in_executor(self._pool, fn)
+            try:
+                fut = asyncio.get_running_loop().run_in_executor(self._pool, job)
+            except BaseException:
+                self._done()  # never submitted
+                raise
+            return await fut
         except Exception as e:  # noqa: BLE001 - a failure is a miss, never an exception into LMCache
             self.stats["errors"] += 1
             self._warn.warn(what, "kvtier %s failed (treated as a miss): %s", what, e)
@@ -397,6 +473,7 @@ class KvtierRemoteConnector(RemoteConnector):
         return []
 
     async def close(self) -> None:
+        self.drain()
         self._pool.shutdown(wait=False)
         self.client.close()
 

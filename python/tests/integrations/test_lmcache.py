@@ -41,7 +41,8 @@ def start(tmp: Path, name: str, spec: dict) -> subprocess.Popen:
     (tmp / f"{name}.json").write_text(json.dumps(spec))
     log = open(tmp / f"{name}.log", "w")
     # LMCache hashes chunks with Python's hash(): the seed must match across processes.
-    env = {**os.environ, "PYTHONHASHSEED": "0"}
+    # A crash in LMCache or a native library prints its Python stacks (faulthandler).
+    env = {**os.environ, "PYTHONHASHSEED": "0", "PYTHONFAULTHANDLER": "1"}
     return subprocess.Popen([sys.executable, str(HERE / "lmcache_run.py"), str(tmp / f"{name}.json"),
                              str(tmp / f"{name}.out")], stdout=log, stderr=subprocess.STDOUT, env=env)
 
@@ -187,3 +188,60 @@ def test_a_retried_read_reuses_its_memory_objects():
     assert len(conn.local_cpu_backend.made) == 3, "one object per block, whatever the retries"
     assert [bytes(o.byte_array[:1]) for o in got] == [b"\x00", b"\x01", b"\x02"]
     assert all(o.refs == 1 for o in got)
+
+
+def test_lmcache_frees_its_memory_only_after_puts_in_flight_finish():
+    """LMCache's shutdown closes its local CPU backend (freeing the arena every
+    memory object lives in) before the remote backend, without waiting for
+    puts still running: a put still reading a chunk then touched freed memory
+    and the process died with SIGSEGV (CI, a put retrying against a stopped
+    kvtier). The connector makes that close wait for its puts."""
+    import asyncio
+    import threading
+
+    from kvtier.lmcache import KvtierRemoteConnector
+
+    events: list[str] = []
+    started, release = threading.Event(), threading.Event()
+
+    class SlowClient:
+        def write(self, ns, blocks):
+            started.set()
+            assert release.wait(30)
+            events.append("put read the chunk")
+
+    class LocalCpuBackend:
+        def close(self):
+            events.append("arena freed")
+
+    class Obj:
+        byte_array = bytearray(64)
+
+    loop = asyncio.new_event_loop()
+    threading.Thread(target=loop.run_forever, daemon=True).start()
+    try:
+        from concurrent.futures import ThreadPoolExecutor
+
+        backend = LocalCpuBackend()
+        conn = object.__new__(KvtierRemoteConnector)
+        conn.loop, conn.client, conn.timeout = loop, SlowClient(), 5.0
+        conn._pool = ThreadPoolExecutor(max_workers=2)
+        conn.stats = {"puts": 0, "put_failures": 0, "errors": 0}
+        conn.namespace = lambda k: "ns"
+        conn.kvkey = lambda k: b"k"
+        conn._init_drain(backend)
+        put = asyncio.run_coroutine_threadsafe(conn.batched_put(["key"], [Obj()]), loop)
+        assert started.wait(30)
+        closer = threading.Thread(target=backend.close)
+        closer.start()
+        closer.join(timeout=0.5)
+        assert closer.is_alive() and events == [], "the arena must not be freed while a put reads it"
+        release.set()
+        closer.join(timeout=30)
+        assert not closer.is_alive()
+        assert events == ["put read the chunk", "arena freed"]
+        put.result(30)
+        assert conn.stats["puts"] == 1
+        conn._pool.shutdown()
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
