@@ -4,13 +4,20 @@ the systemd unit with systemd-analyze, the Dockerfile's shape, and every kvtier
 config they carry with the real binary (unknown keys are refused)."""
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
+
+try:
+    import tomllib
+except ImportError:  # Python < 3.11
+    import tomli as tomllib
 
 from conftest import REPO_ROOT
 
@@ -24,24 +31,23 @@ def _tool(name: str) -> str:
     return found
 
 
-def _check_config(kvtier_bin, toml_text: str, tmp_path: Path) -> str:
+def _check_config(kvtier_bin, toml_text: str, tmp_path: Path, env: dict[str, str] | None = None) -> str:
     p = tmp_path / "kvtier.toml"
     p.write_text(toml_text)
     r = subprocess.run([str(kvtier_bin), "serve", "--config", str(p), "--print-config"],
-                       capture_output=True, text=True, timeout=60)
+                       capture_output=True, text=True, timeout=60, env=env)
     assert r.returncode == 0, f"kvtier refuses the config:\n{r.stderr}"
     return r.stdout
 
 
-def test_kubernetes_manifests_validate_against_the_api_schema():
-    r = subprocess.run([_tool("kubernetes-validate"), "--strict", "--quiet", "--no-warn",
-                        str(DEPLOY / "kubernetes" / "kvtier.yaml")], capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0, r.stdout + r.stderr
+def _manifests(name: str) -> dict[tuple[str, str], Any]:
+    return {(d["kind"], d["metadata"]["name"]): d for d in yaml.safe_load_all((DEPLOY / "kubernetes" / name).read_text())}
 
 
-def test_kubernetes_manifests_hang_together(kvtier_bin, tmp_path):
-    docs = {(d["kind"], d["metadata"]["name"]): d for d in yaml.safe_load_all((DEPLOY / "kubernetes" / "kvtier.yaml").read_text())}
-    sts = docs[("StatefulSet", "kvtier")]
+def _check_statefulset(docs: dict[tuple[str, str], Any], name: str) -> tuple[dict, dict, dict[str, int]]:
+    """What both manifests share: selectors, the headless Service, probes,
+    scraping, non-root. Returns the StatefulSet, its container and its ports."""
+    sts = docs[("StatefulSet", name)]
     headless = docs[("Service", sts["spec"]["serviceName"])]
     assert headless["spec"]["clusterIP"] == "None", "a StatefulSet's serviceName must be a headless Service"
     pod = sts["spec"]["template"]
@@ -56,6 +62,22 @@ def test_kubernetes_manifests_hang_together(kvtier_bin, tmp_path):
     ann = pod["metadata"]["annotations"]
     assert ann["prometheus.io/scrape"] == "true" and int(ann["prometheus.io/port"]) == ports["http"]
     assert pod["spec"]["securityContext"]["runAsNonRoot"] is True
+    volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
+    assert ("ConfigMap", volumes["config"]["configMap"]["name"]) in docs
+    return sts, c, ports
+
+
+@pytest.mark.parametrize("manifest", ["kvtier.yaml", "kvtier-cluster.yaml"])
+def test_kubernetes_manifests_validate_against_the_api_schema(manifest):
+    r = subprocess.run([_tool("kubernetes-validate"), "--strict", "--quiet", "--no-warn",
+                        str(DEPLOY / "kubernetes" / manifest)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_kubernetes_manifests_hang_together(kvtier_bin, tmp_path):
+    docs = _manifests("kvtier.yaml")
+    sts, c, ports = _check_statefulset(docs, "kvtier")
+    pod = sts["spec"]["template"]
     # The ConfigMap's config is one kvtier accepts, listening where the pod's ports say.
     cm = docs[("ConfigMap", "kvtier")]
     effective = _check_config(kvtier_bin, cm["data"]["kvtier.toml"], tmp_path)
@@ -67,6 +89,88 @@ def test_kubernetes_manifests_hang_together(kvtier_bin, tmp_path):
     volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
     assert volumes["tokens"]["secret"]["secretName"] == "kvtier-tokens"
     assert f'tokens_file = "{mounts["tokens"]}/tokens.toml"' in effective
+
+
+def _documented_secrets(text: str) -> dict[str, set[str]]:
+    """The `kubectl create secret generic NAME --from-...` commands of a
+    manifest's header comment: each Secret's name and its keys."""
+    header = "\n".join(line[1:].strip() for line in text.splitlines() if line.startswith("#"))
+    secrets: dict[str, set[str]] = {}
+    for name, args in re.findall(r"kubectl create secret generic (\S+)((?:.*\\\n)*.*)", header):
+        secrets[name] = {m[0] or Path(m[1]).name
+                         for m in re.findall(r"--from-(?:literal|file)=(?:([\w.-]+)=)?([^\s\]]*)", args)}
+    return secrets
+
+
+def _pod_env(container: dict, field_values: dict[str, str]) -> dict[str, str]:
+    """The container's environment as the kubelet builds it: downward-API
+    fields from `field_values`, Secret keys as placeholders (optional ones left
+    out), `$(VAR)` expanded from the variables defined before it."""
+    env: dict[str, str] = {}
+    for e in container["env"]:
+        if "value" in e:
+            for ref in re.findall(r"\$\((\w+)\)", e["value"]):
+                assert ref in env, f"{e['name']} uses $({ref}) before it is defined: the kubelet would not expand it"
+            env[e["name"]] = re.sub(r"\$\((\w+)\)", lambda m: env[m.group(1)], e["value"])
+        elif "fieldRef" in e["valueFrom"]:
+            env[e["name"]] = field_values[e["valueFrom"]["fieldRef"]["fieldPath"]]
+        elif not e["valueFrom"]["secretKeyRef"].get("optional"):
+            env[e["name"]] = "placeholder"
+    return env
+
+
+def test_kubernetes_cluster_manifest_hangs_together(kvtier_bin, tmp_path):
+    text = (DEPLOY / "kubernetes" / "kvtier-cluster.yaml").read_text()
+    docs = _manifests("kvtier-cluster.yaml")
+    sts, c, ports = _check_statefulset(docs, "kvtier-cluster")
+    pod = sts["spec"]["template"]
+    labels = pod["metadata"]["labels"]
+    single = _manifests("kvtier.yaml")[("StatefulSet", "kvtier")]["spec"]["template"]["metadata"]["labels"]
+    for svc in (d for (k, _), d in docs.items() if k == "Service"):
+        assert not svc["spec"]["selector"].items() <= single.items(), "selects the single-node pods too"
+    headless = docs[("Service", sts["spec"]["serviceName"])]
+    assert headless["spec"]["publishNotReadyAddresses"] is False, "membership holds only ready pods"
+    pdb = docs[("PodDisruptionBudget", "kvtier-cluster")]
+    assert pdb["spec"]["selector"]["matchLabels"].items() <= labels.items() and pdb["spec"]["maxUnavailable"] == 1
+    anti = pod["spec"]["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"][0]
+    assert anti["podAffinityTerm"]["labelSelector"]["matchLabels"].items() <= labels.items()
+    assert sts["spec"]["podManagementPolicy"] == "Parallel"
+    # Every Secret the pod uses is created in the header's instructions, with every key it reads.
+    secrets = _documented_secrets(text)
+    volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
+    assert "tokens.toml" in secrets[volumes["tokens"]["secret"]["secretName"]]
+    for e in c["env"]:
+        ref = e.get("valueFrom", {}).get("secretKeyRef")
+        if ref:
+            assert ref["key"] in secrets.get(ref["name"], set()), f"{e['name']}: {ref} is not in the header's commands"
+    # Identity and membership: grpc://<pod IP>:<grpc port>; the headless Service in the pod's namespace.
+    env = {e["name"]: e for e in c["env"]}
+    assert env["POD_IP"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
+    assert env["POD_NAMESPACE"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace"
+    assert env["KVTIER_CLUSTER_SELF"]["value"] == f"grpc://$(POD_IP):{ports['grpc']}"
+    dns_host, dns_port = env["KVTIER_CLUSTER_DNS"]["value"].rsplit(":", 1)
+    assert dns_host == f"{headless['metadata']['name']}.$(POD_NAMESPACE).svc.cluster.local"
+    assert int(dns_port) == ports["grpc"], "every DNS record + this port is a node's gRPC address"
+    assert any(p["port"] == ports["grpc"] for p in headless["spec"]["ports"])
+    toml_text = docs[("ConfigMap", "kvtier-cluster")]["data"]["kvtier.toml"]
+    cfg = tomllib.loads(toml_text)
+    assert sts["spec"]["replicas"] >= cfg["cluster"]["replicas"] >= 2
+    assert cfg["object_store"]["url"], "a cluster needs the shared object store"
+    mounts = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}
+    assert cfg["disk"]["dir"].startswith(mounts["data"] + "/"), "the disk tier lives on the pod's volume"
+    assert cfg["auth"]["tokens_file"] == f"{mounts['tokens']}/tokens.toml"
+    assert sts["spec"]["volumeClaimTemplates"][0]["metadata"]["name"] == "data"
+    # kvtier accepts the config with the pod's environment, on loopback: the
+    # pod's IP is 127.0.0.1, the DNS name one that resolves here.
+    pod_env = _pod_env(c, {"status.podIP": "127.0.0.1", "metadata.namespace": "test"})
+    pod_env["KVTIER_CLUSTER_DNS"] = f"localhost:{dns_port}"
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("KVTIER_", "AWS_", "AZURE_"))}
+    effective = tomllib.loads(_check_config(kvtier_bin, toml_text, tmp_path, env=base | pod_env))
+    assert effective["cluster"]["self"] == f"grpc://127.0.0.1:{ports['grpc']}"
+    assert effective["cluster"]["dns"] == f"localhost:{ports['grpc']}"
+    assert effective["cluster"]["replicas"] == cfg["cluster"]["replicas"]
+    assert effective["object_store"]["url"] == cfg["object_store"]["url"]
+    assert effective["server"]["listen"] == [f"0.0.0.0:{ports['grpc']}"]
 
 
 def test_systemd_unit_verifies(kvtier_bin, tmp_path):
