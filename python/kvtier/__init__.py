@@ -1,7 +1,8 @@
 """kvtier: Python SDK for the kvtier KV-cache block store.
 
 * :mod:`kvtier.keys` — the chained block-key scheme (no gRPC needed).
-* :class:`kvtier.Client` — pooled ``kvtier.v1`` gRPC client.
+* :class:`kvtier.Client` — pooled ``kvtier.v1`` gRPC client; given several
+  addresses, a :class:`kvtier.ClusterClient` (:mod:`kvtier.cluster`).
 * :class:`kvtier.HttpClient` — stdlib client for the HTTP key/value API.
 * :class:`kvtier.Server` — starts the real binary (tests, examples).
 * :mod:`kvtier.pb` — the generated protobuf/gRPC modules.
@@ -20,6 +21,7 @@ __version__ = "0.1.0"
 
 _LAZY = {
     "Client": "client",
+    "ClusterClient": "cluster",
     "KvtierError": "client",
     "Tier": "client",
     "ServerTiming": "client",

@@ -56,6 +56,10 @@ __all__ = [
 #: Largest gRPC message sent or received (matches the Rust client).
 MAX_MESSAGE_SIZE = 512 << 20
 
+#: The fields of ``kvtier.v1.ServerTiming`` (and of :class:`ServerTiming`, less ``elapsed_us``).
+_TIMING_FIELDS = ("queue_us", "service_us", "storage_memory_us", "storage_disk_us", "storage_object_us",
+                  "storage_peer_us", "total_us")
+
 T = TypeVar("T")
 
 if TYPE_CHECKING:
@@ -76,6 +80,8 @@ class Tier(enum.IntEnum):
     MEMORY = 1
     DISK = 2
     OBJECT = 3
+    PEER = 4
+    """Another node of the cluster (docs/cluster.md)."""
 
     @classmethod
     def of(cls, v: int) -> Tier:
@@ -90,7 +96,8 @@ class ServerTiming:
     """The server's own timing of one request, in microseconds.
 
     ``elapsed_us`` is the client's end-to-end time of the same call (all
-    attempts), so ``network_us = elapsed_us - total_us``.
+    attempts), so ``network_us = elapsed_us - total_us``. ``storage_peer_us``
+    is time spent waiting on other nodes of a cluster (docs/cluster.md).
     """
 
     queue_us: int = 0
@@ -100,10 +107,12 @@ class ServerTiming:
     storage_object_us: int = 0
     total_us: int = 0
     elapsed_us: int = 0
+    # Last, so that positional construction keeps its meaning.
+    storage_peer_us: int = 0
 
     @property
     def storage_us(self) -> int:
-        return self.storage_memory_us + self.storage_disk_us + self.storage_object_us
+        return self.storage_memory_us + self.storage_disk_us + self.storage_object_us + self.storage_peer_us
 
     @property
     def network_us(self) -> int:
@@ -122,6 +131,7 @@ class ServerTiming:
             storage_object_us=t.storage_object_us,
             total_us=t.total_us,
             elapsed_us=elapsed_us,
+            storage_peer_us=t.storage_peer_us,
         )
 
     @classmethod
@@ -256,7 +266,11 @@ def _check_keys(keys: Sequence[bytes]) -> list[bytes]:
 class Client:
     """A pooled, thread-safe ``kvtier.v1`` client.
 
-    :param target: ``host:port`` (an ``http://`` prefix is accepted).
+    :param target: ``host:port`` (an ``http://`` prefix is accepted). A list
+        of addresses, or one string of comma-separated addresses, is a
+        cluster: ``Client(...)`` then returns a :class:`kvtier.cluster.ClusterClient`
+        (one ``Client`` per node, built with the other arguments, plus
+        ``replicas=``; docs/cluster.md).
     :param connections: gRPC channels (HTTP/2 connections) in the pool.
     :param timeout: deadline per call in seconds, retries included.
     :param block_size: tokens per block for keys computed from tokens.
@@ -283,9 +297,18 @@ class Client:
         without it. Never sent to the server. Default: ``$KVTIER_KEY_SALT``.
     """
 
+    def __new__(cls, target: str | Sequence[str] = "127.0.0.1:50051", *args: Any, **kwargs: Any) -> Any:
+        # A cluster is a thin layer over one Client per node (kvtier.cluster);
+        # it is not a Client, so Python does not run __init__ on it.
+        if cls is Client and (not isinstance(target, str) or "," in target):
+            from .cluster import ClusterClient
+
+            return ClusterClient(target, *args, **kwargs)
+        return super().__new__(cls)
+
     def __init__(
         self,
-        target: str = "127.0.0.1:50051",
+        target: str | Sequence[str] = "127.0.0.1:50051",
         connections: int = 4,
         timeout: float = 10.0,
         block_size: int = _keys.DEFAULT_BLOCK_SIZE,
@@ -309,6 +332,8 @@ class Client:
             raise ValueError("data_connections must be >= 0")
         if timeout <= 0:
             raise ValueError("timeout must be > 0")
+        if not isinstance(target, str):  # only a subclass gets here with a list
+            raise TypeError(f"{type(self).__name__} takes one address, not {type(target).__name__}")
         self.target = _target(target)
         self.timeout = float(timeout)
         self.block_size = block_size
@@ -603,7 +628,7 @@ class Client:
                 rb.index += start
                 blocks.append(self._to_read_block(rb, payload))
             done = reply.done if reply.HasField("done") else pb.ReadDone()
-            for f in ("queue_us", "service_us", "storage_memory_us", "storage_disk_us", "storage_object_us", "total_us"):
+            for f in _TIMING_FIELDS:
                 setattr(timing, f, getattr(timing, f) + getattr(done.timing, f))
             if done.reason != _wire.SIZE or len(blocks) >= len(ks):
                 break

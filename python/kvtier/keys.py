@@ -14,6 +14,11 @@ A **salted** chain starts from ``h[-1] = sha256(b"kvtier-salt-v1\\0" + salt)``
 cut to the key length (:func:`seed`): with a secret salt, nobody without it
 can compute a tenant's keys from the tokens, so nobody can pre-write them
 (docs/security.md). The salt stays with the client; ``b""`` is unsalted.
+
+**Placement** (cluster mode, docs/cluster.md): every block is placed on its
+own by rendezvous hashing over the node names (:func:`score`, :func:`rank`,
+:func:`owners`; golden vectors in tests/vectors/placement.json), the same
+function as ``crates/kvtier-core/src/cluster.rs``.
 """
 from __future__ import annotations
 
@@ -33,6 +38,11 @@ __all__ = [
     "block_key",
     "chain",
     "check_block_size",
+    "DEFAULT_REPLICAS",
+    "node_name",
+    "score",
+    "rank",
+    "owners",
 ]
 
 DEFAULT_HASH = "xxh3-64-v1"
@@ -40,6 +50,9 @@ DEFAULT_BLOCK_SIZE = 128
 MAX_BLOCK_SIZE = 1 << 16
 MAX_KEY_LEN = 512
 MAX_NAMESPACE_LEN = 128
+
+#: Owners of each block in a cluster unless configured otherwise (docs/cluster.md).
+DEFAULT_REPLICAS = 2
 
 #: Supported hash functions and the key length each produces.
 HASHES = {"xxh3-64-v1": 8, "sha256-v1": 32}
@@ -123,3 +136,56 @@ def chain(
         keys.append(key)
         prev = key
     return keys
+
+
+# -- placement (docs/cluster.md) ----------------------------------------------
+
+#: Schemes a node address may carry; the node's name is the address without it.
+_NODE_SCHEMES = ("grpc://", "http://")
+
+
+def node_name(addr: str) -> str:
+    """The name a node is placed by: its address ``host:port`` with a leading
+    ``grpc://`` or ``http://`` and trailing ``/`` removed, otherwise exactly
+    as given in the node list (docs/cluster.md; the server's
+    ``cluster::node_name``). Raises ``ValueError`` for an address that is not
+    ``host:port`` with a port in 1..=65535."""
+    rest = addr
+    for scheme in _NODE_SCHEMES:
+        if rest.startswith(scheme):
+            rest = rest[len(scheme):]
+            break
+    rest = rest.rstrip("/")
+    host, sep, port = rest.rpartition(":")
+    if not (sep and host and port.isascii() and port.isdigit() and 0 < int(port) <= 0xFFFF):
+        raise ValueError(f"cluster node {addr!r} is not grpc://host:port (with a port other than 0)")
+    return rest
+
+
+def score(node: str, namespace: str, key: bytes) -> int:
+    """The rendezvous score of ``node`` for one block (docs/cluster.md): the
+    first 8 bytes, big-endian, of ``sha256(node || 0x00 || namespace || 0x00 || key)``
+    (names and namespace as UTF-8). An int in ``0 .. 2**64 - 1``."""
+    h = hashlib.sha256(node.encode())
+    h.update(b"\0")
+    h.update(namespace.encode())
+    h.update(b"\0")
+    h.update(bytes(key))
+    return int.from_bytes(h.digest()[:8], "big")
+
+
+def rank(nodes: Iterable[str], namespace: str, key: bytes) -> list[str]:
+    """``nodes`` (names, see :func:`node_name`) ordered by their :func:`score`
+    for one block, best first; equal scores by name, ascending (docs/cluster.md)."""
+    k = bytes(key)
+    scored = [(score(n, namespace, k), n) for n in nodes]
+    scored.sort(key=lambda s: (-s[0], s[1]))
+    return [n for _, n in scored]
+
+
+def owners(nodes: Iterable[str], namespace: str, key: bytes, replicas: int = DEFAULT_REPLICAS) -> list[str]:
+    """Where one block lives: the first ``replicas`` of :func:`rank` over
+    ``nodes``, the *live* nodes (all of them when fewer; docs/cluster.md)."""
+    if replicas < 1:
+        raise ValueError(f"replicas must be >= 1, not {replicas}")
+    return rank(nodes, namespace, key)[:replicas]

@@ -1,0 +1,561 @@
+"""A client for a kvtier cluster: one :class:`~kvtier.client.Client` per node,
+blocks placed by rendezvous hashing (:func:`kvtier.keys.owners`, docs/cluster.md).
+
+``kvtier.Client(["h1:p1", "h2:p2", ...])`` (or ``Client("h1:p1,h2:p2")``)
+returns a :class:`ClusterClient`. It keeps no state about blocks: each call
+computes every key's owners from the node list, sends each node the part it
+owns (nodes in parallel) and puts the answers back together in the caller's
+order. A node that does not answer (``UNAVAILABLE`` or a timeout) is skipped
+for ``down_for`` seconds and its part goes to the key's next owner.
+
+>>> from kvtier import Client
+>>> with Client(["10.0.0.1:50051", "10.0.0.2:50051", "10.0.0.3:50051"]) as c:  # doctest: +SKIP
+...     c.write_tokens("my-model", tokens, payloads)
+...     r = c.read("my-model", c.keys_for(tokens))
+"""
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as _wait
+from functools import partial
+from typing import Any, Callable, TypeVar, Union
+
+import grpc
+
+from . import keys as _keys
+from .client import (
+    Block,
+    Client,
+    DeleteResult,
+    LeaseResult,
+    LookupResult,
+    ReadBlock,
+    ReadResult,
+    ServerTiming,
+    StatsResult,
+    Tier,
+    TierStats,
+    WriteResult,
+    _check_keys,
+)
+from .errors import KvtierError
+
+__all__ = ["ClusterClient", "DEFAULT_DOWN_FOR"]
+
+#: Seconds a node that did not answer is skipped (unless every node is).
+DEFAULT_DOWN_FOR = 5.0
+
+T = TypeVar("T")
+
+#: What one node's part of a call gave: its answer, or the error it raised.
+_Outcome = Union[T, KvtierError]
+
+
+def _addresses(targets: str | Sequence[str]) -> list[str]:
+    items = targets.split(",") if isinstance(targets, str) else list(targets)
+    out = []
+    for a in items:
+        if not isinstance(a, str):
+            raise TypeError(f"a node address must be a str, not {type(a).__name__}")
+        if a.strip():
+            out.append(a.strip())
+    return out
+
+
+def _unreachable(e: KvtierError) -> bool:
+    """The node did not answer (as opposed to answering with an error)."""
+    return e.code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+
+
+def _summed(timings: Iterable[ServerTiming], elapsed_us: int) -> ServerTiming:
+    """Server-side times added up over the nodes asked (work, not latency:
+    the nodes run in parallel); ``elapsed_us`` the whole call's."""
+    ts = list(timings)
+    names = [f.name for f in dataclasses.fields(ServerTiming) if f.name != "elapsed_us"]
+    return ServerTiming(elapsed_us=elapsed_us, **{n: sum(getattr(t, n) for t in ts) for n in names})
+
+
+class ClusterClient:
+    """A thread-safe client for a kvtier cluster, with :class:`~kvtier.Client`'s methods.
+
+    :param targets: the nodes' addresses, a list or one comma-separated
+        string. A node's name (what placement hashes) is its address without
+        a ``grpc://`` or ``http://`` prefix (:func:`kvtier.keys.node_name`);
+        give the same list the servers are configured with.
+    :param replicas: owners per block (the servers' setting). Reads ask up to
+        this many owners that answer before a block counts as missing.
+    :param down_for: seconds a node that did not answer is skipped. When
+        every node is marked down, they are tried anyway.
+    :param args, kwargs: everything else :class:`~kvtier.Client` takes
+        (``connections``, ``timeout``, ``token``, TLS, ``salt``...), given
+        to the client of every node.
+
+    How each call is routed (``owners`` = :func:`kvtier.keys.owners` over the
+    nodes not marked down, ``first owner`` its first):
+
+    * ``write`` / ``write_stream`` / ``write_tokens``: blocks grouped by
+      their first owner, one request per node, nodes in parallel. A node
+      that does not answer is marked down and its blocks go to their next
+      owner (the first owner among the nodes still up).
+    * ``read``: keys grouped the same way; the answer is in the caller's
+      order, a prefix ending at the first block no owner has. A block a
+      node does not return is asked of its next owner, up to ``replicas``
+      owners that answered. ``into(index, nbytes)`` gets the index in the
+      caller's ``keys``; with several nodes it is called from several
+      threads at once, and buffers of blocks after the first missing one
+      may be filled though they are not returned.
+    * ``lookup`` / ``lease``: the whole chain to the first owner of its
+      first key (a cluster node answers for the whole cluster). Keys from
+      tokens are computed here, also with ``hash_on_server=True`` (the
+      tokens are still sent, the server's keys returned).
+    * ``delete``: each key to its first owner (the server deletes on every
+      node). ``release`` goes to the node that gave the lease.
+    * ``stats``: every node's stats added up (:meth:`node_stats` gives them
+      one by one); in a cluster each replica of a block counts.
+
+    A lease id belongs to the node that granted it; reads pass it on as is.
+    Server timings of a call that asked several nodes are their sums.
+    """
+
+    def __init__(
+        self,
+        targets: str | Sequence[str],
+        *args: Any,
+        replicas: int = _keys.DEFAULT_REPLICAS,
+        down_for: float = DEFAULT_DOWN_FOR,
+        **kwargs: Any,
+    ):
+        addrs = _addresses(targets)
+        if not addrs:
+            raise ValueError("a cluster needs at least one node address")
+        names = [_keys.node_name(a) for a in addrs]
+        dups = sorted({n for n in names if names.count(n) > 1})
+        if dups:
+            raise ValueError(f"node listed twice: {', '.join(dups)}")
+        if not isinstance(replicas, int) or replicas < 1:
+            raise ValueError(f"replicas must be an int >= 1, not {replicas!r}")
+        if down_for < 0:
+            raise ValueError("down_for must be >= 0")
+        #: The nodes' names, in the order given.
+        self.nodes: list[str] = names
+        self.replicas = replicas
+        self.down_for = float(down_for)
+        self._clients: dict[str, Client] = {}
+        try:
+            for addr, name in zip(addrs, names):
+                self._clients[name] = Client(addr, *args, **kwargs)
+        except BaseException:
+            for c in self._clients.values():
+                c.close()
+            raise
+        first = self._clients[names[0]]
+        self.timeout = first.timeout
+        self.block_size = first.block_size
+        self.hash = first.hash
+        self._down: dict[str, float] = {}  # node -> time.monotonic() until which it is skipped
+        self._leases: dict[int, str] = {}  # lease id -> the node that granted it
+        self._lock = threading.Lock()
+        # A call runs one node's part itself and the others here; several
+        # callers at once share the pool, hence more threads than nodes.
+        self._pool = ThreadPoolExecutor(max_workers=4 * len(names), thread_name_prefix="kvtier-cluster")
+        self._closed = False
+
+    # -- plumbing ---------------------------------------------------------
+
+    @property
+    def pb(self):
+        """The generated messages of ``kvtier.v1``."""
+        return self._clients[self.nodes[0]].pb
+
+    def node(self, name: str) -> Client:
+        """The single-node client of ``name`` (an address is accepted), for calls this API does not route."""
+        return self._clients[_keys.node_name(name)]
+
+    def down(self) -> list[str]:
+        """The nodes skipped now, because they did not answer lately."""
+        now = time.monotonic()
+        with self._lock:
+            return [n for n in self.nodes if self._down.get(n, 0.0) > now]
+
+    def owners(self, namespace: str, key: bytes) -> list[str]:
+        """Where ``key`` lives now: its ``replicas`` first owners among the nodes not marked down."""
+        down = set(self.down())
+        live = [n for n in self.nodes if n not in down] or self.nodes
+        return _keys.owners(live, namespace, key, self.replicas)
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            for c in self._clients.values():
+                c.close()
+            self._pool.shutdown(wait=True)
+
+    def __enter__(self) -> ClusterClient:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"ClusterClient({self.nodes!r}, replicas={self.replicas}, timeout={self.timeout})"
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ValueError("client is closed")
+
+    def _mark(self, node: str, answered: bool) -> None:
+        with self._lock:
+            if answered:
+                self._down.pop(node, None)
+            else:
+                self._down[node] = time.monotonic() + self.down_for
+
+    def _deadline(self, timeout: float | None) -> float:
+        budget = self.timeout if timeout is None else float(timeout)
+        if budget <= 0:
+            raise ValueError("timeout must be > 0")
+        return time.monotonic() + budget
+
+    @staticmethod
+    def _remaining(deadline: float, start: float) -> float:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise KvtierError(grpc.StatusCode.DEADLINE_EXCEEDED, f"no answer within {deadline - start:.3f}s")
+        return left
+
+    @staticmethod
+    def _pick(ranked: list[str], down: set[str], failed: set[str], skip: Iterable[str] = ()) -> str | None:
+        """The first node of ``ranked`` not ``down``, not failed in this call
+        and not in ``skip``; else the first one down (a last resort)."""
+        fallback = None
+        for n in ranked:
+            if n in failed or n in skip:
+                continue
+            if n not in down:
+                return n
+            if fallback is None:
+                fallback = n
+        return fallback
+
+    def _run(self, calls: Mapping[str, Callable[[], T]]) -> list[tuple[str, _Outcome[T]]]:
+        """Runs each node's call (in parallel when there are several); a
+        ``KvtierError`` is returned as the outcome, other errors raised once
+        all calls are done. Nodes are marked up or down by how they answered."""
+        items = list(calls.items())
+        futs: dict[str, Future[T]] = {node: self._pool.submit(fn) for node, fn in items[1:]}
+        outcomes: list[tuple[str, _Outcome[T]]] = []
+        try:
+            node, fn = items[0]
+            try:
+                outcomes.append((node, fn()))
+            except KvtierError as e:
+                outcomes.append((node, e))
+        finally:
+            _wait(futs.values())  # no part left running (into= buffers) when this returns or raises
+        for node, f in futs.items():
+            err = f.exception()
+            if err is not None and not isinstance(err, KvtierError):
+                raise err
+            outcomes.append((node, err if isinstance(err, KvtierError) else f.result()))
+        for node, out in outcomes:
+            self._mark(node, not (isinstance(out, KvtierError) and _unreachable(out)))
+        return outcomes
+
+    def _grouped(
+        self,
+        namespace: str,
+        ks: list[bytes],
+        send: Callable[[Client, list[int], float], T],
+        timeout: float | None,
+    ) -> list[T]:
+        """Sends each key's part to its first owner (``send(client, indexes
+        into ks, seconds left)``), nodes in parallel; the part of a node that
+        does not answer goes to the next owner. Returns the nodes' answers."""
+        start = time.monotonic()
+        deadline = self._deadline(timeout)
+        ranks = [_keys.rank(self.nodes, namespace, k) for k in ks]
+        failed: set[str] = set()
+        last: KvtierError | None = None  # the latest error of a node that did not answer
+        pending = list(range(len(ks)))
+        answers: list[T] = []
+        while pending:
+            groups: dict[str, list[int]] = {}
+            down = set(self.down())
+            for i in sorted(pending):
+                node = self._pick(ranks[i], down, failed)
+                if node is None:  # every node failed
+                    assert last is not None
+                    raise last
+                groups.setdefault(node, []).append(i)
+            left = self._remaining(deadline, start)
+            pending = []
+            calls = {n: partial(send, self._clients[n], ix, left) for n, ix in groups.items()}
+            for node, out in self._run(calls):
+                if isinstance(out, KvtierError):
+                    if not _unreachable(out):
+                        raise out
+                    failed.add(node)
+                    pending += groups[node]
+                    last = out
+                else:
+                    answers.append(out)
+        return answers
+
+    def _to_first_owner(self, namespace: str, key: bytes | None, call: Callable[[Client, float], T],
+                        timeout: float | None = None) -> tuple[str, T]:
+        """``call`` on the first owner of ``key`` (of the node list's order
+        without a key), then the next ones while they do not answer."""
+        start = time.monotonic()
+        deadline = self._deadline(timeout)
+        ranked = _keys.rank(self.nodes, namespace, key) if key is not None else list(self.nodes)
+        failed: set[str] = set()
+        last: KvtierError | None = None
+        while True:
+            node = self._pick(ranked, set(self.down()), failed)
+            if node is None:  # every node failed
+                assert last is not None
+                raise last
+            left = self._remaining(deadline, start)
+            (_, out), = self._run({node: partial(call, self._clients[node], left)})
+            if not isinstance(out, KvtierError):
+                return node, out
+            if not _unreachable(out):
+                raise out
+            failed.add(node)
+            last = out
+
+    # -- keys -------------------------------------------------------------
+
+    def keys_for(self, tokens: Sequence[int]) -> list[bytes]:
+        """Keys of the full blocks of ``tokens`` under the clients' scheme."""
+        return self._clients[self.nodes[0]].keys_for(tokens)
+
+    # -- calls ------------------------------------------------------------
+
+    def lookup(
+        self,
+        namespace: str,
+        keys: Sequence[bytes] | None = None,
+        tokens: Sequence[int] | None = None,
+        lease_ms: int = 0,
+        hash_on_server: bool = False,
+        timeout: float | None = None,
+    ) -> LookupResult:
+        """:meth:`kvtier.Client.lookup` on the first owner of the first key."""
+        self._check_open()
+        if (keys is None) == (tokens is None):
+            raise ValueError("give exactly one of keys or tokens")
+        if tokens is not None:
+            toks = list(tokens)
+            ks = self.keys_for(toks)
+        else:
+            assert keys is not None  # exactly one of keys and tokens (checked above)
+            ks = _check_keys(keys)
+
+        def call(c: Client, t: float) -> LookupResult:
+            if tokens is not None and hash_on_server:
+                return c.lookup(namespace, tokens=toks, lease_ms=lease_ms, hash_on_server=True, timeout=t)
+            return c.lookup(namespace, keys=ks, lease_ms=lease_ms, timeout=t)
+
+        node, r = self._to_first_owner(namespace, ks[0] if ks else None, call, timeout)
+        if r.lease_id:
+            with self._lock:
+                self._leases[r.lease_id] = node
+        return r
+
+    def read(
+        self,
+        namespace: str,
+        keys: Sequence[bytes],
+        lease_id: int = 0,
+        timeout: float | None = None,
+        into: Callable[[int, int], object] | None = None,
+    ) -> ReadResult:
+        """Reads ``keys`` from their owners; the answer is in ``keys``' order
+        and ends at the first block no owner has (:meth:`kvtier.Client.read`)."""
+        self._check_open()
+        ks = _check_keys(keys)
+        if not ks:
+            return self._to_first_owner(
+                namespace, None, lambda c, t: c.read(namespace, [], lease_id, timeout=t), timeout)[1]
+        start = time.monotonic()
+        deadline = self._deadline(timeout)
+        ranks = [_keys.rank(self.nodes, namespace, k) for k in ks]
+        misses: list[set[str]] = [set() for _ in ks]  # nodes that answered without the block
+        failed: set[str] = set()
+        last: KvtierError | None = None
+        got: dict[int, ReadBlock] = {}
+        timings: list[ServerTiming] = []
+        end, reason = len(ks), ""  # where the answer ends, and why
+        pending = list(range(len(ks)))
+        while True:
+            groups: dict[str, list[int]] = {}
+            down = set(self.down())
+            for i in sorted(pending):
+                if i >= end:
+                    break
+                node = self._pick(ranks[i], down, failed, misses[i]) if len(misses[i]) < self.replicas else None
+                if node is None:
+                    if not misses[i]:  # every node failed
+                        assert last is not None
+                        raise last
+                    end, reason = i, "missing"
+                    break
+                groups.setdefault(node, []).append(i)
+            groups = {n: [i for i in ix if i < end] for n, ix in groups.items()}
+            groups = {n: ix for n, ix in groups.items() if ix}
+            if not groups:
+                break
+            left = self._remaining(deadline, start)
+            pending = []
+
+            calls = {n: partial(self._read_part, self._clients[n], namespace, ks, ix, lease_id, left, into)
+                     for n, ix in groups.items()}
+            for node, out in self._run(calls):
+                ix = groups[node]
+                if isinstance(out, KvtierError):
+                    if not _unreachable(out):
+                        raise out
+                    failed.add(node)
+                    pending += ix
+                    last = out
+                    continue
+                timings.append(out.timing)
+                for b in out.blocks:
+                    got[ix[b.index]] = dataclasses.replace(b, index=ix[b.index])
+                n = len(out.blocks)
+                if n < len(ix):
+                    if out.reason in ("missing", ""):
+                        misses[ix[n]].add(node)  # the next owner is asked; the rest of this node's part again
+                        pending += ix[n:]
+                    elif ix[n] < end:
+                        end, reason = ix[n], out.reason  # e.g. deadline: the answer ends there
+        blocks = [got[i] for i in range(end)]
+        elapsed = int((time.monotonic() - start) * 1e6)
+        return ReadResult(blocks, len(ks), end < len(ks), reason, _summed(timings, elapsed))
+
+    @staticmethod
+    def _read_part(c: Client, namespace: str, ks: list[bytes], ix: list[int], lease_id: int, timeout: float,
+                   into: Callable[[int, int], object] | None) -> ReadResult:
+        """One node's part of a read: ``ks[i] for i in ix``; ``into`` sees indexes into ``ks``."""
+        shifted = None
+        if into is not None:
+            dest = into
+            shifted = lambda j, n: dest(ix[j], n)  # noqa: E731
+        return c.read(namespace, [ks[i] for i in ix], lease_id, timeout=timeout, into=shifted)
+
+    def write(self, namespace: str, blocks: Iterable[Block], timeout: float | None = None) -> WriteResult:
+        """Stores each block on its first owner, nodes in parallel (:meth:`kvtier.Client.write`).
+
+        Unlike a single node's write, a failure of one node's part (other
+        than not answering) leaves the other nodes' parts stored."""
+        self._check_open()
+        bs = list(blocks)
+        for b in bs:
+            if not isinstance(b, Block):
+                raise TypeError(f"expected kvtier.Block, got {type(b).__name__}")
+        start = time.monotonic()
+        if not bs:
+            return self._to_first_owner(namespace, None, lambda c, t: c.write(namespace, [], t), timeout)[1]
+        rs = self._grouped(namespace, [bytes(b.key) for b in bs],
+                           lambda c, ix, t: c.write(namespace, [bs[i] for i in ix], t), timeout)
+        return WriteResult(sum(r.stored for r in rs), sum(r.existing for r in rs),
+                           _summed((r.timing for r in rs), int((time.monotonic() - start) * 1e6)))
+
+    def write_stream(self, namespace: str, blocks: Iterable[Block], batch_bytes: int = 16 << 20) -> WriteResult:
+        """:meth:`kvtier.Client.write_stream` to each block's first owner, nodes in parallel."""
+        self._check_open()
+        bs = list(blocks)
+        for b in bs:
+            if not isinstance(b, Block):
+                raise TypeError(f"expected kvtier.Block, got {type(b).__name__}")
+        start = time.monotonic()
+        rs = self._grouped(namespace, [bytes(b.key) for b in bs],
+                           lambda c, ix, t: c.write_stream(namespace, [bs[i] for i in ix], batch_bytes), None)
+        return WriteResult(sum(r.stored for r in rs), sum(r.existing for r in rs),
+                           _summed((r.timing for r in rs), int((time.monotonic() - start) * 1e6)))
+
+    def write_tokens(
+        self, namespace: str, tokens: Sequence[int], payloads: Sequence[bytes], ttl_ms: int = 0
+    ) -> WriteResult:
+        """Writes one payload per full block of ``tokens``, chained parent to child."""
+        ks = self.keys_for(tokens)
+        payloads = list(payloads)
+        if len(payloads) != len(ks):
+            raise ValueError(
+                f"{len(payloads)} payloads for {len(ks)} full blocks of {self.block_size} tokens "
+                f"({len(tokens)} tokens)"
+            )
+        blocks = [
+            Block(key=k, payload=p, parent=ks[i - 1] if i else None, token_count=self.block_size, ttl_ms=ttl_ms)
+            for i, (k, p) in enumerate(zip(ks, payloads))
+        ]
+        return self.write(namespace, blocks)
+
+    def delete(self, namespace: str, keys: Sequence[bytes], timeout: float | None = None) -> DeleteResult:
+        """Deletes each key (and its descendants) through its first owner."""
+        self._check_open()
+        ks = _check_keys(keys)
+        start = time.monotonic()
+        if not ks:
+            return self._to_first_owner(namespace, None, lambda c, t: c.delete(namespace, [], t), timeout)[1]
+        rs = self._grouped(namespace, ks, lambda c, ix, t: c.delete(namespace, [ks[i] for i in ix], t), timeout)
+        return DeleteResult(sum(r.deleted for r in rs),
+                            _summed((r.timing for r in rs), int((time.monotonic() - start) * 1e6)))
+
+    def lease(self, namespace: str, keys: Sequence[bytes], lease_ms: int) -> LeaseResult:
+        """Pins explicit keys for ``lease_ms``, through the first owner of the first key."""
+        self._check_open()
+        ks = _check_keys(keys)
+        node, r = self._to_first_owner(namespace, ks[0] if ks else None,
+                                       lambda c, t: c.lease(namespace, ks, lease_ms))
+        if r.lease_id:
+            with self._lock:
+                self._leases[r.lease_id] = node
+        return r
+
+    def release(self, lease_id: int, timeout: float | None = None) -> LeaseResult:
+        """Ends a lease early, on the node that granted it (the first node if unknown)."""
+        self._check_open()
+        if lease_id == 0:
+            raise ValueError("lease id 0 is not a lease")
+        with self._lock:
+            node = self._leases.pop(lease_id, None)
+        c = self._clients[node if node is not None else self.nodes[0]]
+        return c.release(lease_id, timeout)
+
+    def node_stats(self) -> dict[str, StatsResult | KvtierError]:
+        """Each node's :meth:`kvtier.Client.stats`, or the error it answered with, by node name."""
+        self._check_open()
+        calls = {n: c.stats for n, c in self._clients.items()}
+        return dict(self._run(calls))
+
+    def stats(self) -> StatsResult:
+        """The nodes' stats added up: tiers by kind, leases and expired blocks
+        summed; ``version`` the nodes' versions (comma-separated when they
+        differ); ``data_listen`` empty. Nodes that do not answer are left
+        out (:meth:`node_stats` shows them); when none answers, its error is raised."""
+        start = time.monotonic()
+        per_node = self.node_stats()
+        ok = [r for r in per_node.values() if isinstance(r, StatsResult)]
+        errors = [r for r in per_node.values() if isinstance(r, KvtierError)]
+        if errors and (not ok or not all(_unreachable(e) for e in errors)):
+            raise next((e for e in errors if not _unreachable(e)), errors[0])
+        tiers: dict[Tier, list[int]] = {}
+        for r in ok:
+            for t in r.tiers:
+                acc = tiers.setdefault(t.tier, [0] * 6)
+                for j, v in enumerate((t.blocks, t.bytes, t.capacity_bytes, t.hits, t.misses, t.evictions)):
+                    acc[j] += v
+        return StatsResult(
+            tiers=[TierStats(tier, *acc) for tier, acc in tiers.items()],
+            active_leases=sum(r.active_leases for r in ok),
+            expired_blocks=sum(r.expired_blocks for r in ok),
+            version=",".join(sorted({r.version for r in ok})),
+            timing=_summed((r.timing for r in ok), int((time.monotonic() - start) * 1e6)),
+            data_listen="",
+        )
