@@ -19,6 +19,7 @@
 pub mod block;
 mod chain_index;
 pub mod clock;
+pub mod cluster;
 pub mod deadline;
 pub mod disk;
 pub mod engine;

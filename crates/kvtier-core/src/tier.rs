@@ -14,6 +14,8 @@ pub enum TierKind {
     Disk,
     /// Object storage shared by every node.
     Object,
+    /// Another node of the cluster (its memory or disk).
+    Peer,
 }
 
 impl TierKind {
@@ -23,6 +25,7 @@ impl TierKind {
             TierKind::Memory => "memory",
             TierKind::Disk => "disk",
             TierKind::Object => "object",
+            TierKind::Peer => "peer",
         }
     }
 }

@@ -58,6 +58,7 @@ fn timing(total: u64) -> ServerTiming {
         storage_memory_us: 40,
         storage_disk_us: 120,
         storage_object_us: 0,
+        storage_peer_us: 0,
         total_us: total,
     }
 }

@@ -25,6 +25,8 @@ pub struct Config {
     pub auth: AuthSection,
     /// TLS on every listener (docs/security.md); off when `cert` is empty.
     pub tls: TlsSection,
+    /// Several nodes as one cache (docs/cluster.md); off unless nodes or dns is set.
+    pub cluster: crate::cluster::ClusterSection,
 }
 
 /// `[tls]`: one certificate for the gRPC, HTTP and data-plane listeners.
@@ -438,6 +440,7 @@ impl Config {
 
     /// Checks cross-field constraints.
     pub fn validate(&self) -> anyhow::Result<()> {
+        self.cluster.validate()?;
         if self.tls.cert.is_empty() != self.tls.key.is_empty() {
             anyhow::bail!("tls: cert and key go together (both set, or both empty)");
         }

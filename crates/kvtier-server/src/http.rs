@@ -313,7 +313,8 @@ fn with_timing(mut resp: Response, clock: &crate::timing::Clock) -> Response {
         "queue;dur={:.3}, service;dur={:.3}, storage;dur={:.3}",
         t.queue_us as f64 / 1e3,
         t.service_us as f64 / 1e3,
-        (t.storage_memory_us + t.storage_disk_us + t.storage_object_us) as f64 / 1e3
+        (t.storage_memory_us + t.storage_disk_us + t.storage_object_us + t.storage_peer_us) as f64
+            / 1e3
     )
     .parse()
     {

@@ -15,6 +15,7 @@
 
 pub mod admission;
 pub mod auth;
+pub mod cluster;
 pub mod config;
 pub mod fuzzing;
 pub mod grpc;
@@ -66,12 +67,25 @@ impl Server {
     /// Binds every listener and starts serving on the current Tokio runtime.
     pub async fn start(cfg: Config) -> anyhow::Result<Self> {
         cfg.validate()?;
-        let engine = Arc::new(build_engine(&cfg).await?);
-        Self::start_with_engine(cfg, engine).await
+        let peers = cluster_peers(&cfg)?;
+        let engine = Arc::new(build_engine_with(&cfg, peers.clone()).await?);
+        Self::start_inner(cfg, engine, peers).await
     }
 
     /// Like [`Server::start`] with a caller-built engine (e.g. with more tiers).
     pub async fn start_with_engine(cfg: Config, engine: Arc<Engine>) -> anyhow::Result<Self> {
+        anyhow::ensure!(
+            !cfg.cluster.enabled(),
+            "a caller-built engine cannot join a cluster: use Server::start"
+        );
+        Self::start_inner(cfg, engine, None).await
+    }
+
+    async fn start_inner(
+        cfg: Config,
+        engine: Arc<Engine>,
+        peers: Option<Arc<cluster::GrpcPeers>>,
+    ) -> anyhow::Result<Self> {
         let auth = Arc::new(if cfg.auth.tokens_file.is_empty() {
             auth::Auth::disabled()
         } else {
@@ -80,6 +94,13 @@ impl Server {
         check_exposure(&cfg, auth.enabled())?;
         let tls = tls::Tls::load(&cfg.tls)?;
         let mut shared = Shared::new(engine.clone(), cfg.server.max_inflight);
+        if let Some(p) = &peers {
+            shared.metrics = Arc::new(metrics::Metrics::with_cluster(
+                engine.clone(),
+                Some(p.metrics()),
+            ));
+            shared.local = Some(Arc::new(engine.local_twin()));
+        }
         shared.auth = auth.clone();
         shared.public_metrics = cfg.auth.public_metrics;
         shared.public_health = cfg.auth.public_health;
@@ -100,6 +121,13 @@ impl Server {
         let grpc_addrs = fronts.start_grpc(&mut tasks)?;
         let http_addr = fronts.start_http(&mut tasks).await?;
         let data_addr = fronts.start_data_plane(&mut tasks).await?;
+        if let Some(p) = &peers
+            && !cfg.cluster.dns.is_empty()
+        {
+            let target = cluster::dns_target(&cfg.cluster.dns)?;
+            let task = p.spawn_dns(target, cfg.cluster.dns_interval, stop_rx.clone());
+            tasks.spawn(async move { task.await? });
+        }
         // Expired blocks are also dropped lazily on access; this bounds the memory
         // they hold when nobody asks for them.
         let eng = engine.clone();
@@ -400,10 +428,35 @@ async fn serve_grpc(
 
 /// Builds the engine the config describes: memory, plus disk when `disk.dir`
 /// is set, plus the object store when `object_store` names one.
+/// With `[cluster]` set, the engine places blocks over the cluster's nodes.
 pub async fn build_engine(cfg: &Config) -> anyhow::Result<Engine> {
+    build_engine_with(cfg, cluster_peers(cfg)?).await
+}
+
+async fn build_engine_with(
+    cfg: &Config,
+    peers: Option<Arc<cluster::GrpcPeers>>,
+) -> anyhow::Result<Engine> {
     let builder = Engine::builder(cfg.engine.engine_config());
     let builder = with_disk(builder, cfg).await?;
-    Ok(object::attach(builder, cfg)?.build())
+    let builder = object::attach(builder, cfg)?;
+    Ok(match peers {
+        Some(p) => builder.peers(p).build(),
+        None => builder.build(),
+    })
+}
+
+/// The other nodes, when `[cluster]` is set. `KVTIER_CLUSTER_TOKEN`, if set,
+/// is the bearer token this node presents to them (docs/cluster.md).
+fn cluster_peers(cfg: &Config) -> anyhow::Result<Option<Arc<cluster::GrpcPeers>>> {
+    if !cfg.cluster.enabled() {
+        return Ok(None);
+    }
+    let token = std::env::var("KVTIER_CLUSTER_TOKEN")
+        .ok()
+        .filter(|t| !t.is_empty());
+    let max = cfg.server.max_message_size.bytes().min(usize::MAX as u64) as usize;
+    Ok(Some(cluster::GrpcPeers::new(&cfg.cluster, max, token)?))
 }
 
 /// Adds the disk tier when `disk.dir` is set (recovering what it holds).

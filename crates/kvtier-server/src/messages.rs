@@ -15,6 +15,7 @@ pub fn tier(k: TierKind) -> i32 {
         TierKind::Memory => pb::Tier::Memory as i32,
         TierKind::Disk => pb::Tier::Disk as i32,
         TierKind::Object => pb::Tier::Object as i32,
+        TierKind::Peer => pb::Tier::Peer as i32,
     }
 }
 

@@ -98,6 +98,14 @@ fn latency_histogram() -> Histogram {
 impl Metrics {
     /// Creates the registry; `engine` is read at every scrape.
     pub fn new(engine: Arc<Engine>) -> Self {
+        Self::with_cluster(engine, None)
+    }
+
+    /// [`Metrics::new`] plus the cluster's families (`kvtier_cluster_*`).
+    pub fn with_cluster(
+        engine: Arc<Engine>,
+        cluster: Option<&crate::cluster::ClusterMetrics>,
+    ) -> Self {
         let mut registry = Registry::with_prefix("kvtier");
         let requests = Family::<OutcomeLabels, Counter>::default();
         registry.register(
@@ -150,6 +158,9 @@ impl Metrics {
             shed.clone(),
         );
         registry.register_collector(Box::new(EngineCollector(engine)));
+        if let Some(c) = cluster {
+            c.register(&mut registry);
+        }
         Self {
             shed,
             limits,

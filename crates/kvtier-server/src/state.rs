@@ -27,6 +27,9 @@ pub struct Shared {
     pub public_health: bool,
     /// Request memory, connections, timeouts (docs/operations.md).
     pub limits: crate::limits::Limits,
+    /// In a cluster, the engine's local twin: what serves requests other
+    /// nodes forward here (docs/cluster.md).
+    pub local: Option<Arc<Engine>>,
 }
 
 /// A request admitted for service: its clock and its admission permit.
@@ -78,6 +81,21 @@ impl Shared {
             public_metrics: true,
             public_health: true,
             limits: crate::limits::Limits::unlimited(),
+            local: None,
+        }
+    }
+
+    /// The state a request sees: a request another node of the cluster
+    /// forwarded (metadata [`crate::cluster::FORWARDED`]) is served by the
+    /// local twin, so it never travels further; anything else by the engine.
+    pub fn route(&self, md: &tonic::metadata::MetadataMap) -> std::borrow::Cow<'_, Shared> {
+        match &self.local {
+            Some(local) if md.contains_key(crate::cluster::FORWARDED) => {
+                let mut s = self.clone();
+                s.engine = local.clone();
+                std::borrow::Cow::Owned(s)
+            }
+            _ => std::borrow::Cow::Borrowed(self),
         }
     }
 

@@ -112,6 +112,7 @@ impl Clock {
             storage_memory_us: us(self.storage.memory),
             storage_disk_us: us(self.storage.disk),
             storage_object_us: us(self.storage.object),
+            storage_peer_us: us(self.storage.peer),
             total_us: us(queue + service),
         }
     }

@@ -83,6 +83,19 @@ pub struct ServeArgs {
     /// PEM CA bundle; clients must then present a certificate it signed [tls.client_ca, default "" (no client certificates)].
     #[arg(long)]
     tls_client_ca: Option<String>,
+    /// Every node of the cluster, comma-separated `grpc://host:port`, this
+    /// one included (docs/cluster.md) [cluster.nodes, default none].
+    #[arg(long, value_delimiter = ',', env = "KVTIER_CLUSTER_NODES")]
+    cluster_nodes: Vec<String>,
+    /// This node as the others reach it, `grpc://host:port` [cluster.self].
+    #[arg(long, env = "KVTIER_CLUSTER_SELF")]
+    cluster_self: Option<String>,
+    /// Nodes holding each block in memory/disk [cluster.replicas, default 2].
+    #[arg(long, env = "KVTIER_CLUSTER_REPLICAS")]
+    cluster_replicas: Option<usize>,
+    /// `name:port` whose addresses are the nodes, instead of --cluster-nodes [cluster.dns].
+    #[arg(long, env = "KVTIER_CLUSTER_DNS")]
+    cluster_dns: Option<String>,
     /// Print the bound addresses as one JSON line on stdout once listening.
     #[arg(long)]
     ready_json: bool,
@@ -159,6 +172,18 @@ impl ServeArgs {
         }
         if let Some(v) = &self.tls_client_ca {
             cfg.tls.client_ca = v.clone();
+        }
+        if !self.cluster_nodes.is_empty() {
+            cfg.cluster.nodes = self.cluster_nodes.clone();
+        }
+        if let Some(v) = &self.cluster_self {
+            cfg.cluster.self_ = v.clone();
+        }
+        if let Some(v) = self.cluster_replicas {
+            cfg.cluster.replicas = v;
+        }
+        if let Some(v) = &self.cluster_dns {
+            cfg.cluster.dns = v.clone();
         }
         cfg.validate()?;
         Ok(cfg)

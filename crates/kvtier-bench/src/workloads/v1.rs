@@ -28,7 +28,10 @@ fn v1_times(t: &kvtier_client::ServerTiming) -> ServerTimes {
     ServerTimes {
         queue_us: Some(t.queue_us),
         service_us: t.service_us,
-        storage_us: t.storage_memory_us + t.storage_disk_us + t.storage_object_us,
+        storage_us: t.storage_memory_us
+            + t.storage_disk_us
+            + t.storage_object_us
+            + t.storage_peer_us,
         total_us: t.total_us,
     }
 }

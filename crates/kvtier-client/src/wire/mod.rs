@@ -391,6 +391,7 @@ fn add_timing(a: &mut pb::ServerTiming, b: &pb::ServerTiming) {
     a.storage_memory_us += b.storage_memory_us;
     a.storage_disk_us += b.storage_disk_us;
     a.storage_object_us += b.storage_object_us;
+    a.storage_peer_us += b.storage_peer_us;
     a.total_us += b.total_us;
 }
 

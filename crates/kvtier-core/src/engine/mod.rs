@@ -29,6 +29,7 @@
 //! [`EngineStats::degraded_writes`]); under `always` it fails the write.
 //! See `docs/durability.md`.
 use crate::block::{Block, BlockId};
+use crate::cluster::Peers;
 use crate::disk::{DiskTier, SyncMode};
 use crate::error::{Error, ErrorKind, Result};
 use crate::keys::{HashFn, Key, Namespace};
@@ -40,6 +41,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+mod cluster;
 mod leases;
 mod types;
 mod write;
@@ -69,9 +71,12 @@ pub struct Engine {
     /// of concurrent writers): memory may evict them before that write lands,
     /// and demoting them then would write the same record twice (and report
     /// the caller's fresh write as `Existing`).
-    writing: parking_lot::Mutex<std::collections::HashMap<BlockId, usize>>,
+    /// Shared with the local twin, which writes into the same tiers.
+    writing: Arc<parking_lot::Mutex<std::collections::HashMap<BlockId, usize>>>,
     /// The object-store tier, if configured.
     object: Option<ObjectLink>,
+    /// The other nodes of a cluster, if this node is in one.
+    peers: Option<Arc<dyn Peers>>,
 }
 
 /// Builds an [`Engine`]: memory, then optionally a disk and an object store.
@@ -79,6 +84,7 @@ pub struct EngineBuilder {
     cfg: EngineConfig,
     disk: Option<(Arc<DiskTier>, WritePolicy)>,
     object: Option<(Arc<dyn Tier>, ObjectOptions)>,
+    peers: Option<Arc<dyn Peers>>,
 }
 
 impl EngineBuilder {
@@ -94,6 +100,14 @@ impl EngineBuilder {
     /// reach it per [`ObjectOptions::policy`]. See `docs/object-store.md`.
     pub fn object(mut self, tier: Arc<dyn Tier>, opts: ObjectOptions) -> Self {
         self.object = Some((tier, opts));
+        self
+    }
+
+    /// The other nodes of a cluster: blocks are placed on their owners
+    /// (`docs/cluster.md`), asked after the local tiers and before the object
+    /// store.
+    pub fn peers(mut self, peers: Arc<dyn Peers>) -> Self {
+        self.peers = Some(peers);
         self
     }
 
@@ -115,6 +129,7 @@ impl EngineBuilder {
             counters: Counters::default(),
             writing: Default::default(),
             object: self.object.map(|(t, o)| ObjectLink::new(t, o)),
+            peers: self.peers,
         }
     }
 }
@@ -126,6 +141,7 @@ impl Engine {
             cfg,
             disk: None,
             object: None,
+            peers: None,
         }
     }
 
@@ -202,36 +218,10 @@ impl Engine {
         lease: Option<Duration>,
         timing: &mut StorageTiming,
     ) -> Result<LookupOutcome> {
-        let mut tiers = Vec::with_capacity(keys.len());
-        let mut ids = Vec::with_capacity(keys.len());
-        for key in keys {
-            let id = BlockId::new(ns.clone(), key.clone());
-            let t0 = Instant::now();
-            let in_mem = self.memory.contains_block(&id);
-            timing.add(TierKind::Memory, t0.elapsed());
-            let tier = if in_mem {
-                Some(TierKind::Memory)
-            } else {
-                let mut found = None;
-                for t in self.below_memory() {
-                    let t0 = Instant::now();
-                    let hit = t.contains(&id).await;
-                    timing.add(t.kind(), t0.elapsed());
-                    if hit? {
-                        found = Some(t.kind());
-                        break;
-                    }
-                }
-                found
-            };
-            match tier {
-                Some(t) => {
-                    tiers.push(t);
-                    ids.push(id);
-                }
-                None => break,
-            }
-        }
+        let (mut tiers, mut ids) = match &self.peers {
+            Some(peers) => self.lookup_in_cluster(&**peers, ns, keys, timing).await,
+            None => self.lookup_local(ns, keys, timing).await?,
+        };
         if let Some(obj) = &self.object
             && ids.len() < keys.len()
         {
@@ -268,6 +258,46 @@ impl Engine {
         })
     }
 
+    /// The leading `keys` memory or disk holds, with the tier of each.
+    async fn lookup_local(
+        &self,
+        ns: &Namespace,
+        keys: &[Key],
+        timing: &mut StorageTiming,
+    ) -> Result<(Vec<TierKind>, Vec<BlockId>)> {
+        let mut tiers = Vec::with_capacity(keys.len());
+        let mut ids = Vec::with_capacity(keys.len());
+        for key in keys {
+            let id = BlockId::new(ns.clone(), key.clone());
+            let t0 = Instant::now();
+            let in_mem = self.memory.contains_block(&id);
+            timing.add(TierKind::Memory, t0.elapsed());
+            let tier = if in_mem {
+                Some(TierKind::Memory)
+            } else {
+                let mut found = None;
+                for t in self.below_memory() {
+                    let t0 = Instant::now();
+                    let hit = t.contains(&id).await;
+                    timing.add(t.kind(), t0.elapsed());
+                    if hit? {
+                        found = Some(t.kind());
+                        break;
+                    }
+                }
+                found
+            };
+            match tier {
+                Some(t) => {
+                    tiers.push(t);
+                    ids.push(id);
+                }
+                None => break,
+            }
+        }
+        Ok((tiers, ids))
+    }
+
     /// Reads one block from the highest tier that has it, promoting it to memory.
     pub async fn read(
         &self,
@@ -280,25 +310,53 @@ impl Engine {
         if let Some(b) = hit {
             return Ok(Some((b, TierKind::Memory)));
         }
-        for t in self.lower() {
+        for t in self.below_memory() {
             let t0 = Instant::now();
             let got = t.get(id).await;
             timing.add(t.kind(), t0.elapsed());
             if let Some(b) = got? {
-                let t0 = Instant::now();
-                // Promotion is best effort: a full memory tier must not fail the read.
-                let evicted = self.memory.put_block_evicting(b.clone(), Overwrite::Never);
-                timing.add(TierKind::Memory, t0.elapsed());
-                if let Ok((_, evicted)) = evicted {
-                    self.demote(evicted, timing).await;
-                }
-                if t.kind() == TierKind::Object {
-                    self.promote_to_disk(&b);
-                }
+                self.promote(&b, timing).await;
                 return Ok(Some((b, t.kind())));
             }
         }
+        let owners = self.peers.as_ref().map(|p| (p, p.owners(id)));
+        if let Some((peers, owners)) = &owners
+            && let Some(b) = self.read_from_peers(&***peers, owners, id, timing).await
+        {
+            // Only an owner keeps a copy: hot blocks are not duplicated on
+            // every node a request happens to land on.
+            if owners.local {
+                self.promote(&b, timing).await;
+            }
+            return Ok(Some((b, TierKind::Peer)));
+        }
+        if let Some(obj) = &self.object {
+            let t0 = Instant::now();
+            let got = obj.tier.get(id).await;
+            timing.add(TierKind::Object, t0.elapsed());
+            if let Some(b) = got? {
+                match &owners {
+                    Some((_, o)) if !o.local => self.replicate_to_owners(o, &b),
+                    _ => {
+                        self.promote(&b, timing).await;
+                        self.promote_to_disk(&b);
+                    }
+                }
+                return Ok(Some((b, TierKind::Object)));
+            }
+        }
         Ok(None)
+    }
+
+    /// Copies a block read from below into memory, demoting what that
+    /// evicts. Best effort: a full memory tier must not fail the read.
+    async fn promote(&self, b: &Block, timing: &mut StorageTiming) {
+        let t0 = Instant::now();
+        let evicted = self.memory.put_block_evicting(b.clone(), Overwrite::Never);
+        timing.add(TierKind::Memory, t0.elapsed());
+        if let Ok((_, evicted)) = evicted {
+            self.demote(evicted, timing).await;
+        }
     }
 
     /// Whether memory or disk holds `id` (the object store not asked).
@@ -329,6 +387,9 @@ impl Engine {
             let r = t.delete(id).await;
             timing.add(t.kind(), t0.elapsed());
             n = n.max(r?);
+        }
+        if let Some(peers) = &self.peers {
+            n = n.max(self.delete_on_peers(&**peers, id, timing).await);
         }
         Ok(n)
     }

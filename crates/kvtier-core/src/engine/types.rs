@@ -67,6 +67,8 @@ pub struct StorageTiming {
     pub disk: Duration,
     /// Inside the object-store tier.
     pub object: Duration,
+    /// Waiting on other nodes of the cluster.
+    pub peer: Duration,
 }
 
 impl StorageTiming {
@@ -76,11 +78,12 @@ impl StorageTiming {
             TierKind::Memory => self.memory += d,
             TierKind::Disk => self.disk += d,
             TierKind::Object => self.object += d,
+            TierKind::Peer => self.peer += d,
         }
     }
     /// Sum over tiers.
     pub fn total(&self) -> Duration {
-        self.memory + self.disk + self.object
+        self.memory + self.disk + self.object + self.peer
     }
 }
 

@@ -25,10 +25,49 @@ impl Engine {
         mode: Overwrite,
         timing: &mut StorageTiming,
     ) -> Result<WriteOutcome> {
+        match &self.peers {
+            Some(peers) => self.store_in_cluster(peers, block, mode, timing).await,
+            None => self.store_here(block, mode, timing).await,
+        }
+    }
+
+    /// Stores on this node: the object store per its policy, memory, disk.
+    pub(super) async fn store_here(
+        &self,
+        block: Block,
+        mode: Overwrite,
+        timing: &mut StorageTiming,
+    ) -> Result<WriteOutcome> {
         match &self.object {
             None => self.store_local(block, mode, timing).await,
             Some(obj) => self.store_with_object(obj, block, mode, timing).await,
         }
+    }
+
+    /// Stores in the object store only (a cluster node that does not own
+    /// the block): written through, or queued for write-back.
+    pub(super) async fn store_object_only(
+        &self,
+        obj: &ObjectLink,
+        block: Block,
+        timing: &mut StorageTiming,
+    ) -> Result<WriteOutcome> {
+        let fail = |e: Error| {
+            obj.counters.write_failures.fetch_add(1, Ordering::Relaxed);
+            e
+        };
+        let t0 = Instant::now();
+        let r = match obj.opts.policy {
+            ObjectWritePolicy::WriteThrough => obj.tier.put(block).await,
+            ObjectWritePolicy::WriteBack => {
+                let wb = obj.writeback.as_ref().expect("write-back has a queue");
+                wb.enqueue(block, crate::deadline::budget(obj.opts.enqueue_timeout))
+                    .await
+                    .map(|()| PutOutcome::Stored)
+            }
+        };
+        timing.add(TierKind::Object, t0.elapsed());
+        r.map_err(fail)
     }
 
     /// The object-store step around [`Engine::store_local`]; see `docs/object-store.md`.

@@ -48,7 +48,8 @@ type InBand<T> = Result<T, String>;
 
 fn metrics(clock: &Clock) -> pb::ServerMetrics {
     let t = clock.finish();
-    let storage = (t.storage_memory_us + t.storage_disk_us + t.storage_object_us) as i64;
+    let storage =
+        (t.storage_memory_us + t.storage_disk_us + t.storage_object_us + t.storage_peer_us) as i64;
     let total = t.total_us as i64;
     pb::ServerMetrics {
         storage_latency_us: storage,

@@ -7,6 +7,7 @@ use futures::Stream;
 use kvtier_core::{Block, BlockId, HashFn, Key, WriteOutcome};
 use kvtier_proto::v1 as pb;
 use kvtier_proto::v1::kv_tier_server::KvTier;
+use std::borrow::Cow;
 use std::pin::Pin;
 use std::time::{Duration, Instant};
 use tokio_stream::StreamExt;
@@ -27,6 +28,15 @@ impl V1Service {
     /// Wraps the shared state.
     pub fn new(shared: Shared) -> Self {
         Self { shared }
+    }
+
+    /// This service as a request sees it: one forwarded by another node of
+    /// the cluster is served from this node's tiers only ([`Shared::route`]).
+    fn routed(&self, md: &tonic::metadata::MetadataMap) -> Cow<'_, V1Service> {
+        match self.shared.route(md) {
+            Cow::Borrowed(_) => Cow::Borrowed(self),
+            Cow::Owned(shared) => Cow::Owned(V1Service { shared }),
+        }
     }
 
     /// Runs `f` as request `op` of this API (see [`Shared::serve`]).
@@ -104,6 +114,7 @@ impl V1Service {
         req: pb::WriteRequest,
         clock: &mut Clock,
         acc: &mut pb::WriteResponse,
+        replace: bool,
     ) -> Result<(), Status> {
         let ns = state::namespace(&req.namespace)?;
         self.shared.allow(who, ns.as_str(), true)?;
@@ -118,11 +129,13 @@ impl V1Service {
             .collect::<Result<_, _>>()?;
         for b in blocks {
             let len = b.payload.len() as u64;
-            match engine
-                .write(b, &mut clock.storage)
-                .await
-                .map_err(to_status)?
-            {
+            // Only a node of the cluster forwarding an HTTP key/value put asks to replace.
+            let r = if replace {
+                engine.put_value(b, &mut clock.storage).await
+            } else {
+                engine.write(b, &mut clock.storage).await
+            };
+            match r.map_err(to_status)? {
                 WriteOutcome::Stored => acc.stored += 1,
                 WriteOutcome::Existing => acc.existing += 1,
             }
@@ -130,6 +143,12 @@ impl V1Service {
         }
         Ok(())
     }
+}
+
+/// A forwarded key/value put (`kvtier-forwarded: replace`).
+fn forwarded_replace(md: &tonic::metadata::MetadataMap) -> bool {
+    md.get(crate::cluster::FORWARDED)
+        .is_some_and(|v| v.as_bytes() == b"replace")
 }
 
 type ReadStream = Pin<Box<dyn Stream<Item = Result<pb::ReadResponse, Status>> + Send>>;
@@ -140,11 +159,12 @@ impl KvTier for V1Service {
         &self,
         request: Request<pb::LookupRequest>,
     ) -> Result<Response<pb::LookupResponse>, Status> {
-        let who = self.shared.caller(request.metadata())?;
+        let this = self.routed(request.metadata());
+        let who = this.shared.caller(request.metadata())?;
         let arrived = state::arrival(request.extensions());
         let req = request.into_inner();
-        self.serve("lookup", arrived, async |clock| {
-            self.lookup_inner(&who, req, clock).await
+        this.serve("lookup", arrived, async |clock| {
+            this.lookup_inner(&who, req, clock).await
         })
         .await
     }
@@ -155,22 +175,23 @@ impl KvTier for V1Service {
         &self,
         request: Request<pb::ReadRequest>,
     ) -> Result<Response<ReadStream>, Status> {
-        let who = self.shared.caller(request.metadata())?;
+        let this = self.routed(request.metadata());
+        let who = this.shared.caller(request.metadata())?;
         let arrived = state::arrival(request.extensions()).unwrap_or_else(Instant::now);
         let deadline = state::deadline(request.metadata(), arrived);
         let req = request.into_inner();
-        let adm = self.shared.admit(Some(arrived)).await?;
+        let adm = this.shared.admit(Some(arrived)).await?;
         let mut clock = adm.clock;
-        let (ns, keys) = match crate::read::prepare(&self.shared, &who, &req) {
+        let (ns, keys) = match crate::read::prepare(&this.shared, &who, &req) {
             Ok(v) => v,
             Err(e) => {
-                self.shared
+                this.shared
                     .observe(API, "read", state::code_name(e.code()), &clock);
                 return Err(e);
             }
         };
         let (tx, rx) = tokio::sync::mpsc::channel::<Result<pb::ReadResponse, Status>>(2);
-        let shared = self.shared.clone();
+        let shared = this.shared.clone();
         tokio::spawn(kvtier_core::deadline::scope(deadline, async move {
             let mut reader = crate::read::PrefixReader::new(ns, keys, deadline);
             loop {
@@ -212,12 +233,15 @@ impl KvTier for V1Service {
         &self,
         request: Request<pb::WriteRequest>,
     ) -> Result<Response<pb::WriteResponse>, Status> {
-        let who = self.shared.caller(request.metadata())?;
+        let this = self.routed(request.metadata());
+        let replace = this.shared.local.is_some() && forwarded_replace(request.metadata());
+        let who = this.shared.caller(request.metadata())?;
         let arrived = state::arrival(request.extensions());
         let req = request.into_inner();
-        self.serve("write", arrived, async |clock| {
+        this.serve("write", arrived, async |clock| {
             let mut resp = pb::WriteResponse::default();
-            self.write_batch(&who, req, clock, &mut resp).await?;
+            this.write_batch(&who, req, clock, &mut resp, replace)
+                .await?;
             resp.timing = Some(clock.finish());
             Ok(resp)
         })
@@ -228,13 +252,16 @@ impl KvTier for V1Service {
         &self,
         request: Request<Streaming<pb::WriteRequest>>,
     ) -> Result<Response<pb::WriteResponse>, Status> {
-        let who = self.shared.caller(request.metadata())?;
+        let this = self.routed(request.metadata());
+        let replace = this.shared.local.is_some() && forwarded_replace(request.metadata());
+        let who = this.shared.caller(request.metadata())?;
         let arrived = state::arrival(request.extensions());
         let mut stream = request.into_inner();
-        self.serve("write_stream", arrived, async |clock| {
+        this.serve("write_stream", arrived, async |clock| {
             let mut resp = pb::WriteResponse::default();
             while let Some(msg) = stream.next().await {
-                self.write_batch(&who, msg?, clock, &mut resp).await?;
+                this.write_batch(&who, msg?, clock, &mut resp, replace)
+                    .await?;
             }
             resp.timing = Some(clock.finish());
             Ok(resp)
@@ -246,12 +273,13 @@ impl KvTier for V1Service {
         &self,
         request: Request<pb::DeleteRequest>,
     ) -> Result<Response<pb::DeleteResponse>, Status> {
-        let who = self.shared.caller(request.metadata())?;
+        let this = self.routed(request.metadata());
+        let who = this.shared.caller(request.metadata())?;
         let arrived = state::arrival(request.extensions());
         let req = request.into_inner();
-        self.serve("delete", arrived, async |clock| {
+        this.serve("delete", arrived, async |clock| {
             let ns = state::namespace(&req.namespace)?;
-            self.shared.allow(&who, ns.as_str(), true)?;
+            this.shared.allow(&who, ns.as_str(), true)?;
             check_count(req.keys.len())?;
             let mut deleted = 0;
             for key in state::keys(&req.keys)? {
@@ -275,14 +303,15 @@ impl KvTier for V1Service {
         &self,
         request: Request<pb::LeaseRequest>,
     ) -> Result<Response<pb::LeaseResponse>, Status> {
-        let who = self.shared.caller(request.metadata())?;
+        let this = self.routed(request.metadata());
+        let who = this.shared.caller(request.metadata())?;
         let arrived = state::arrival(request.extensions());
         let req = request.into_inner();
-        self.serve("lease", arrived, async |clock| {
-            let engine = &self.shared.engine;
+        this.serve("lease", arrived, async |clock| {
+            let engine = &this.shared.engine;
             if req.release_lease_id != 0 {
                 if let Some(ns) = engine.lease_namespace(req.release_lease_id) {
-                    self.shared.allow(&who, ns.as_str(), false)?;
+                    this.shared.allow(&who, ns.as_str(), false)?;
                 }
                 engine
                     .release_lease(req.release_lease_id)
@@ -294,7 +323,7 @@ impl KvTier for V1Service {
                 });
             }
             let ns = state::namespace(&req.namespace)?;
-            self.shared.allow(&who, ns.as_str(), false)?;
+            this.shared.allow(&who, ns.as_str(), false)?;
             check_count(req.keys.len())?;
             let keys = state::keys(&req.keys)?;
             let g = engine
@@ -313,10 +342,11 @@ impl KvTier for V1Service {
         &self,
         request: Request<pb::StatsRequest>,
     ) -> Result<Response<pb::StatsResponse>, Status> {
-        self.shared.caller(request.metadata())?;
+        let this = self.routed(request.metadata());
+        this.shared.caller(request.metadata())?;
         let arrived = state::arrival(request.extensions());
-        self.serve("stats", arrived, async |clock| {
-            let s = self.shared.engine.stats();
+        this.serve("stats", arrived, async |clock| {
+            let s = this.shared.engine.stats();
             Ok(pb::StatsResponse {
                 tiers: s
                     .tiers

@@ -1,0 +1,206 @@
+//! The engine's paths through a cluster (`docs/cluster.md`): lookups ask
+//! each peer once for the keys it owns, reads go memory → disk → owners →
+//! object store, writes reach every owner, deletes every live node. A request
+//! that a peer forwarded here runs on the [`Engine::local_twin`], which
+//! touches only this node's memory and disk.
+
+use super::*;
+use crate::cluster::{Owners, PeerId};
+use futures::future::join_all;
+use std::collections::HashMap;
+
+impl Engine {
+    /// An engine over the same memory and disk tiers, without peers and
+    /// without the object store: what serves requests other nodes forward
+    /// here (they already asked, or will ask, the object store themselves).
+    /// It keeps its own lease table and counters.
+    pub fn local_twin(&self) -> Engine {
+        Engine {
+            cfg: self.cfg.clone(),
+            memory: self.memory.clone(),
+            disk: self.disk.clone(),
+            policy: self.policy,
+            leases: LeaseTable::new(self.cfg.pin_budget()),
+            counters: Counters::default(),
+            writing: self.writing.clone(),
+            object: None,
+            peers: None,
+        }
+    }
+
+    /// True when this engine places blocks over a cluster.
+    pub fn in_cluster(&self) -> bool {
+        self.peers.is_some()
+    }
+
+    /// The leading `keys` held here or by their owners. Keys this node does
+    /// not hold go to their first live owner, grouped: one request per peer,
+    /// all in parallel. A peer answers how many leading keys of its group it
+    /// holds, so its first miss bounds the prefix; a peer that fails holds
+    /// nothing.
+    pub(super) async fn lookup_in_cluster(
+        &self,
+        peers: &dyn Peers,
+        ns: &Namespace,
+        keys: &[Key],
+        timing: &mut StorageTiming,
+    ) -> (Vec<TierKind>, Vec<BlockId>) {
+        let ids: Vec<BlockId> = keys
+            .iter()
+            .map(|k| BlockId::new(ns.clone(), k.clone()))
+            .collect();
+        let mut tiers: Vec<Option<TierKind>> = vec![None; ids.len()];
+        let mut ask: HashMap<PeerId, Vec<usize>> = HashMap::new();
+        let t0 = Instant::now();
+        for (i, id) in ids.iter().enumerate() {
+            if self.memory.contains_block(id) {
+                tiers[i] = Some(TierKind::Memory);
+            } else if self.disk.as_ref().is_some_and(|d| d.has(id)) {
+                tiers[i] = Some(TierKind::Disk);
+            } else {
+                match peers.owners(id).peers.first() {
+                    Some(&p) => ask.entry(p).or_default().push(i),
+                    // No other node may hold it: the prefix ends here.
+                    None => break,
+                }
+            }
+        }
+        timing.add(TierKind::Memory, t0.elapsed());
+        if !ask.is_empty() {
+            let t0 = Instant::now();
+            let answers = join_all(ask.into_iter().map(|(p, idx)| {
+                let group: Vec<Key> = idx.iter().map(|&i| keys[i].clone()).collect();
+                async move { (peers.lookup(p, ns, &group).await, idx) }
+            }))
+            .await;
+            timing.add(TierKind::Peer, t0.elapsed());
+            for (r, idx) in answers {
+                if let Ok(n) = r {
+                    for &i in &idx[..n.min(idx.len())] {
+                        tiers[i] = Some(TierKind::Peer);
+                    }
+                }
+            }
+        }
+        let found = tiers.iter().take_while(|t| t.is_some()).count();
+        let tiers = tiers[..found].iter().map(|t| t.expect("found")).collect();
+        let mut ids = ids;
+        ids.truncate(found);
+        (tiers, ids)
+    }
+
+    /// The block from the first of its owners that has it.
+    pub(super) async fn read_from_peers(
+        &self,
+        peers: &dyn Peers,
+        owners: &Owners,
+        id: &BlockId,
+        timing: &mut StorageTiming,
+    ) -> Option<Block> {
+        if owners.peers.is_empty() {
+            return None;
+        }
+        let t0 = Instant::now();
+        let mut got = None;
+        for &p in &owners.peers {
+            if let Ok(Some(b)) = peers.get(p, id).await {
+                got = Some(b);
+                break;
+            }
+        }
+        timing.add(TierKind::Peer, t0.elapsed());
+        got
+    }
+
+    /// Copies a block this node read from the object store, but does not
+    /// own, to its owners in the background, so the next read of it anywhere
+    /// finds it in the cluster's memory. Best effort.
+    pub(super) fn replicate_to_owners(&self, owners: &Owners, b: &Block) {
+        let Some(peers) = &self.peers else { return };
+        for &p in &owners.peers {
+            let (peers, b) = (peers.clone(), b.clone());
+            tokio::spawn(async move {
+                if let Err(e) = peers.put(p, b, Overwrite::Never).await {
+                    tracing::debug!(error = %e, "copying a block to its owner failed");
+                }
+            });
+        }
+    }
+
+    /// A write in a cluster: stored here if this node owns the block (and,
+    /// as on a single node, in the object store), or only in the object
+    /// store if it does not; then on every other owner, in parallel.
+    /// Acknowledged when the local step succeeded; a node that stores nothing
+    /// itself (not an owner, no object store) needs one owner to have taken
+    /// it. A failed replica is the peer layer's to count; reads then find the
+    /// other owner or the object store.
+    pub(super) async fn store_in_cluster(
+        &self,
+        peers: &Arc<dyn Peers>,
+        block: Block,
+        mode: Overwrite,
+        timing: &mut StorageTiming,
+    ) -> Result<WriteOutcome> {
+        self.check_size(block.payload.len())?;
+        let owners = peers.owners(&block.meta.id);
+        let here = if owners.local {
+            Some(self.store_here(block.clone(), mode, timing).await?)
+        } else if let Some(obj) = &self.object {
+            Some(self.store_object_only(obj, block.clone(), timing).await?)
+        } else {
+            None
+        };
+        if owners.peers.is_empty() {
+            return here
+                .ok_or_else(|| Error::unavailable("no node of the cluster owns this block"));
+        }
+        let t0 = Instant::now();
+        let results = join_all(
+            owners
+                .peers
+                .iter()
+                .map(|&p| peers.put(p, block.clone(), mode)),
+        )
+        .await;
+        timing.add(TierKind::Peer, t0.elapsed());
+        if let Some(out) = here {
+            return Ok(out);
+        }
+        let mut first_err = None;
+        for r in results {
+            match r {
+                Ok(()) => return Ok(WriteOutcome::Stored),
+                Err(e) => {
+                    first_err.get_or_insert(e);
+                }
+            }
+        }
+        Err(first_err
+            .expect("at least one owner")
+            .context("no owner of the block could store it"))
+    }
+
+    /// Deletes on every live peer as well (descendants may live anywhere);
+    /// returns the most any node removed. A peer that fails is skipped: the
+    /// object store, the source of truth, was already cleared by the caller.
+    pub(super) async fn delete_on_peers(
+        &self,
+        peers: &dyn Peers,
+        id: &BlockId,
+        timing: &mut StorageTiming,
+    ) -> u64 {
+        let live = peers.live();
+        if live.is_empty() {
+            return 0;
+        }
+        let t0 = Instant::now();
+        let n = join_all(live.into_iter().map(|p| peers.delete(p, id)))
+            .await
+            .into_iter()
+            .filter_map(|r| r.ok())
+            .max()
+            .unwrap_or(0);
+        timing.add(TierKind::Peer, t0.elapsed());
+        n
+    }
+}

@@ -1,0 +1,179 @@
+//! Cluster mode (`docs/cluster.md`): the `[cluster]` settings, who the
+//! members are (a static list, or every address a DNS name resolves to,
+//! re-resolved periodically), and the gRPC link through which the engine
+//! reaches the other nodes ([`peers::GrpcPeers`]).
+//!
+//! A request one node forwards to another carries the metadata entry
+//! [`FORWARDED`]; the receiving node serves it from its engine's local twin
+//! (memory and disk only), so requests never travel further than one hop.
+use serde::{Deserialize, Serialize};
+use std::time::Duration;
+
+pub mod peers;
+
+pub use peers::{ClusterMetrics, GrpcPeers};
+
+/// gRPC metadata marking a request forwarded by another node: `1`, or
+/// `replace` for a key/value put that replaces an older value.
+pub const FORWARDED: &str = "kvtier-forwarded";
+
+/// `[cluster]`: off unless `nodes` or `dns` is set.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct ClusterSection {
+    /// Every node, `grpc://host:port` (this one included).
+    pub nodes: Vec<String>,
+    /// This node, as the others name it (`grpc://host:port`).
+    #[serde(rename = "self")]
+    pub self_: String,
+    /// Owners of each block in memory/disk (the object store holds every block once).
+    pub replicas: usize,
+    /// `name:port`: every address the name resolves to is a node (a
+    /// Kubernetes headless Service); instead of `nodes`.
+    pub dns: String,
+    /// How often `dns` is resolved again.
+    #[serde(with = "humantime_serde")]
+    pub dns_interval: Duration,
+    /// Longest wait for one call to another node (less when the request's
+    /// own deadline is nearer).
+    #[serde(with = "humantime_serde")]
+    pub peer_timeout: Duration,
+    /// A node whose call failed (refused, timed out) is skipped this long
+    /// before it is tried again.
+    #[serde(with = "humantime_serde")]
+    pub down_for: Duration,
+}
+
+impl Default for ClusterSection {
+    fn default() -> Self {
+        Self {
+            nodes: Vec::new(),
+            self_: String::new(),
+            replicas: 2,
+            dns: String::new(),
+            dns_interval: Duration::from_secs(5),
+            peer_timeout: Duration::from_secs(2),
+            down_for: Duration::from_secs(3),
+        }
+    }
+}
+
+impl ClusterSection {
+    /// True when this node is part of a cluster.
+    pub fn enabled(&self) -> bool {
+        !self.nodes.is_empty() || !self.dns.is_empty()
+    }
+
+    /// Refuses settings that cannot work, naming the key.
+    pub fn validate(&self) -> anyhow::Result<()> {
+        if !self.enabled() {
+            return Ok(());
+        }
+        anyhow::ensure!(
+            self.nodes.is_empty() || self.dns.is_empty(),
+            "cluster.nodes and cluster.dns are alternatives: set one"
+        );
+        anyhow::ensure!(
+            !self.self_.is_empty(),
+            "cluster.self (--cluster-self) must name this node as the others reach it, e.g. grpc://10.0.0.1:50051"
+        );
+        let me = node_name(&self.self_)?;
+        let names = self
+            .nodes
+            .iter()
+            .map(|n| node_name(n))
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        anyhow::ensure!(
+            self.nodes.is_empty() || names.contains(&me),
+            "cluster.self {} is not one of cluster.nodes ({})",
+            self.self_,
+            self.nodes.join(", ")
+        );
+        if !self.dns.is_empty() {
+            dns_target(&self.dns)?;
+        }
+        anyhow::ensure!(self.replicas >= 1, "cluster.replicas must be at least 1");
+        anyhow::ensure!(
+            !self.peer_timeout.is_zero(),
+            "cluster.peer_timeout must be > 0"
+        );
+        Ok(())
+    }
+}
+
+/// A node's name in placement: `host:port`, from `grpc://host:port` (or a
+/// bare `host:port`). Clients compute placement from the same names.
+pub fn node_name(addr: &str) -> anyhow::Result<String> {
+    let rest = addr
+        .strip_prefix("grpc://")
+        .or_else(|| addr.strip_prefix("http://"))
+        .unwrap_or(addr)
+        .trim_end_matches('/');
+    let ok = rest
+        .rsplit_once(':')
+        .is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok_and(|p| p != 0));
+    anyhow::ensure!(
+        ok,
+        "cluster node {addr:?} is not grpc://host:port (with a port other than 0)"
+    );
+    Ok(rest.to_string())
+}
+
+/// `(name, port)` of `cluster.dns`.
+pub fn dns_target(s: &str) -> anyhow::Result<(String, u16)> {
+    let (h, p) = s
+        .rsplit_once(':')
+        .filter(|(h, _)| !h.is_empty())
+        .ok_or_else(|| anyhow::anyhow!("cluster.dns {s:?} is not name:port"))?;
+    let port = p
+        .parse::<u16>()
+        .map_err(|_| anyhow::anyhow!("cluster.dns {s:?}: bad port {p:?}"))?;
+    Ok((h.to_string(), port))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn node_names_drop_the_scheme_and_need_a_port() {
+        assert_eq!(
+            node_name("grpc://10.0.0.1:50051").unwrap(),
+            "10.0.0.1:50051"
+        );
+        assert_eq!(node_name("kvtier-0.svc:7").unwrap(), "kvtier-0.svc:7");
+        assert_eq!(node_name("grpc://[::1]:5/").unwrap(), "[::1]:5");
+        for bad in ["grpc://host", "host:0", ":50051", "grpc://h:x"] {
+            assert!(node_name(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn settings_that_cannot_work_are_refused_by_name() {
+        let mut c = ClusterSection {
+            nodes: vec!["grpc://a:1".into(), "grpc://b:1".into()],
+            ..Default::default()
+        };
+        assert!(
+            c.validate()
+                .unwrap_err()
+                .to_string()
+                .contains("cluster.self")
+        );
+        c.self_ = "grpc://c:1".into();
+        assert!(c.validate().unwrap_err().to_string().contains("not one of"));
+        c.self_ = "grpc://b:1".into();
+        c.validate().unwrap();
+        c.dns = "x:1".into();
+        assert!(
+            c.validate()
+                .unwrap_err()
+                .to_string()
+                .contains("alternatives")
+        );
+        c.nodes.clear();
+        c.validate().unwrap();
+        c.dns = "x".into();
+        assert!(c.validate().unwrap_err().to_string().contains("name:port"));
+    }
+}
