@@ -100,6 +100,7 @@ impl Server {
                 Some(p.metrics()),
             ));
             shared.local = Some(Arc::new(engine.local_twin()));
+            shared.cluster_self = p.me().to_string();
         }
         shared.auth = auth.clone();
         shared.public_metrics = cfg.auth.public_metrics;

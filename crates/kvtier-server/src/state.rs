@@ -30,6 +30,8 @@ pub struct Shared {
     /// In a cluster, the engine's local twin: what serves requests other
     /// nodes forward here (docs/cluster.md).
     pub local: Option<Arc<Engine>>,
+    /// This node's name in its cluster (`host:port`); empty outside one.
+    pub cluster_self: String,
 }
 
 /// A request admitted for service: its clock and its admission permit.
@@ -82,6 +84,7 @@ impl Shared {
             public_health: true,
             limits: crate::limits::Limits::unlimited(),
             local: None,
+            cluster_self: String::new(),
         }
     }
 

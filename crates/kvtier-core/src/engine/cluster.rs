@@ -68,19 +68,35 @@ impl Engine {
         timing.add(TierKind::Memory, t0.elapsed());
         if !ask.is_empty() {
             let t0 = Instant::now();
-            let answers = join_all(ask.into_iter().map(|(p, idx)| {
-                let group: Vec<Key> = idx.iter().map(|&i| keys[i].clone()).collect();
-                async move { (peers.lookup(p, ns, &group).await, idx) }
-            }))
-            .await;
-            timing.add(TierKind::Peer, t0.elapsed());
+            let answers = self.ask_lookups(peers, ns, keys, ask).await;
+            let mut retry: HashMap<PeerId, Vec<usize>> = HashMap::new();
             for (r, idx) in answers {
-                if let Ok(n) = r {
-                    for &i in &idx[..n.min(idx.len())] {
-                        tiers[i] = Some(TierKind::Peer);
+                match r {
+                    Ok(n) => {
+                        for &i in &idx[..n.min(idx.len())] {
+                            tiers[i] = Some(TierKind::Peer);
+                        }
+                    }
+                    // The peer is now marked down: ask the keys' next owners.
+                    Err(_) => {
+                        for i in idx {
+                            if let Some(&p) = peers.owners(&ids[i]).peers.first() {
+                                retry.entry(p).or_default().push(i);
+                            }
+                        }
                     }
                 }
             }
+            if !retry.is_empty() {
+                for (r, idx) in self.ask_lookups(peers, ns, keys, retry).await {
+                    if let Ok(n) = r {
+                        for &i in &idx[..n.min(idx.len())] {
+                            tiers[i] = Some(TierKind::Peer);
+                        }
+                    }
+                }
+            }
+            timing.add(TierKind::Peer, t0.elapsed());
         }
         let found = tiers.iter().take_while(|t| t.is_some()).count();
         let tiers = tiers[..found].iter().map(|t| t.expect("found")).collect();
@@ -89,27 +105,65 @@ impl Engine {
         (tiers, ids)
     }
 
-    /// The block from the first of its owners that has it.
+    /// One lookup per peer, in parallel, each for its group of keys (indexes
+    /// into `keys`, in chain order).
+    async fn ask_lookups(
+        &self,
+        peers: &dyn Peers,
+        ns: &Namespace,
+        keys: &[Key],
+        groups: HashMap<PeerId, Vec<usize>>,
+    ) -> Vec<(Result<usize>, Vec<usize>)> {
+        join_all(groups.into_iter().map(|(p, idx)| {
+            let group: Vec<Key> = idx.iter().map(|&i| keys[i].clone()).collect();
+            async move { (peers.lookup(p, ns, &group).await, idx) }
+        }))
+        .await
+    }
+
+    /// The block from the first of its owners that has it. A peer that
+    /// fails is marked down by the peer layer, which makes the next node of
+    /// the ranking an owner: that one is asked too, within the same request.
+    /// Returns the owners as they stand at the end.
     pub(super) async fn read_from_peers(
         &self,
         peers: &dyn Peers,
-        owners: &Owners,
         id: &BlockId,
         timing: &mut StorageTiming,
-    ) -> Option<Block> {
+    ) -> (Option<Block>, Owners) {
+        let mut owners = peers.owners(id);
         if owners.peers.is_empty() {
-            return None;
+            return (None, owners);
         }
         let t0 = Instant::now();
+        let mut tried: Vec<PeerId> = Vec::new();
         let mut got = None;
-        for &p in &owners.peers {
-            if let Ok(Some(b)) = peers.get(p, id).await {
-                got = Some(b);
+        'ask: loop {
+            let mut failed = false;
+            let todo: Vec<PeerId> = owners
+                .peers
+                .iter()
+                .copied()
+                .filter(|p| !tried.contains(p))
+                .collect();
+            for p in todo {
+                tried.push(p);
+                match peers.get(p, id).await {
+                    Ok(Some(b)) => {
+                        got = Some(b);
+                        break 'ask;
+                    }
+                    Ok(None) => {}
+                    Err(_) => failed = true,
+                }
+            }
+            owners = peers.owners(id);
+            if !failed || owners.peers.iter().all(|p| tried.contains(p)) {
                 break;
             }
         }
         timing.add(TierKind::Peer, t0.elapsed());
-        got
+        (got, owners)
     }
 
     /// Copies a block this node read from the object store, but does not
@@ -142,42 +196,58 @@ impl Engine {
         timing: &mut StorageTiming,
     ) -> Result<WriteOutcome> {
         self.check_size(block.payload.len())?;
-        let owners = peers.owners(&block.meta.id);
-        let here = if owners.local {
+        let mut owners = peers.owners(&block.meta.id);
+        let mut here = if owners.local {
             Some(self.store_here(block.clone(), mode, timing).await?)
         } else if let Some(obj) = &self.object {
             Some(self.store_object_only(obj, block.clone(), timing).await?)
         } else {
             None
         };
-        if owners.peers.is_empty() {
-            return here
-                .ok_or_else(|| Error::unavailable("no node of the cluster owns this block"));
-        }
         let t0 = Instant::now();
-        let results = join_all(
-            owners
+        let mut tried: Vec<PeerId> = Vec::new();
+        let mut stored = 0;
+        let mut first_err = None;
+        // A replica that fails marks its peer down, which makes the next node
+        // of the ranking an owner: it gets the replica in a second round.
+        for _round in 0..2 {
+            let todo: Vec<PeerId> = owners
                 .peers
                 .iter()
-                .map(|&p| peers.put(p, block.clone(), mode)),
-        )
-        .await;
-        timing.add(TierKind::Peer, t0.elapsed());
-        if let Some(out) = here {
-            return Ok(out);
-        }
-        let mut first_err = None;
-        for r in results {
-            match r {
-                Ok(()) => return Ok(WriteOutcome::Stored),
-                Err(e) => {
-                    first_err.get_or_insert(e);
+                .copied()
+                .filter(|p| !tried.contains(p))
+                .collect();
+            if todo.is_empty() {
+                break;
+            }
+            tried.extend(&todo);
+            let results = join_all(todo.iter().map(|&p| peers.put(p, block.clone(), mode))).await;
+            let failed = results.iter().any(|r| r.is_err());
+            for r in results {
+                match r {
+                    Ok(()) => stored += 1,
+                    Err(e) => {
+                        first_err.get_or_insert(e);
+                    }
                 }
             }
+            if !failed {
+                break;
+            }
+            owners = peers.owners(&block.meta.id);
+            if owners.local && here.is_none() {
+                here = Some(self.store_local(block.clone(), mode, timing).await?);
+            }
         }
-        Err(first_err
-            .expect("at least one owner")
-            .context("no owner of the block could store it"))
+        if !tried.is_empty() {
+            timing.add(TierKind::Peer, t0.elapsed());
+        }
+        match (here, first_err) {
+            (Some(out), _) => Ok(out),
+            (None, _) if stored > 0 => Ok(WriteOutcome::Stored),
+            (None, Some(e)) => Err(e.context("no owner of the block could store it")),
+            (None, None) => Err(Error::unavailable("no node of the cluster owns this block")),
+        }
     }
 
     /// Deletes on every live peer as well (descendants may live anywhere);

@@ -319,16 +319,18 @@ impl Engine {
                 return Ok(Some((b, t.kind())));
             }
         }
-        let owners = self.peers.as_ref().map(|p| (p, p.owners(id)));
-        if let Some((peers, owners)) = &owners
-            && let Some(b) = self.read_from_peers(&***peers, owners, id, timing).await
-        {
-            // Only an owner keeps a copy: hot blocks are not duplicated on
-            // every node a request happens to land on.
-            if owners.local {
-                self.promote(&b, timing).await;
+        let mut owners = None;
+        if let Some(peers) = &self.peers {
+            let (got, o) = self.read_from_peers(&**peers, id, timing).await;
+            if let Some(b) = got {
+                // Only an owner keeps a copy: hot blocks are not duplicated on
+                // every node a request happens to land on.
+                if o.local {
+                    self.promote(&b, timing).await;
+                }
+                return Ok(Some((b, TierKind::Peer)));
             }
-            return Ok(Some((b, TierKind::Peer)));
+            owners = Some(o);
         }
         if let Some(obj) = &self.object {
             let t0 = Instant::now();
@@ -336,7 +338,7 @@ impl Engine {
             timing.add(TierKind::Object, t0.elapsed());
             if let Some(b) = got? {
                 match &owners {
-                    Some((_, o)) if !o.local => self.replicate_to_owners(o, &b),
+                    Some(o) if !o.local => self.replicate_to_owners(o, &b),
                     _ => {
                         self.promote(&b, timing).await;
                         self.promote_to_disk(&b);

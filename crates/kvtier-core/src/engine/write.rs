@@ -144,7 +144,7 @@ impl Engine {
     }
 
     /// Stores in memory and (per the disk policy) on disk.
-    async fn store_local(
+    pub(super) async fn store_local(
         &self,
         block: Block,
         mode: Overwrite,

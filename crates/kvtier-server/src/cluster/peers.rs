@@ -152,6 +152,16 @@ impl GrpcPeers {
         Ok(p)
     }
 
+    /// This node's name.
+    pub fn me(&self) -> &str {
+        &self.me
+    }
+
+    /// The members' names, this node's included, sorted.
+    pub fn members(&self) -> Vec<String> {
+        self.members.read().names.clone()
+    }
+
     /// The metric families (to register into the server's registry).
     pub fn metrics(&self) -> &ClusterMetrics {
         &self.metrics
@@ -217,8 +227,7 @@ impl GrpcPeers {
                 }
                 match tokio::net::lookup_host((target.0.as_str(), target.1)).await {
                     Ok(addrs) => {
-                        let names = addrs.map(|a| a.to_string()).collect();
-                        if let Err(e) = me.set_members(names) {
+                        if let Err(e) = me.learn(addrs.collect()).await {
                             tracing::warn!(error = %e, "cluster DNS answer not usable");
                         }
                     }
@@ -228,6 +237,36 @@ impl GrpcPeers {
                 }
             }
         })
+    }
+
+    /// Makes the nodes at `addrs` the membership, each under the name it
+    /// reports (`StatsResponse.cluster_self`) rather than its address: a
+    /// Kubernetes pod keeps its name (`kvtier-0.<headless service>`) across
+    /// restarts while its IP changes, and placement must follow the name for
+    /// a restarted pod to own what its disk holds. Every resolution asks
+    /// again (one Stats call per node per `cluster.dns_interval`): an IP may
+    /// pass to another pod. An address that does not answer is left out this
+    /// round (not ready yet).
+    pub async fn learn(&self, addrs: Vec<std::net::SocketAddr>) -> anyhow::Result<()> {
+        let mut names = Vec::with_capacity(addrs.len());
+        let asks = addrs.into_iter().map(|a| async move {
+            let ep = Endpoint::from_shared(format!("http://{a}"))
+                .ok()?
+                .connect_timeout(self.timeout)
+                .timeout(self.timeout);
+            let mut c = KvTierClient::new(ep.connect().await.ok()?);
+            let mut req = tonic::Request::new(pb::StatsRequest {});
+            if let Some(t) = &self.token {
+                req.metadata_mut().insert("authorization", t.clone());
+            }
+            let name = c.stats(req).await.ok()?.into_inner().cluster_self;
+            let name = if name.is_empty() { a.to_string() } else { name };
+            Some(name)
+        });
+        for n in futures::future::join_all(asks).await.into_iter().flatten() {
+            names.push(n);
+        }
+        self.set_members(names)
     }
 
     fn peer(&self, p: PeerId) -> Arc<Peer> {

@@ -284,7 +284,7 @@ impl KvTier for V1Service {
             let mut deleted = 0;
             for key in state::keys(&req.keys)? {
                 let id = BlockId::new(ns.clone(), key);
-                deleted += self
+                deleted += this
                     .shared
                     .engine
                     .delete(&id, &mut clock.storage)
@@ -364,12 +364,13 @@ impl KvTier for V1Service {
                 active_leases: s.active_leases,
                 expired_blocks: s.tiers.iter().map(|(_, t)| t.expirations).sum(),
                 version: env!("CARGO_PKG_VERSION").to_string(),
-                data_listen: self
+                data_listen: this
                     .shared
                     .data_addr
                     .get()
                     .map(|a| a.to_string())
                     .unwrap_or_default(),
+                cluster_self: this.shared.cluster_self.clone(),
                 timing: Some(clock.finish()),
             })
         })
