@@ -143,11 +143,15 @@ def test_kubernetes_cluster_manifest_hangs_together(kvtier_bin, tmp_path):
         ref = e.get("valueFrom", {}).get("secretKeyRef")
         if ref:
             assert ref["key"] in secrets.get(ref["name"], set()), f"{e['name']}: {ref} is not in the header's commands"
-    # Identity and membership: grpc://<pod IP>:<grpc port>; the headless Service in the pod's namespace.
+    # Identity: the pod's stable StatefulSet DNS name (kept across restarts,
+    # so a restarted pod keeps its placement); membership: the headless
+    # Service in the pod's namespace; peers present the cluster token.
     env = {e["name"]: e for e in c["env"]}
-    assert env["POD_IP"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
+    assert env["POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
     assert env["POD_NAMESPACE"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace"
-    assert env["KVTIER_CLUSTER_SELF"]["value"] == f"grpc://$(POD_IP):{ports['grpc']}"
+    assert env["KVTIER_CLUSTER_SELF"]["value"] == (
+        f"grpc://$(POD_NAME).{headless['metadata']['name']}.$(POD_NAMESPACE).svc.cluster.local:{ports['grpc']}")
+    assert env["KVTIER_CLUSTER_TOKEN"]["valueFrom"]["secretKeyRef"]["name"] == "kvtier-cluster-token"
     dns_host, dns_port = env["KVTIER_CLUSTER_DNS"]["value"].rsplit(":", 1)
     assert dns_host == f"{headless['metadata']['name']}.$(POD_NAMESPACE).svc.cluster.local"
     assert int(dns_port) == ports["grpc"], "every DNS record + this port is a node's gRPC address"
@@ -162,11 +166,12 @@ def test_kubernetes_cluster_manifest_hangs_together(kvtier_bin, tmp_path):
     assert sts["spec"]["volumeClaimTemplates"][0]["metadata"]["name"] == "data"
     # kvtier accepts the config with the pod's environment, on loopback: the
     # pod's IP is 127.0.0.1, the DNS name one that resolves here.
-    pod_env = _pod_env(c, {"status.podIP": "127.0.0.1", "metadata.namespace": "test"})
+    pod_env = _pod_env(c, {"metadata.name": "kvtier-cluster-0", "metadata.namespace": "test"})
     pod_env["KVTIER_CLUSTER_DNS"] = f"localhost:{dns_port}"
     base = {k: v for k, v in os.environ.items() if not k.startswith(("KVTIER_", "AWS_", "AZURE_"))}
     effective = tomllib.loads(_check_config(kvtier_bin, toml_text, tmp_path, env=base | pod_env))
-    assert effective["cluster"]["self"] == f"grpc://127.0.0.1:{ports['grpc']}"
+    assert effective["cluster"]["self"] == (
+        f"grpc://kvtier-cluster-0.{headless['metadata']['name']}.test.svc.cluster.local:{ports['grpc']}")
     assert effective["cluster"]["dns"] == f"localhost:{ports['grpc']}"
     assert effective["cluster"]["replicas"] == cfg["cluster"]["replicas"]
     assert effective["object_store"]["url"] == cfg["object_store"]["url"]
