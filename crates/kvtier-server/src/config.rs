@@ -637,6 +637,7 @@ mod tests {
         assert_eq!(c.engine, Config::default().engine);
         assert_eq!(c.disk, Config::default().disk);
         assert_eq!(c.object_store, Config::default().object_store);
+        assert_eq!(c.cluster, Config::default().cluster);
     }
 
     #[test]
