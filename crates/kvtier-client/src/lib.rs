@@ -7,6 +7,8 @@
 //!   `UNAVAILABLE` with exponential backoff and jitter, within the deadline.
 //! * End-to-end checksums: CRC32C computed on write, verified on read.
 //! * The key scheme, so callers can pass tokens instead of keys.
+//! * [`ClusterClient`]: one client per node of a cluster, each block sent to
+//!   a node that owns it ([`cluster`]).
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), kvtier_client::ClientError> {
@@ -17,6 +19,7 @@
 //! println!("{} blocks cached", found.found);
 //! # Ok(()) }
 //! ```
+pub mod cluster;
 pub mod compat;
 mod config;
 pub mod conversation;
@@ -65,6 +68,7 @@ impl ClientError {
 /// Result alias.
 pub type Result<T, E = ClientError> = std::result::Result<T, E>;
 
+pub use cluster::{ClusterClient, ClusterConfig};
 use config::data_plane_addr;
 pub use config::{ClientConfig, ClientTls, backoff, connect_pool, endpoint};
 pub(crate) use types::to_read_block_checked;

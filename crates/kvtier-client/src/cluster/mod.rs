@@ -1,0 +1,748 @@
+//! A client for a kvtier cluster (`kvtier serve --cluster-nodes ...`): one
+//! [`Client`] per node, each block sent to a node that owns it.
+//!
+//! Any node of a cluster answers any request (it asks the owners, then the
+//! object store), so a single-address [`Client`] works against a cluster; but
+//! a block that does not live on the node asked costs a hop between nodes.
+//! [`ClusterClient`] knows the node list and computes each block's owners
+//! with the servers' own placement ([`kvtier_core::cluster::rank`] over the
+//! node names, first `replicas` of the ranking), so every block goes to an
+//! owner directly. It keeps no state about blocks: each call groups its keys
+//! by first owner, sends each node its part (nodes in parallel) and puts the
+//! answers back together in the caller's order. A node that does not answer
+//! (`UNAVAILABLE`, a timeout, a refused connection) is skipped for
+//! `down_for` and its part goes to each key's next owner. The semantics are
+//! those of the Python SDK's `kvtier.ClusterClient` (python/kvtier/cluster.py).
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), kvtier_client::ClientError> {
+//! use kvtier_client::{ClusterClient, ClusterConfig};
+//! let c = ClusterClient::connect(ClusterConfig::new("grpc://10.0.0.1:50051,grpc://10.0.0.2:50051")).await?;
+//! let tokens: Vec<u32> = (0..256).collect();
+//! let hit = c.lookup_tokens("my-model", &tokens, None).await?;
+//! let blocks = c.read("my-model", &hit.keys[..hit.found], 0).await?;
+//! # let _ = blocks; Ok(()) }
+//! ```
+use crate::{
+    Client, ClientConfig, ClientError, Lookup, ReadResult, Result, ServerTiming, WriteBlock,
+    WriteResult,
+};
+use bytes::Bytes;
+use futures::future::join_all;
+use kvtier_core::Key;
+use kvtier_proto::v1 as pb;
+use parking_lot::Mutex;
+use std::collections::{BTreeMap, HashMap};
+use std::future::Future;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+mod read;
+
+/// Owners per block unless told otherwise (the servers' `cluster.replicas` default).
+pub const DEFAULT_REPLICAS: usize = 2;
+
+/// How long a node that did not answer is skipped unless told otherwise.
+pub const DEFAULT_DOWN_FOR: Duration = Duration::from_secs(5);
+
+/// Leases remembered (to release each on the node that granted it) before
+/// expired ones are forgotten.
+const LEASES_KEPT: usize = 1024;
+
+/// Settings of a [`ClusterClient`].
+#[derive(Debug, Clone)]
+pub struct ClusterConfig {
+    /// The nodes' addresses (`grpc://host:port`, `http://host:port` or
+    /// `host:port`): the list the servers were given (`--cluster-nodes`),
+    /// since placement hashes the names (the address without its scheme).
+    pub nodes: Vec<String>,
+    /// Settings of every node's client (connections, deadline, retries,
+    /// keys, token, TLS...); its `endpoint` is ignored.
+    pub client: ClientConfig,
+    /// Owners per block (the servers' `cluster.replicas`). Reads ask up to
+    /// this many owners that answer before a block counts as missing.
+    pub replicas: usize,
+    /// A node that did not answer is skipped this long (unless every node is).
+    pub down_for: Duration,
+}
+
+impl ClusterConfig {
+    /// `nodes` as one comma-separated string (`grpc://h1:p1,grpc://h2:p2`),
+    /// with the client defaults of [`ClientConfig::new`].
+    pub fn new(nodes: &str) -> Self {
+        let nodes = split_nodes(nodes);
+        let first = nodes.first().map_or("", String::as_str);
+        Self::with_client(nodes.clone(), ClientConfig::new(first))
+    }
+
+    /// A list of node addresses and the settings every node's client uses.
+    pub fn with_client<S: Into<String>>(
+        nodes: impl IntoIterator<Item = S>,
+        client: ClientConfig,
+    ) -> Self {
+        Self {
+            nodes: nodes.into_iter().map(Into::into).collect(),
+            client,
+            replicas: DEFAULT_REPLICAS,
+            down_for: DEFAULT_DOWN_FOR,
+        }
+    }
+}
+
+/// The addresses of a comma-separated list, trimmed, empty items dropped.
+pub fn split_nodes(list: &str) -> Vec<String> {
+    list.split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(String::from)
+        .collect()
+}
+
+/// A node's name in placement: `host:port`, from `grpc://host:port`,
+/// `http://host:port` or a bare `host:port` (a trailing `/` dropped), as the
+/// server names its nodes. Refused unless the port is in 1..=65535.
+pub fn node_name(addr: &str) -> Result<String> {
+    let rest = addr
+        .strip_prefix("grpc://")
+        .or_else(|| addr.strip_prefix("http://"))
+        .unwrap_or(addr)
+        .trim_end_matches('/');
+    let ok = rest
+        .rsplit_once(':')
+        .is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok_and(|p| p != 0));
+    if !ok {
+        return Err(ClientError::Invalid(format!(
+            "cluster node {addr:?} is not grpc://host:port (with a port other than 0)"
+        )));
+    }
+    Ok(rest.to_string())
+}
+
+/// Whether an error means the node did not answer (as opposed to answering
+/// with an error): then its part goes to the next owner.
+pub fn unreachable(e: &ClientError) -> bool {
+    match e {
+        ClientError::Status(s) => matches!(
+            s.code(),
+            tonic::Code::Unavailable | tonic::Code::DeadlineExceeded
+        ),
+        ClientError::Transport(_) => true,
+        _ => false,
+    }
+}
+
+/// `t += o`, field by field (server times of parts run on several nodes add
+/// up: work done, not latency).
+pub(crate) fn add_timing(t: &mut ServerTiming, o: &ServerTiming) {
+    t.queue_us += o.queue_us;
+    t.service_us += o.service_us;
+    t.storage_memory_us += o.storage_memory_us;
+    t.storage_disk_us += o.storage_disk_us;
+    t.storage_object_us += o.storage_object_us;
+    t.storage_peer_us += o.storage_peer_us;
+    t.total_us += o.total_us;
+}
+
+/// One node: its name, its client's settings, and the client once connected
+/// (a node down when the cluster client starts is connected when first used).
+struct Node {
+    name: String,
+    cfg: ClientConfig,
+    client: Mutex<Option<Client>>,
+    /// Held while connecting, so callers do not connect the same node twice.
+    connecting: tokio::sync::Mutex<()>,
+}
+
+struct Inner {
+    nodes: Vec<Node>,
+    /// The nodes' names in the order given (what placement ranks).
+    names: Vec<String>,
+    index: HashMap<String, usize>,
+    replicas: usize,
+    down_for: Duration,
+    /// Deadline of a whole call (failovers included).
+    timeout: Duration,
+    base: ClientConfig,
+    /// Per node: skipped until then, because it did not answer.
+    down: Mutex<Vec<Option<Instant>>>,
+    /// Lease id → (the node that granted it, when it expires).
+    leases: Mutex<HashMap<u64, (usize, Instant)>>,
+}
+
+/// A client for a kvtier cluster, with [`Client`]'s calls. Cheap to clone.
+///
+/// How each call is routed (owners: the ranking over the nodes not skipped
+/// as down; first owner: its first):
+///
+/// * [`write`](Self::write) / [`write_tokens`](Self::write_tokens) /
+///   [`delete`](Self::delete): keys grouped by first owner, one request per
+///   node, nodes in parallel. A node that does not answer is skipped and its
+///   keys go to their next owner. A failure of one node's part (other than
+///   not answering) leaves the other nodes' parts done.
+/// * [`read`](Self::read): grouped the same way; the answer is in the
+///   caller's order and ends at the first block no owner has. A block a node
+///   does not return is asked of its next owner, up to `replicas` owners
+///   that answered.
+/// * [`lookup`](Self::lookup): the whole chain to the first owner of its
+///   first key (any node answers for the whole cluster). A lease id belongs
+///   to the node that granted it: [`release_lease`](Self::release_lease)
+///   goes there; reads pass it on as is.
+/// * [`stats`](Self::stats): every node's stats added up
+///   ([`node_stats`](Self::node_stats) one by one).
+///
+/// Server timings of a call that asked several nodes are their sums.
+#[derive(Clone)]
+pub struct ClusterClient {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for ClusterClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClusterClient")
+            .field("nodes", &self.inner.names)
+            .field("replicas", &self.inner.replicas)
+            .finish()
+    }
+}
+
+impl ClusterClient {
+    /// Connects a client to every node (in parallel). Nodes that do not
+    /// answer now are skipped for `down_for` and connected when next used;
+    /// fails when none answers, or on settings no node can work with.
+    pub async fn connect(cfg: ClusterConfig) -> Result<Self> {
+        kvtier_core::keys::check_block_size(cfg.client.block_size)
+            .map_err(|e| ClientError::Invalid(e.message))?;
+        if cfg.nodes.is_empty() {
+            return Err(ClientError::Invalid(
+                "a cluster needs at least one node address".into(),
+            ));
+        }
+        if cfg.replicas == 0 {
+            return Err(ClientError::Invalid("replicas must be at least 1".into()));
+        }
+        let mut nodes = Vec::with_capacity(cfg.nodes.len());
+        let mut index = HashMap::new();
+        for addr in &cfg.nodes {
+            let name = node_name(addr)?;
+            if index.insert(name.clone(), nodes.len()).is_some() {
+                return Err(ClientError::Invalid(format!("node listed twice: {name}")));
+            }
+            let mut c = cfg.client.clone();
+            c.endpoint = format!("http://{name}");
+            nodes.push(Node {
+                name,
+                cfg: c,
+                client: Mutex::new(None),
+                connecting: tokio::sync::Mutex::new(()),
+            });
+        }
+        let n = nodes.len();
+        let inner = Arc::new(Inner {
+            names: nodes.iter().map(|n| n.name.clone()).collect(),
+            nodes,
+            index,
+            replicas: cfg.replicas,
+            down_for: cfg.down_for,
+            timeout: cfg.client.timeout,
+            base: cfg.client,
+            down: Mutex::new(vec![None; n]),
+            leases: Mutex::new(HashMap::new()),
+        });
+        let me = Self { inner };
+        let this = &me;
+        let tries = join_all((0..n).map(|i| async move {
+            let r = this.client_of(i).await;
+            this.mark(i, !matches!(&r, Err(e) if unreachable(e)));
+            r
+        }))
+        .await;
+        let mut first_err = None;
+        let mut any = false;
+        for r in tries {
+            match r {
+                Ok(_) => any = true,
+                Err(e) if unreachable(&e) => {
+                    first_err.get_or_insert(e);
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        match first_err {
+            Some(e) if !any => Err(e),
+            _ => Ok(me),
+        }
+    }
+
+    /// The nodes' names (`host:port`), in the order given.
+    pub fn nodes(&self) -> &[String] {
+        &self.inner.names
+    }
+
+    /// Owners per block.
+    pub fn replicas(&self) -> usize {
+        self.inner.replicas
+    }
+
+    /// The settings every node's client uses (its endpoint: the first node's).
+    pub fn config(&self) -> &ClientConfig {
+        &self.inner.nodes[0].cfg
+    }
+
+    /// The single-node client of `node` (a name or an address), once
+    /// connected: for calls this client does not route.
+    pub fn node(&self, node: &str) -> Option<Client> {
+        let i = *self.inner.index.get(&node_name(node).ok()?)?;
+        self.inner.nodes[i].client.lock().clone()
+    }
+
+    /// The clients of the nodes connected so far, by name.
+    pub fn node_clients(&self) -> Vec<(String, Client)> {
+        self.inner
+            .nodes
+            .iter()
+            .filter_map(|n| Some((n.name.clone(), n.client.lock().clone()?)))
+            .collect()
+    }
+
+    /// The nodes skipped now, because they did not answer lately.
+    pub fn down(&self) -> Vec<String> {
+        let mask = self.down_mask();
+        self.inner
+            .names
+            .iter()
+            .zip(mask)
+            .filter(|(_, d)| *d)
+            .map(|(n, _)| n.clone())
+            .collect()
+    }
+
+    /// Where `key` lives now: its `replicas` first owners among the nodes
+    /// not skipped as down (among all of them when every node is).
+    pub fn owners(&self, ns: &str, key: &Key) -> Vec<String> {
+        let mask = self.down_mask();
+        let mut live: Vec<String> = self
+            .inner
+            .names
+            .iter()
+            .zip(&mask)
+            .filter(|(_, d)| !**d)
+            .map(|(n, _)| n.clone())
+            .collect();
+        if live.is_empty() {
+            live = self.inner.names.clone();
+        }
+        kvtier_core::cluster::rank(&live, ns, key.as_bytes())
+            .into_iter()
+            .take(self.inner.replicas)
+            .map(String::from)
+            .collect()
+    }
+
+    // -- plumbing ---------------------------------------------------------
+
+    /// Node indexes ranked for one block, best first.
+    fn rank(&self, ns: &str, key: &[u8]) -> Vec<usize> {
+        kvtier_core::cluster::rank(&self.inner.names, ns, key)
+            .into_iter()
+            .map(|n| self.inner.index[n])
+            .collect()
+    }
+
+    fn down_mask(&self) -> Vec<bool> {
+        let now = Instant::now();
+        self.inner
+            .down
+            .lock()
+            .iter()
+            .map(|u| u.is_some_and(|u| u > now))
+            .collect()
+    }
+
+    fn mark(&self, node: usize, answered: bool) {
+        self.inner.down.lock()[node] = if answered {
+            None
+        } else {
+            Some(Instant::now() + self.inner.down_for)
+        };
+    }
+
+    /// The first node of `ranked` not down, not failed in this call and not
+    /// in `skip`; else the first such node that is down (a last resort).
+    fn pick(ranked: &[usize], down: &[bool], failed: &[bool], skip: &[usize]) -> Option<usize> {
+        let mut fallback = None;
+        for &n in ranked {
+            if failed[n] || skip.contains(&n) {
+                continue;
+            }
+            if !down[n] {
+                return Some(n);
+            }
+            fallback.get_or_insert(n);
+        }
+        fallback
+    }
+
+    fn deadline(&self) -> Instant {
+        Instant::now() + self.inner.timeout
+    }
+
+    fn check_deadline(&self, deadline: Instant) -> Result<()> {
+        if Instant::now() >= deadline {
+            return Err(self.deadline_error());
+        }
+        Ok(())
+    }
+
+    fn deadline_error(&self) -> ClientError {
+        ClientError::Status(tonic::Status::deadline_exceeded(format!(
+            "no answer within {:?}",
+            self.inner.timeout
+        )))
+    }
+
+    /// The connected client of `node`, connecting it first if needed.
+    async fn client_of(&self, node: usize) -> Result<Client> {
+        let n = &self.inner.nodes[node];
+        if let Some(c) = n.client.lock().clone() {
+            return Ok(c);
+        }
+        let _one = n.connecting.lock().await;
+        if let Some(c) = n.client.lock().clone() {
+            return Ok(c);
+        }
+        let c = Client::connect(n.cfg.clone()).await?;
+        *n.client.lock() = Some(c.clone());
+        Ok(c)
+    }
+
+    /// `call` on `node`'s client before `deadline`; the node is marked down
+    /// when it did not answer, up otherwise.
+    async fn part<T, Fut>(
+        &self,
+        node: usize,
+        deadline: Instant,
+        call: impl FnOnce(Client) -> Fut,
+    ) -> Result<T>
+    where
+        Fut: Future<Output = Result<T>>,
+    {
+        let r = tokio::time::timeout_at(deadline.into(), async {
+            let c = self.client_of(node).await?;
+            call(c).await
+        })
+        .await
+        .unwrap_or_else(|_| Err(self.deadline_error()));
+        self.mark(node, !matches!(&r, Err(e) if unreachable(e)));
+        r
+    }
+
+    /// Sends each key's part to its first owner (`send(client, indexes into
+    /// keys)`), nodes in parallel; the part of a node that does not answer
+    /// goes to the next owner. Returns the nodes' answers.
+    async fn grouped<T, F, Fut>(&self, ns: &str, keys: &[&Key], send: F) -> Result<Vec<T>>
+    where
+        F: Fn(Client, Vec<usize>) -> Fut,
+        Fut: Future<Output = Result<T>>,
+    {
+        let deadline = self.deadline();
+        let ranks: Vec<Vec<usize>> = keys.iter().map(|k| self.rank(ns, k.as_bytes())).collect();
+        let mut failed = vec![false; self.inner.nodes.len()];
+        let mut last: Option<ClientError> = None;
+        let mut pending: Vec<usize> = (0..keys.len()).collect();
+        let mut answers = Vec::new();
+        while !pending.is_empty() {
+            let down = self.down_mask();
+            let mut groups: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
+            pending.sort_unstable();
+            for &i in &pending {
+                match Self::pick(&ranks[i], &down, &failed, &[]) {
+                    Some(n) => groups.entry(n).or_default().push(i),
+                    None => return Err(last.unwrap_or_else(|| self.deadline_error())),
+                }
+            }
+            self.check_deadline(deadline)?;
+            pending.clear();
+            let outs = join_all(
+                groups
+                    .iter()
+                    .map(|(&n, ix)| self.part(n, deadline, |c| send(c, ix.clone()))),
+            )
+            .await;
+            let mut error = None;
+            for ((n, ix), out) in groups.into_iter().zip(outs) {
+                match out {
+                    Ok(a) => answers.push(a),
+                    Err(e) if unreachable(&e) => {
+                        failed[n] = true;
+                        pending.extend(ix);
+                        last = Some(e);
+                    }
+                    Err(e) => {
+                        error.get_or_insert(e);
+                    }
+                }
+            }
+            if let Some(e) = error {
+                return Err(e);
+            }
+        }
+        Ok(answers)
+    }
+
+    /// `call` on the first owner of `key` (on the first node without a key),
+    /// then on the next ones while they do not answer. Returns the node and
+    /// its answer.
+    async fn to_first_owner<T, F, Fut>(
+        &self,
+        ns: &str,
+        key: Option<&Key>,
+        call: F,
+    ) -> Result<(usize, T)>
+    where
+        F: Fn(Client) -> Fut,
+        Fut: Future<Output = Result<T>>,
+    {
+        let deadline = self.deadline();
+        let ranked = match key {
+            Some(k) => self.rank(ns, k.as_bytes()),
+            None => (0..self.inner.nodes.len()).collect(),
+        };
+        let mut failed = vec![false; self.inner.nodes.len()];
+        let mut last = None;
+        loop {
+            let Some(n) = Self::pick(&ranked, &self.down_mask(), &failed, &[]) else {
+                return Err(last.unwrap_or_else(|| self.deadline_error()));
+            };
+            self.check_deadline(deadline)?;
+            match self.part(n, deadline, &call).await {
+                Ok(r) => return Ok((n, r)),
+                Err(e) if unreachable(&e) => {
+                    failed[n] = true;
+                    last = Some(e);
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    fn remember_lease(&self, lease_id: u64, node: usize, lease_ms: u32) {
+        if lease_id == 0 {
+            return;
+        }
+        let now = Instant::now();
+        let mut leases = self.inner.leases.lock();
+        if leases.len() >= LEASES_KEPT {
+            leases.retain(|_, (_, until)| *until > now);
+        }
+        let until = now + Duration::from_millis(u64::from(lease_ms));
+        leases.insert(lease_id, (node, until));
+    }
+
+    // -- calls ------------------------------------------------------------
+
+    /// Keys of the full blocks of `tokens` under the configured scheme.
+    pub fn keys_for(&self, tokens: &[u32]) -> Vec<Key> {
+        let c = &self.inner.base;
+        c.hash
+            .chain_salted(tokens, c.block_size, &c.salt)
+            .expect("block size checked at connect")
+    }
+
+    /// How many leading `keys` are stored in the cluster: [`Client::lookup`]
+    /// on the first owner of the first key.
+    pub async fn lookup(&self, ns: &str, keys: &[Key], lease_ms: Option<u32>) -> Result<Lookup> {
+        let (node, r) = self
+            .to_first_owner(ns, keys.first(), |c| async move {
+                c.lookup(ns, keys, lease_ms).await
+            })
+            .await?;
+        self.remember_lease(r.lease_id, node, lease_ms.unwrap_or(0));
+        Ok(r)
+    }
+
+    /// How many leading blocks of `tokens` are stored (keys computed here).
+    pub async fn lookup_tokens(
+        &self,
+        ns: &str,
+        tokens: &[u32],
+        lease_ms: Option<u32>,
+    ) -> Result<Lookup> {
+        let keys = self.keys_for(tokens);
+        self.lookup(ns, &keys, lease_ms).await
+    }
+
+    /// Stores each block on its first owner, nodes in parallel (the owner
+    /// copies it to the other owners and the object store).
+    pub async fn write(&self, ns: &str, blocks: &[WriteBlock]) -> Result<WriteResult> {
+        let start = Instant::now();
+        let rs = if blocks.is_empty() {
+            let (_, r) = self
+                .to_first_owner(ns, None, |c| async move { c.write(ns, &[]).await })
+                .await?;
+            vec![r]
+        } else {
+            let keys: Vec<&Key> = blocks.iter().map(|b| &b.key).collect();
+            self.grouped(ns, &keys, |c, ix| async move {
+                let part: Vec<WriteBlock> = ix.iter().map(|&i| blocks[i].clone()).collect();
+                c.write(ns, &part).await
+            })
+            .await?
+        };
+        let mut out = WriteResult {
+            stored: 0,
+            existing: 0,
+            timing: ServerTiming::default(),
+        };
+        for r in &rs {
+            out.stored += r.stored;
+            out.existing += r.existing;
+            add_timing(&mut out.timing, &r.timing);
+        }
+        tracing::trace!(nodes = rs.len(), elapsed = ?start.elapsed(), "cluster write");
+        Ok(out)
+    }
+
+    /// Writes one payload per full block of `tokens`, chained parent to child.
+    pub async fn write_tokens(
+        &self,
+        ns: &str,
+        tokens: &[u32],
+        payloads: &[Bytes],
+    ) -> Result<WriteResult> {
+        let keys = self.keys_for(tokens);
+        let block_size = self.inner.base.block_size;
+        if payloads.len() != keys.len() {
+            return Err(ClientError::Invalid(format!(
+                "{} payloads for {} full blocks of {block_size} tokens",
+                payloads.len(),
+                keys.len(),
+            )));
+        }
+        let blocks: Vec<WriteBlock> = keys
+            .iter()
+            .enumerate()
+            .map(|(i, k)| WriteBlock {
+                key: k.clone(),
+                parent: i.checked_sub(1).map(|p| keys[p].clone()),
+                token_count: block_size as u32,
+                payload: payloads[i].clone(),
+                ttl_ms: 0,
+            })
+            .collect();
+        self.write(ns, &blocks).await
+    }
+
+    /// Deletes blocks (and their descendants) through each key's first owner
+    /// (which deletes on every node); returns how many were removed.
+    pub async fn delete(&self, ns: &str, keys: &[Key]) -> Result<u32> {
+        if keys.is_empty() {
+            let (_, r) = self
+                .to_first_owner(ns, None, |c| async move { c.delete(ns, &[]).await })
+                .await?;
+            return Ok(r);
+        }
+        let refs: Vec<&Key> = keys.iter().collect();
+        let rs = self
+            .grouped(ns, &refs, |c, ix| async move {
+                let part: Vec<Key> = ix.iter().map(|&i| keys[i].clone()).collect();
+                c.delete(ns, &part).await
+            })
+            .await?;
+        Ok(rs.iter().sum())
+    }
+
+    /// Ends a lease early, on the node that granted it (the first node when
+    /// this client did not take it).
+    pub async fn release_lease(&self, lease_id: u64) -> Result<()> {
+        if lease_id == 0 {
+            return Err(ClientError::Invalid("lease id 0 is not a lease".into()));
+        }
+        let node = self
+            .inner
+            .leases
+            .lock()
+            .remove(&lease_id)
+            .map_or(0, |l| l.0);
+        let deadline = self.deadline();
+        self.part(node, deadline, |c| async move {
+            c.release_lease(lease_id).await
+        })
+        .await
+    }
+
+    /// Each node's [`Client::stats`], or the error it answered with, by node name.
+    pub async fn node_stats(&self) -> Vec<(String, Result<pb::StatsResponse>)> {
+        let deadline = self.deadline();
+        let outs = join_all(
+            (0..self.inner.nodes.len())
+                .map(|n| self.part(n, deadline, |c| async move { c.stats().await })),
+        )
+        .await;
+        self.inner.names.iter().cloned().zip(outs).collect()
+    }
+
+    /// The nodes' stats added up: tiers by kind, leases and expired blocks
+    /// summed (each replica of a block counts); `version` the nodes'
+    /// versions (comma-separated when they differ); `data_listen` empty.
+    /// Nodes that do not answer are left out ([`node_stats`](Self::node_stats)
+    /// shows them); when none answers, or one answers with an error, that
+    /// error is returned.
+    pub async fn stats(&self) -> Result<pb::StatsResponse> {
+        let mut ok = Vec::new();
+        let mut down = None;
+        for (_, r) in self.node_stats().await {
+            match r {
+                Ok(s) => ok.push(s),
+                Err(e) if unreachable(&e) => {
+                    down.get_or_insert(e);
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        if ok.is_empty() {
+            return Err(down.unwrap_or_else(|| self.deadline_error()));
+        }
+        Ok(sum_stats(ok))
+    }
+}
+
+/// Stats of several nodes added up (see [`ClusterClient::stats`]).
+fn sum_stats(nodes: Vec<pb::StatsResponse>) -> pb::StatsResponse {
+    let mut tiers: BTreeMap<i32, pb::TierStats> = BTreeMap::new();
+    let mut out = pb::StatsResponse::default();
+    let mut timing = ServerTiming::default();
+    let mut versions = std::collections::BTreeSet::new();
+    for s in nodes {
+        for t in s.tiers {
+            let acc = tiers.entry(t.tier).or_insert_with(|| pb::TierStats {
+                tier: t.tier,
+                ..Default::default()
+            });
+            acc.blocks += t.blocks;
+            acc.bytes += t.bytes;
+            acc.capacity_bytes += t.capacity_bytes;
+            acc.hits += t.hits;
+            acc.misses += t.misses;
+            acc.evictions += t.evictions;
+        }
+        out.active_leases += s.active_leases;
+        out.expired_blocks += s.expired_blocks;
+        versions.insert(s.version);
+        add_timing(&mut timing, &s.timing.unwrap_or_default());
+    }
+    out.tiers = tiers.into_values().collect();
+    out.version = versions.into_iter().collect::<Vec<_>>().join(",");
+    out.timing = Some(timing);
+    out
+}
+
+impl ClusterClient {
+    /// Reads `keys` from their owners: the blocks in `keys`' order, ending at
+    /// the first block no owner has (as [`Client::read`]).
+    pub async fn read(&self, ns: &str, keys: &[Key], lease_id: u64) -> Result<ReadResult> {
+        read::read(self, ns, keys, lease_id).await
+    }
+}
+
+#[cfg(test)]
+mod tests;
