@@ -1,6 +1,9 @@
 //! Helpers shared by the binary's integration tests: `kvtier serve` on
-//! ephemeral loopback ports, its readiness line, and its request counters.
+//! ephemeral loopback ports, its readiness line, and its request counters;
+//! cluster nodes in [`cluster`].
 #![allow(dead_code)]
+pub mod cluster;
+
 use std::io::{BufRead, BufReader, Read, Write};
 use std::process::{Child, Command, Stdio};
 
@@ -37,6 +40,13 @@ pub fn ready(child: &mut Child) -> Option<serde_json::Value> {
 /// Requests of `op` (`read`, `write`, …) answered so far, summed over APIs
 /// and codes, from the server's `/metrics` at `http` (0 when unreachable).
 pub fn requests_total(http: &str, op: &str) -> u64 {
+    scrape(http, "kvtier_requests_total{", &[&format!("op=\"{op}\"")])
+}
+
+/// The sum of the samples whose line starts with `prefix` (a metric name and
+/// `{`) and contains every one of `labels` (`name="value"`), from the
+/// server's `/metrics` at `http` (0 when unreachable).
+pub fn scrape(http: &str, prefix: &str, labels: &[&str]) -> u64 {
     let Ok(mut s) = std::net::TcpStream::connect(http) else {
         return 0;
     };
@@ -47,7 +57,7 @@ pub fn requests_total(http: &str, op: &str) -> u64 {
     let mut body = String::new();
     let _ = s.read_to_string(&mut body);
     body.lines()
-        .filter(|l| l.starts_with("kvtier_requests_total{") && l.contains(&format!("op=\"{op}\"")))
+        .filter(|l| l.starts_with(prefix) && labels.iter().all(|x| l.contains(x)))
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum::<f64>() as u64
 }
