@@ -526,7 +526,20 @@ pub fn render_summary(r: &Record) -> String {
         m.memory_bytes as f64 / (1u64 << 30) as f64,
         m.kernel
     );
-    let _ = writeln!(out, "**Target:** {}  ", r.target);
+    match &r.cluster {
+        Some(c) => {
+            let _ = writeln!(
+                out,
+                "**Target:** a cluster of {} nodes through the node list (R = {}): {}  ",
+                c.nodes.len(),
+                c.replicas,
+                c.nodes.join(", ")
+            );
+        }
+        None => {
+            let _ = writeln!(out, "**Target:** {}  ", r.target);
+        }
+    }
     let _ = writeln!(out, "**Value size:** {} bytes  ", r.value_size);
     let _ = writeln!(out, "**Command:** `{}`\n", r.command_line.join(" "));
     let _ = writeln!(

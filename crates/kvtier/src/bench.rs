@@ -37,7 +37,10 @@ struct RunArgs {
     /// Start an in-process kvtier server for the run (the default without --target).
     #[arg(long, conflicts_with = "target")]
     spawn: bool,
-    /// Server to drive: grpc://HOST:PORT.
+    /// Server to drive: grpc://HOST:PORT; or a cluster's nodes,
+    /// comma-separated (grpc://H1:P1,grpc://H2:P2,...), which --api v1 drives
+    /// through the node list (the Rust ClusterClient sends each block to a node
+    /// that owns it; the list goes in the record).
     #[arg(long)]
     target: Option<String>,
     /// lookup | read | write | mixed | conversation | kv | ping | lookup-ping | prefix-read.

@@ -1,6 +1,7 @@
 //! `kvtier bench` end to end: tiny sweeps against an in-process server, the
 //! three output files, the Redis peer, open loop, child processes, `compare`,
-//! and the HTML report rendered in headless Chromium.
+//! a 3-node cluster through its node list, and the HTML report rendered in
+//! headless Chromium.
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -534,6 +535,69 @@ fn processes_merge_child_histograms() {
     assert_eq!(s.total_concurrency(), Some(4));
     assert_eq!(s.label(), "c=4 (2×2)");
     plausible(&r, &["write"]);
+    let _ = std::fs::remove_dir_all(&out);
+}
+
+#[test]
+fn a_target_list_drives_a_cluster_through_its_nodes() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut nodes = common::cluster::nodes(dir.path(), 3);
+    let names: Vec<String> = nodes.iter().map(|n| n.name()).collect();
+    for n in &mut nodes {
+        n.start_without_store(&names);
+    }
+    let target = names
+        .iter()
+        .map(|n| format!("grpc://{n}"))
+        .collect::<Vec<_>>()
+        .join(",");
+    let out = tmp("cluster");
+    let r = bench(
+        &out,
+        &[
+            "--target",
+            &target,
+            "--workload",
+            "mixed",
+            "--value-size",
+            "16KB",
+            "--concurrency",
+            "2",
+            "--processes",
+            "2",
+            "--duration",
+            "300ms",
+            "--warmup",
+            "100ms",
+        ],
+    );
+    assert_eq!(r.target, target);
+    let c = r.cluster.as_ref().expect("the node list in the record");
+    let given: Vec<String> = names.iter().map(|n| format!("grpc://{n}")).collect();
+    assert_eq!((&c.nodes, c.replicas), (&given, 2));
+    plausible(&r, &["lookup", "read", "write"]);
+    // Every node served part of the load: the client placed it.
+    for n in &nodes {
+        for op in ["read", "write", "lookup"] {
+            assert!(
+                common::requests_total(&n.http, op) > 0,
+                "node {} served no {op}",
+                n.name()
+            );
+        }
+    }
+    let md = std::fs::read_to_string(out.join("summary.md")).unwrap();
+    assert!(md.contains("a cluster of 3 nodes"), "{md}");
+    // The seed's API drives one server: a list is refused, saying why.
+    let o = Command::new(BIN)
+        .args(["bench", "--target", &target, "--api", "compat"])
+        .args(["--workload", "read", "--quiet", "--out"])
+        .arg(out.join("compat"))
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("only --api v1 drives a cluster"), "{err}");
     let _ = std::fs::remove_dir_all(&out);
 }
 

@@ -60,6 +60,9 @@ pub struct Record {
     pub value_size: u64,
     /// Target address(es) of the system under test.
     pub target: String,
+    /// The cluster driven through its node list (`--target a,b,c`), if so.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster: Option<ClusterTarget>,
     /// Inputs of the analysis: SLAs, capacity target, thresholds.
     #[serde(default)]
     pub analysis_config: AnalysisConfig,
@@ -93,6 +96,7 @@ impl Record {
             api: api.to_string(),
             value_size,
             target: target.to_string(),
+            cluster: None,
             analysis_config: AnalysisConfig::default(),
             steps: Vec::new(),
             peers: Vec::new(),
@@ -139,6 +143,16 @@ fn upgrade_v1(v: &mut serde_json::Value) {
     };
     o.insert("peers".into(), serde_json::Value::Array(peers));
     o.insert("schema_version".into(), SCHEMA_VERSION.into());
+}
+
+/// A cluster a run drove through its node list: each block sent to an owner
+/// by the Rust client's `ClusterClient`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct ClusterTarget {
+    /// The nodes' addresses, in the order given.
+    pub nodes: Vec<String>,
+    /// Owners per block the client placed requests with.
+    pub replicas: usize,
 }
 
 /// Inputs to the analysis that come from the command line.

@@ -24,8 +24,8 @@ use crate::load::{Load, Progress, cores};
 use crate::netobs::Sel;
 use crate::peers::PeerSpec;
 use crate::peers::redis::{self as peer_redis, PeerClient};
-use crate::record::{LinkProbe, Mode, Network, PeerRun, Record};
-use crate::workloads::{Api, Conn, ConnOpts, Ctx, Transport, Workload};
+use crate::record::{ClusterTarget, LinkProbe, Mode, Network, PeerRun, Record};
+use crate::workloads::{Api, Conn, ConnOpts, Ctx, Transport, Workload, target_addrs};
 
 mod reference;
 mod runner;
@@ -147,6 +147,12 @@ fn check(cfg: &BenchConfig) -> anyhow::Result<()> {
         cfg.workload != Workload::PrefixRead || (cfg.api == Api::V1 && cfg.peers.is_empty()),
         "the prefix-read workload needs --api v1 and no --peer (no peer implements it yet)"
     );
+    let nodes = cfg.target.as_deref().map_or(0, |t| target_addrs(t).len());
+    anyhow::ensure!(
+        nodes <= 1 || cfg.api == Api::V1,
+        "--target lists {nodes} addresses (a cluster's nodes): only --api v1 drives a cluster \
+         (through the node list); give --api compat one address"
+    );
     anyhow::ensure!(
         !cfg.concurrency.is_empty() || !cfg.rates.is_empty(),
         "nothing to run: give --concurrency or --rate"
@@ -214,7 +220,7 @@ pub fn run(cfg: &BenchConfig) -> anyhow::Result<Record> {
     };
     // Preload kvtier and the Redis peers with the same data.
     let ctx_pre = Ctx::new(cfg.workload, value_size, nonce);
-    let (data_addr, wire) = gen_rt.block_on(async {
+    let (data_addrs, wire, replicas) = gen_rt.block_on(async {
         let opts = ConnOpts {
             api: cfg.api,
             connections: 1,
@@ -237,12 +243,13 @@ pub fn run(cfg: &BenchConfig) -> anyhow::Result<Record> {
                 *name = peer_redis::version(&mut c).await;
             }
         }
-        anyhow::Ok((conn.data_plane_addr(), wire))
+        anyhow::Ok((conn.data_plane_addrs(), wire, conn.cluster_replicas()))
     })?;
     let kv_sockets = Sel {
-        ports: port_of(&target.addr)
-            .into_iter()
-            .chain(data_addr.map(|a| a.port()))
+        ports: target_addrs(&target.addr)
+            .iter()
+            .filter_map(|a| port_of(a))
+            .chain(data_addrs.iter().map(|a| a.port()))
             .collect(),
         pids: Vec::new(),
     };
@@ -299,6 +306,10 @@ pub fn run(cfg: &BenchConfig) -> anyhow::Result<Record> {
         &target_desc,
     );
     rec.git_commit = crate::record::git_commit();
+    rec.cluster = replicas.map(|replicas| ClusterTarget {
+        nodes: target_addrs(&target_desc),
+        replicas,
+    });
     rec.analysis_config.slas = cfg.slas.clone();
     rec.analysis_config.target_tokens_per_s = cfg.target_tokens_per_s;
     rec.steps = steps;

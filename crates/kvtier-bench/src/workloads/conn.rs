@@ -2,10 +2,16 @@
 //! workers share (the Rust client with its pools, or tuned tonic channels for
 //! the `kvstore` API), opened with the [`ConnOpts`] of the run (connections,
 //! transport, congestion control, retries, and the token / TLS of the
-//! environment).
+//! environment). A target that lists several addresses is a cluster's nodes:
+//! `kvtier.v1` then goes through [`ClusterClient`] ([`V1Client::Cluster`]),
+//! each block to a node that owns it.
 
 use anyhow::Context;
-use kvtier_client::{Client, ClientConfig};
+use bytes::Bytes;
+use kvtier_client::{
+    Client, ClientConfig, ClusterClient, ClusterConfig, Lookup, ReadResult, WriteBlock, WriteResult,
+};
+use kvtier_core::Key;
 use kvtier_proto::kvstore::kv_store_service_client::KvStoreServiceClient;
 use tonic::transport::Channel;
 
@@ -16,7 +22,7 @@ use super::{Api, PREFIX_TIMEOUT, TIMEOUT, Transport};
 pub enum Conn {
     /// The Rust client (its own pool of HTTP/2 connections, and of data-plane
     /// connections when used) and, for pings, tuned tonic channels.
-    V1(Box<Client>, Vec<Channel>),
+    V1(Box<V1Client>, Vec<Channel>),
     /// Tuned tonic channels; worker i uses channel i mod n.
     Compat(Vec<Channel>),
 }
@@ -44,11 +50,105 @@ pub struct ConnOpts {
     pub retries: Option<u32>,
 }
 
+/// The `kvtier.v1` client of a run: one server's, or a cluster's through
+/// its node list. Workers see the calls both have.
+#[derive(Clone)]
+pub enum V1Client {
+    /// One address.
+    One(Box<Client>),
+    /// Several addresses: the nodes of a cluster.
+    Cluster(ClusterClient),
+}
+
+impl V1Client {
+    /// See [`Client::lookup`].
+    pub async fn lookup(
+        &self,
+        ns: &str,
+        keys: &[Key],
+        lease_ms: Option<u32>,
+    ) -> kvtier_client::Result<Lookup> {
+        match self {
+            V1Client::One(c) => c.lookup(ns, keys, lease_ms).await,
+            V1Client::Cluster(c) => c.lookup(ns, keys, lease_ms).await,
+        }
+    }
+
+    /// See [`Client::read`].
+    pub async fn read(
+        &self,
+        ns: &str,
+        keys: &[Key],
+        lease_id: u64,
+    ) -> kvtier_client::Result<ReadResult> {
+        match self {
+            V1Client::One(c) => c.read(ns, keys, lease_id).await,
+            V1Client::Cluster(c) => c.read(ns, keys, lease_id).await,
+        }
+    }
+
+    /// See [`Client::write`].
+    pub async fn write(
+        &self,
+        ns: &str,
+        blocks: &[WriteBlock],
+    ) -> kvtier_client::Result<WriteResult> {
+        match self {
+            V1Client::One(c) => c.write(ns, blocks).await,
+            V1Client::Cluster(c) => c.write(ns, blocks).await,
+        }
+    }
+
+    /// See [`Client::write_tokens`].
+    pub async fn write_tokens(
+        &self,
+        ns: &str,
+        tokens: &[u32],
+        payloads: &[Bytes],
+    ) -> kvtier_client::Result<WriteResult> {
+        match self {
+            V1Client::One(c) => c.write_tokens(ns, tokens, payloads).await,
+            V1Client::Cluster(c) => c.write_tokens(ns, tokens, payloads).await,
+        }
+    }
+
+    /// See [`Client::keys_for`].
+    pub fn keys_for(&self, tokens: &[u32]) -> Vec<Key> {
+        match self {
+            V1Client::One(c) => c.keys_for(tokens),
+            V1Client::Cluster(c) => c.keys_for(tokens),
+        }
+    }
+
+    /// The single-node clients (one, or each connected node's).
+    fn clients(&self) -> Vec<Client> {
+        match self {
+            V1Client::One(c) => vec![c.as_ref().clone()],
+            V1Client::Cluster(c) => c.node_clients().into_iter().map(|(_, c)| c).collect(),
+        }
+    }
+}
+
+/// The addresses of `target`: one, or a cluster's nodes (`a,b,c`).
+pub fn target_addrs(target: &str) -> Vec<String> {
+    kvtier_client::cluster::split_nodes(target)
+}
+
 impl Conn {
-    /// Connects `connections` HTTP/2 connections to `target` (`grpc://` or `http://`).
+    /// Connects `connections` HTTP/2 connections to `target` (`grpc://` or
+    /// `http://`), to each node when it lists several (`v1` only).
     pub async fn connect(opts: ConnOpts, target: &str) -> anyhow::Result<Self> {
-        let ep = target.replacen("grpc://", "http://", 1);
-        let mut cfg = ClientConfig::new(ep);
+        let mut addrs = target_addrs(target);
+        if addrs.is_empty() {
+            addrs.push(target.to_string());
+        }
+        anyhow::ensure!(
+            addrs.len() <= 1 || opts.api == Api::V1,
+            "--target lists {} addresses (a cluster's nodes): only --api v1 drives a cluster \
+             (through the node list); give --api compat one address",
+            addrs.len()
+        );
+        let mut cfg = ClientConfig::new(addrs[0].replacen("grpc://", "http://", 1));
         cfg.connections = opts.connections.max(1);
         cfg.timeout = if opts.long_reads {
             PREFIX_TIMEOUT
@@ -71,18 +171,33 @@ impl Conn {
         cfg.tls = kvtier_client::ClientTls::from_env()?;
         Ok(match opts.api {
             Api::V1 => {
-                let c = Client::connect(cfg.clone()).await.context("connecting")?;
+                let c = if addrs.len() > 1 {
+                    let cc = ClusterConfig::with_client(addrs.clone(), cfg.clone());
+                    V1Client::Cluster(ClusterClient::connect(cc).await.context("connecting")?)
+                } else {
+                    V1Client::One(Box::new(
+                        Client::connect(cfg.clone()).await.context("connecting")?,
+                    ))
+                };
                 anyhow::ensure!(
-                    opts.transport != Transport::DataPlane || c.data_plane().is_some(),
+                    opts.transport != Transport::DataPlane
+                        || c.clients().iter().all(|c| c.data_plane().is_some()),
                     "--transport data-plane: the server advertises no data plane"
                 );
-                let health = if opts.ping {
-                    kvtier_client::connect_pool(&cfg)
-                        .await
-                        .context("connecting")?
-                } else {
-                    Vec::new()
-                };
+                let mut health = Vec::new();
+                if opts.ping {
+                    // Pings spread over the nodes: worker i pings channel i mod n.
+                    for a in &addrs {
+                        let mut hc = cfg.clone();
+                        hc.endpoint =
+                            ClientConfig::new(a.replacen("grpc://", "http://", 1)).endpoint;
+                        health.extend(
+                            kvtier_client::connect_pool(&hc)
+                                .await
+                                .context("connecting")?,
+                        );
+                    }
+                }
                 Conn::V1(Box::new(c), health)
             }
             Api::Compat => Conn::Compat(
@@ -93,15 +208,36 @@ impl Conn {
         })
     }
 
-    /// Whether Read/Write go over the data plane.
+    /// Whether Read/Write go over the data plane (of every node connected).
     pub fn uses_data_plane(&self) -> bool {
-        matches!(self, Conn::V1(c, _) if c.data_plane().is_some())
+        match self {
+            Conn::V1(c, _) => {
+                let cs = c.clients();
+                !cs.is_empty() && cs.iter().all(|c| c.data_plane().is_some())
+            }
+            _ => false,
+        }
     }
 
-    /// The data plane's address, when Read/Write use it.
-    pub fn data_plane_addr(&self) -> Option<std::net::SocketAddr> {
+    /// The data planes' addresses (one per node connected), when Read/Write use them.
+    pub fn data_plane_addrs(&self) -> Vec<std::net::SocketAddr> {
         match self {
-            Conn::V1(c, _) => c.data_plane().map(|w| w.addr()),
+            Conn::V1(c, _) => c
+                .clients()
+                .iter()
+                .filter_map(|c| c.data_plane().map(|w| w.addr()))
+                .collect(),
+            _ => Vec::new(),
+        }
+    }
+
+    /// Owners per block when this is a cluster's node list.
+    pub fn cluster_replicas(&self) -> Option<usize> {
+        match self {
+            Conn::V1(c, _) => match c.as_ref() {
+                V1Client::Cluster(c) => Some(c.replicas()),
+                V1Client::One(_) => None,
+            },
             _ => None,
         }
     }

@@ -36,7 +36,7 @@ mod options;
 mod v1;
 
 pub use compat::CompatWorker;
-pub use conn::{Conn, ConnOpts};
+pub use conn::{Conn, ConnOpts, V1Client, target_addrs};
 pub use ctx::Ctx;
 pub use options::{Api, Transport, Workload};
 pub use v1::V1Worker;

@@ -5,10 +5,10 @@
 
 use std::time::Instant;
 
-use kvtier_client::{Client, WriteBlock};
+use kvtier_client::WriteBlock;
 use kvtier_core::Key;
 
-use super::conn::HealthClient;
+use super::conn::{HealthClient, V1Client};
 use super::{
     BLOCK_TOKENS, CONVERSATIONS, Ctx, KV_KEYS, Op, WorkerId, kv_key, kv_set_key, mix, req, sample,
 };
@@ -17,7 +17,7 @@ use crate::load::{Sample, ServerTimes};
 /// A worker on `kvtier.v1`.
 pub struct V1Worker {
     pub(super) ctx: std::sync::Arc<Ctx>,
-    pub(super) client: Box<Client>,
+    pub(super) client: Box<V1Client>,
     pub(super) health: Option<HealthClient>,
     pub(super) id: WorkerId,
     /// Units run so far.
