@@ -84,7 +84,7 @@ pub struct ServeArgs {
     #[arg(long)]
     tls_client_ca: Option<String>,
     /// Every node of the cluster, comma-separated `grpc://host:port`, this
-    /// one included (docs/cluster.md) [cluster.nodes, default none].
+    /// one included (docs/cluster.md); none: a single node [cluster.nodes].
     #[arg(long, value_delimiter = ',', env = "KVTIER_CLUSTER_NODES")]
     cluster_nodes: Vec<String>,
     /// This node as the others reach it, `grpc://host:port` [cluster.self].

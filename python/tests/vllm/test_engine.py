@@ -235,6 +235,52 @@ def test_failures_are_recomputed_and_the_engine_keeps_serving(models, kvtier_bin
             server.stop()  # reaps the killed process
 
 
+def test_a_cluster_serves_engines_through_the_node_list_or_one_address(models, kvtier_bin, baseline,
+                                                                        tmp_path_factory):
+    """Three kvtier nodes as one cache (docs/cluster.md, no object store: R=2
+    copies). Engine A saves P through the node list (``url: "a,b,c"``: the
+    connector places each block on its owners); engine B, a new process,
+    knows only one node and loads all 16 blocks through it, with the same
+    logprobs as an engine without kvtier."""
+    ports = []
+    while len(ports) < 3:  # distinct P, P+1 pairs
+        p = free_port_pair()
+        if all(abs(p - q) > 1 for q in ports):
+            ports.append(p)
+    nodes = [f"127.0.0.1:{p}" for p in ports]
+    members = ",".join(f"grpc://{n}" for n in nodes)
+    servers = [Server.start(binary=kvtier_bin, listen=n,
+                            args=["--cluster-nodes", members, "--cluster-self", f"grpc://{n}"]) for n in nodes]
+    try:
+        d = tmp_path_factory.mktemp("cluster-store")
+        st = d / "stats.jsonl"
+        run_engine(spec(models["m1"], {"url": ",".join(nodes), "stats_file": str(st)}, [{"prompts": [P]}]), d)
+        ns = events(st, "init")[0]["namespace"]
+        keys = chain_keys(P, BS)
+        with Client(nodes[1]) as c:
+            assert wait_blocks(c, ns, keys) == 16, "engine A's blocks never reached the cluster"
+        # Each block is on its two owners only: the node list placed them.
+        from kvtier.keys import owners
+
+        want = [sum(n in owners(nodes, ns, k, 2) for k in keys) for n in nodes]
+        held = []
+        for n in nodes:
+            with Client(n) as c:
+                held.append(sum(t.blocks for t in c.stats().tiers))
+        assert held == want and sum(held) == 32, (held, want)
+        d = tmp_path_factory.mktemp("cluster-load")
+        st = d / "stats.jsonl"
+        res, _ = run_engine(spec(models["m1"], {"url": nodes[2], "stats_file": str(st)}, [{"prompts": [P]}]), d)
+        loads = events(st, "load")
+        assert loads[0]["blocks"] == 16 and loads[0]["loaded"] == 16 and not loads[0]["error"], loads
+        out = outputs(res)
+        assert out[0]["num_cached_tokens"] == 16 * BS
+        assert_same_logprobs(out[0], baseline["P"], "P loaded through one node of a cluster")
+    finally:
+        for s in servers:
+            s.stop()
+
+
 def test_openai_server_second_completion_is_served_from_kvtier(models, kvtier, tmp_path_factory):
     """``python -m vllm.entrypoints.openai.api_server ... --kv-transfer-config``, two
     identical completions: the second loads the prompt's blocks from kvtier."""

@@ -1,0 +1,299 @@
+#!/usr/bin/env python3
+"""Cluster scaling on one machine (issue 15, notes/021-cluster).
+
+Starts N = 1, 2, 3 `kvtier serve` nodes on loopback as one cluster
+(docs/cluster.md; memory only, R = min(2, N)), and drives each with
+`kvtier bench`:
+
+* **direct**: `--target grpc://a,grpc://b,...`, the node list: the client
+  places every block on its owners itself;
+* **single**: `--target grpc://a`, one address: node a forwards what it does
+  not own (the path of a load balancer, or of curl).
+
+Read and write workloads in closed loop at each --concurrency, --repeat
+repeats each; medians across repeats are compared, min/max kept. Steps the
+bench flags (generator saturated, errors) are shown but left out of ratios.
+Then, on 3 nodes:
+
+* **lookup round trips**: a lookup workload through one node; node a's
+  `kvtier_cluster_forwarded_requests_total{op="lookup"}` over the lookups it
+  served = peer calls per lookup;
+* **failover**: the read workload through the node list and through one
+  address, once undisturbed and once with one of the other nodes SIGKILLed a
+  third of the way in; errors, p99 and max of the two.
+
+Writes OUT/record.json (the perf record; notes/021-cluster.json is a copy)
+and OUT/summary.md. Every node and the generator share this machine's cores:
+the numbers are what N nodes on one box cost and give, not N machines.
+
+  scripts/bench-cluster.py --out out/bench-cluster
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Node:
+    def __init__(self, kvtier: Path, work: Path, i: int):
+        self.kvtier, self.work, self.i = kvtier, work / f"node{i}", i
+        self.work.mkdir(parents=True, exist_ok=True)
+        self.grpc = f"127.0.0.1:{free_port()}"
+        self.data = f"127.0.0.1:{free_port()}"
+        self.http = f"127.0.0.1:{free_port()}"
+        self.proc: subprocess.Popen | None = None
+
+    def start(self, members: list[str], a) -> None:
+        ready = self.work / "ready.json"
+        ready.unlink(missing_ok=True)
+        args = [str(self.kvtier), "serve", "--listen", self.grpc, "--data-listen", self.data,
+                "--http-listen", self.http, "--memory-capacity", a.memory, "--ready-json"]
+        if len(members) > 1:
+            args += ["--cluster-nodes", ",".join(f"grpc://{m}" for m in members),
+                     "--cluster-self", f"grpc://{self.grpc}", "--cluster-replicas", str(min(2, len(members)))]
+        self.proc = subprocess.Popen(args, stdout=open(ready, "w"), stderr=open(self.work / "log", "a"))
+        end = time.monotonic() + 60
+        while not (ready.exists() and ready.stat().st_size > 0):
+            if self.proc.poll() is not None or time.monotonic() > end:
+                raise SystemExit(f"node {self.i} did not start: {(self.work / 'log').read_text()[-2000:]}")
+            time.sleep(0.05)
+
+    def kill(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait()
+
+    def metric(self, name: str, **labels: str) -> float:
+        body = urllib.request.urlopen(f"http://{self.http}/metrics", timeout=10).read().decode()
+        total = 0.0
+        for line in body.splitlines():
+            if not line.startswith(name + "{"):
+                continue
+            if all(f'{k}="{v}"' in line for k, v in labels.items()):
+                total += float(line.rsplit(" ", 1)[1])
+        return total
+
+
+def bench(kvtier: Path, targets: list[str], workload: str, out: Path, a, duration: str | None = None,
+          concurrency: str | None = None, repeat: int | None = None) -> dict:
+    if out.exists():
+        shutil.rmtree(out)
+    cmd = [str(kvtier), "bench", "--target", ",".join(f"grpc://{t}" for t in targets),
+           "--workload", workload, "--value-size", a.value_size,
+           "--concurrency", concurrency or a.concurrency, "--duration", duration or a.duration,
+           "--warmup", a.warmup, "--repeat", str(repeat or a.repeat), "--quiet", "--out", str(out)]
+    log = open(out.parent / f"{out.name}.log", "w")
+    p = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT)
+    if p.returncode != 0:
+        raise SystemExit(f"bench failed ({p.returncode}): {' '.join(cmd)}\n{(out.parent / f'{out.name}.log').read_text()[-3000:]}")
+    return json.loads((out / "record.json").read_text())
+
+
+def steps(rec: dict, op: str) -> list[dict]:
+    out = []
+    for s in rec["steps"]:
+        o = s["ops"][op]
+        ar = o["across_repeats"]
+        out.append({
+            "concurrency": s["mode"]["concurrency"],
+            "ops_s": ar["throughput_ops_s"]["median"],
+            "ops_s_min": ar["throughput_ops_s"]["min"],
+            "ops_s_max": ar["throughput_ops_s"]["max"],
+            "p99_ms": ar["p99_us"]["median"] / 1e3,
+            "p99_ms_min": ar["p99_us"]["min"] / 1e3,
+            "p99_ms_max": ar["p99_us"]["max"] / 1e3,
+            "max_ms": o["latency_us"]["e2e"]["max"] / 1e3,
+            "errors": o["errors"],
+            "ops": o["ops"],
+            "generator_cpu": s["generator_cpu_utilisation"],
+            "flags": s["flags"],
+        })
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--kvtier", default=str(ROOT / "target" / "release" / "kvtier"))
+    ap.add_argument("--nodes", default="1,2,3")
+    ap.add_argument("--workloads", default="read,write")
+    ap.add_argument("--concurrency", default="1,8,32")
+    ap.add_argument("--duration", default="3s")
+    ap.add_argument("--warmup", default="1s")
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--value-size", default="1.2MB")
+    ap.add_argument("--memory", default="1GiB")
+    ap.add_argument("--skip-failover", action="store_true")
+    ap.add_argument("--out", default="out/bench-cluster")
+    a = ap.parse_args()
+    kvtier = Path(a.kvtier)
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="bench-cluster-"))
+    record: dict = {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "git_commit": subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
+                                     text=True).stdout.strip(),
+        "machine": {"host": platform.node(), "cpus": os.cpu_count(), "kernel": platform.release()},
+        "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+        "method": __doc__.split("\n\n")[1].replace("\n", " "),
+        "settings": {k: getattr(a, k) for k in ("nodes", "workloads", "concurrency", "duration", "warmup",
+                                                  "repeat", "value_size", "memory")},
+        "scaling": [],
+    }
+    try:
+        for n in [int(x) for x in a.nodes.split(",")]:
+            nodes = [Node(kvtier, work / f"n{n}", i) for i in range(n)]
+            members = [x.grpc for x in nodes]
+            for x in nodes:
+                x.start(members, a)
+            try:
+                for wl in a.workloads.split(","):
+                    paths = [("single", members[:1])] + ([("direct", members)] if n > 1 else [])
+                    for path, targets in paths:
+                        rec = bench(kvtier, targets, wl, out / f"n{n}-{wl}-{path}", a)
+                        record["scaling"].append({"nodes": n, "workload": wl, "path": path,
+                                                  "steps": steps(rec, wl)})
+                        print(f"{n} node(s) {wl} {path}: " + ", ".join(
+                            f"c={s['concurrency']} {s['ops_s']:.0f}/s p99 {s['p99_ms']:.1f} ms"
+                            for s in record["scaling"][-1]["steps"]), flush=True)
+                if n == 3:
+                    record["lookup_round_trips"] = lookup_round_trips(kvtier, nodes, out, a)
+                    if not a.skip_failover:
+                        record["failover"] = failover(kvtier, nodes, members, out, a)
+            finally:
+                for x in nodes:
+                    x.kill()
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    record["analysis"] = analyse(record)
+    (out / "record.json").write_text(json.dumps(record, indent=1) + "\n")
+    (out / "summary.md").write_text(summary(record))
+    print(summary(record))
+
+
+def lookup_round_trips(kvtier: Path, nodes: list[Node], out: Path, a) -> dict:
+    a0 = nodes[0]
+    before = (a0.metric("kvtier_cluster_forwarded_requests_total", op="lookup"),
+              a0.metric("kvtier_requests_total", op="lookup"))
+    rec = bench(kvtier, [a0.grpc], "lookup", out / "n3-lookup-single", a, concurrency="8", repeat=1)
+    after = (a0.metric("kvtier_cluster_forwarded_requests_total", op="lookup"),
+             a0.metric("kvtier_requests_total", op="lookup"))
+    served = after[1] - before[1]
+    return {
+        "lookups_served": served,
+        "peer_lookups": after[0] - before[0],
+        "peer_calls_per_lookup": (after[0] - before[0]) / served if served else None,
+        # The bench's lookup workload asks for its whole preloaded chain
+        # (crates/kvtier-bench/src/workloads/mod.rs).
+        "blocks_per_lookup": 64,
+        "steps": steps(rec, "lookup"),
+    }
+
+
+def failover(kvtier: Path, nodes: list[Node], members: list[str], out: Path, a) -> list[dict]:
+    """The read workload for 9 s at c=8: undisturbed, then with the last
+    node SIGKILLed 3 s in (restarted between runs)."""
+    res = []
+    for path, targets in (("direct", members), ("single", members[:1])):
+        for kill in (False, True):
+            victim = nodes[-1]
+            if victim.proc is None or victim.proc.poll() is not None:
+                victim.start(members, a)
+            killer = None
+            if kill:
+                def later(v=victim):
+                    time.sleep(1.0 + 3.0)  # warm-up + a third of the run
+                    v.kill()
+                import threading
+                killer = threading.Thread(target=later)
+                killer.start()
+            rec = bench(kvtier, targets, "read", out / f"failover-{path}-{'kill' if kill else 'calm'}", a,
+                        duration="9s", concurrency="8", repeat=1)
+            if killer:
+                killer.join()
+            s = steps(rec, "read")[0]
+            res.append({"path": path, "killed": kill, **s})
+            print(f"failover {path} kill={kill}: {s['ops_s']:.0f}/s p99 {s['p99_ms']:.1f} ms "
+                  f"max {s['max_ms']:.1f} ms errors {s['errors']}", flush=True)
+    return res
+
+
+def analyse(r: dict) -> dict:
+    """Ratios between medians, only for steps nobody flagged."""
+    by = {(e["nodes"], e["workload"], e["path"]): {s["concurrency"]: s for s in e["steps"]} for e in r["scaling"]}
+    out: dict = {"per_node_efficiency": [], "single_over_direct": []}
+    for (n, wl, path), st in by.items():
+        base = by.get((1, wl, "single"), {})
+        for c, s in st.items():
+            b = base.get(c)
+            if b and not s["flags"] and not b["flags"]:
+                out["per_node_efficiency"].append({"nodes": n, "workload": wl, "path": path, "concurrency": c,
+                                                   "speedup": s["ops_s"] / b["ops_s"],
+                                                   "per_node": s["ops_s"] / b["ops_s"] / n})
+        if path == "single" and (n, wl, "direct") in by:
+            for c, s in st.items():
+                d = by[(n, wl, "direct")].get(c)
+                if d and not s["flags"] and not d["flags"]:
+                    out["single_over_direct"].append({"nodes": n, "workload": wl, "concurrency": c,
+                                                      "throughput": s["ops_s"] / d["ops_s"],
+                                                      "p99": s["p99_ms"] / d["p99_ms"]})
+    return out
+
+
+def summary(r: dict) -> str:
+    lines = ["# Cluster scaling on one machine", "", f"{r['date']}, commit {r['git_commit'][:10]}, "
+             f"{r['machine']['cpus']} CPUs; `{r['command']}`", "",
+             "| nodes | workload | path | c | ops/s (min–max) | p99 ms (min–max) | errors | gen CPU | flags |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for e in r["scaling"]:
+        for s in e["steps"]:
+            lines.append(f"| {e['nodes']} | {e['workload']} | {e['path']} | {s['concurrency']} | "
+                         f"{s['ops_s']:.0f} ({s['ops_s_min']:.0f}–{s['ops_s_max']:.0f}) | "
+                         f"{s['p99_ms']:.1f} ({s['p99_ms_min']:.1f}–{s['p99_ms_max']:.1f}) | {s['errors']} | "
+                         f"{s['generator_cpu']:.2f} | {', '.join(s['flags']) or ''} |")
+    an = r["analysis"]
+    lines += ["", "Speed-up over 1 node (median ops/s; unflagged steps):", "",
+              "| nodes | workload | path | c | speed-up | per node |", "|---|---|---|---|---|---|"]
+    for x in an["per_node_efficiency"]:
+        lines.append(f"| {x['nodes']} | {x['workload']} | {x['path']} | {x['concurrency']} | "
+                     f"{x['speedup']:.2f} | {x['per_node']:.2f} |")
+    lines += ["", "Single address over direct (node list):", "", "| nodes | workload | c | throughput | p99 |",
+              "|---|---|---|---|---|"]
+    for x in an["single_over_direct"]:
+        lines.append(f"| {x['nodes']} | {x['workload']} | {x['concurrency']} | {x['throughput']:.2f} | {x['p99']:.2f} |")
+    if "lookup_round_trips" in r:
+        lr = r["lookup_round_trips"]
+        lines += ["", f"Lookups through one node of 3: {lr['peer_lookups']:.0f} peer calls for "
+                  f"{lr['lookups_served']:.0f} lookups = {lr['peer_calls_per_lookup']:.2f} per lookup "
+                  "(parallel: one round trip)."]
+    if "failover" in r:
+        lines += ["", "| failover path | killed | ops/s | p99 ms | max ms | errors |", "|---|---|---|---|---|---|"]
+        for f in r["failover"]:
+            lines.append(f"| {f['path']} | {f['killed']} | {f['ops_s']:.0f} | {f['p99_ms']:.1f} | "
+                         f"{f['max_ms']:.1f} | {f['errors']} |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    main()
