@@ -115,6 +115,10 @@ def steps(rec: dict, op: str) -> list[dict]:
     for s in rec["steps"]:
         o = s["ops"][op]
         ar = o["across_repeats"]
+        if ar is None:  # one repeat: its own numbers
+            one = {"median": o["throughput_ops_s"], "min": o["throughput_ops_s"], "max": o["throughput_ops_s"]}
+            p99 = o["latency_us"]["e2e"]["p99"]
+            ar = {"throughput_ops_s": one, "p99_us": {"median": p99, "min": p99, "max": p99}}
         out.append({
             "concurrency": s["mode"]["concurrency"],
             "ops_s": ar["throughput_ops_s"]["median"],
