@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import hashlib
 import json
 import os
 import platform
@@ -49,10 +50,19 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
+_USED: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A free loopback port this run has not handed out before (the kernel
+    may offer a port again once its socket is closed)."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port not in _USED:
+            _USED.add(port)
+            return port
 
 
 class Node:
@@ -149,7 +159,15 @@ def main() -> None:
     ap.add_argument("--memory", default="1GiB")
     ap.add_argument("--skip-failover", action="store_true")
     ap.add_argument("--out", default="out/bench-cluster")
+    ap.add_argument("--render", metavar="RECORD", help="recompute the analysis and summary of a record, run nothing")
     a = ap.parse_args()
+    if a.render:
+        rec = json.loads(Path(a.render).read_text())
+        rec.setdefault("placement_choice", placement_choice())
+        rec["analysis"] = analyse(rec)
+        Path(a.render).write_text(json.dumps(rec, indent=1) + "\n")
+        print(summary(rec))
+        return
     kvtier = Path(a.kvtier)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -190,6 +208,7 @@ def main() -> None:
                     x.kill()
     finally:
         shutil.rmtree(work, ignore_errors=True)
+    record["placement_choice"] = placement_choice()
     record["analysis"] = analyse(record)
     (out / "record.json").write_text(json.dumps(record, indent=1) + "\n")
     (out / "summary.md").write_text(summary(record))
@@ -262,6 +281,79 @@ def analyse(r: dict) -> dict:
                     out["single_over_direct"].append({"nodes": n, "workload": wl, "concurrency": c,
                                                       "throughput": s["ops_s"] / d["ops_s"],
                                                       "p99": s["p99_ms"] / d["p99_ms"]})
+    out["capacity"] = capacity(r, by)
+    return out
+
+
+TOKENS_PER_BLOCK = 128
+SLOS_MS = (10.0, 50.0)
+TARGET_TOKENS_S = 1_000_000
+
+
+def capacity(r: dict, by: dict) -> list[dict]:
+    """Seed 001's "Servers Needed = Target_Throughput / Per_Server_Capacity",
+    from this run: per-server capacity is one node's best tokens/s among
+    unflagged steps whose median p99 meets the SLO, times the cluster's work
+    efficiency E = (3 nodes' ops/s) / (1 node's ops/s) at the same
+    concurrency with every node on the same cores (the share of the machine
+    that still serves requests rather than forwarding and replicating;
+    median over concurrencies). One node per machine is assumed to get what
+    the single node got here."""
+    out = []
+    for wl in r["settings"]["workloads"].split(","):
+        one = by.get((1, wl, "single"), {})
+        for path in ("direct", "single"):
+            three = by.get((3, wl, path), {})
+            effs = [three[c]["ops_s"] / one[c]["ops_s"] for c in three
+                    if c in one and not three[c]["flags"] and not one[c]["flags"]]
+            if not effs:
+                continue
+            e = statistics.median(effs)
+            for slo in SLOS_MS:
+                ok = [s for s in one.values() if not s["flags"] and s["p99_ms"] <= slo]
+                if not ok:
+                    continue
+                best = max(ok, key=lambda s: s["ops_s"])
+                per_server = best["ops_s"] * TOKENS_PER_BLOCK * e
+                out.append({"workload": wl, "path": path, "p99_slo_ms": slo, "efficiency": e,
+                            "single_node_tokens_s": best["ops_s"] * TOKENS_PER_BLOCK,
+                            "at_concurrency": best["concurrency"], "per_server_tokens_s": per_server,
+                            "target_tokens_s": TARGET_TOKENS_S,
+                            "servers_needed": -(-TARGET_TOKENS_S // per_server) if per_server else None})
+    return out
+
+
+def placement_choice(nodes: int = 3, replicas: int = 2, chains: int = 2000, length: int = 64) -> list[dict]:
+    """Per-block placement against chain segments of S blocks (a segment's
+    owners are its first block's), over random 64-block chains, with the
+    placement function itself (python/kvtier/keys.py): how evenly blocks
+    spread (busiest node's share over the mean) and how many other nodes one
+    lookup through a node must ask (mean; they are asked in parallel)."""
+    sys.path.insert(0, str(ROOT / "python"))
+    from kvtier.keys import owners  # noqa: PLC0415 - the SDK's copy of the server's placement
+
+    names = [f"10.0.0.{i}:50051" for i in range(nodes)]
+    out = []
+    for seg in (1, 8, 16, 64):
+        load = {n: 0 for n in names}
+        asked, hot = [], []
+        for c in range(chains):
+            keys = [hashlib.sha256(f"{c}/{i}".encode()).digest() for i in range(length)]
+            peers = set()
+            mine = {n: 0 for n in names}
+            for i in range(len(keys)):
+                own = owners(names, "ns", keys[i - i % seg], replicas)
+                for n in own:
+                    load[n] += 1
+                    mine[n] += 1
+                if names[0] not in own:
+                    peers.add(own[0])
+            asked.append(len(peers))
+            hot.append(max(mine.values()) / (sum(mine.values()) / nodes))
+        mean = sum(load.values()) / nodes
+        out.append({"segment_blocks": seg, "busiest_over_mean": max(load.values()) / mean,
+                    "one_chain_busiest_over_mean": statistics.mean(hot),
+                    "peers_asked_per_lookup": statistics.mean(asked)})
     return out
 
 
@@ -286,6 +378,22 @@ def summary(r: dict) -> str:
               "|---|---|---|---|---|"]
     for x in an["single_over_direct"]:
         lines.append(f"| {x['nodes']} | {x['workload']} | {x['concurrency']} | {x['throughput']:.2f} | {x['p99']:.2f} |")
+    if an.get("capacity"):
+        lines += ["", f"Servers needed for {TARGET_TOKENS_S:,} tokens/s (seed 001's formula; per-server capacity = "
+                  "1 node's best tokens/s within the p99 SLO × the cluster's work efficiency E on shared cores):", "",
+                  "| workload | path | p99 SLO | 1-node tokens/s (c) | E | per server | servers |",
+                  "|---|---|---|---|---|---|---|"]
+        for x in an["capacity"]:
+            lines.append(f"| {x['workload']} | {x['path']} | {x['p99_slo_ms']:.0f} ms | "
+                         f"{x['single_node_tokens_s']:,.0f} ({x['at_concurrency']}) | {x['efficiency']:.2f} | "
+                         f"{x['per_server_tokens_s']:,.0f} | {x['servers_needed']:.0f} |")
+    if "placement_choice" in r:
+        lines += ["", "Placement by block or by chain segment (3 nodes, R=2, 2,000 random 64-block chains):", "",
+                  "| segment (blocks) | busiest node / mean, all chains | busiest node / mean, one chain (a hot prefix) "
+                  "| peers one lookup asks |", "|---|---|---|---|"]
+        for x in r["placement_choice"]:
+            lines.append(f"| {x['segment_blocks']} | {x['busiest_over_mean']:.3f} | "
+                         f"{x['one_chain_busiest_over_mean']:.2f} | {x['peers_asked_per_lookup']:.2f} |")
     if "lookup_round_trips" in r:
         lr = r["lookup_round_trips"]
         lines += ["", f"Lookups through one node of 3: {lr['peer_lookups']:.0f} peer calls for "
