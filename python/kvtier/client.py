@@ -7,7 +7,8 @@
   with exponential backoff and jitter, within the deadline.
 * End-to-end checksums: CRC32C computed on write, verified on read.
 * ``read`` / ``write`` over the server's bulk data plane (``docs/wire.md``,
-  :mod:`kvtier.wire`) when it advertises one; gRPC otherwise.
+  :mod:`kvtier.wire`) when it advertises one; gRPC otherwise. Long reads
+  are striped over several data-plane connections, as the Rust client does.
 * The key scheme, so callers can pass tokens instead of keys.
 
 >>> from kvtier import Client
@@ -18,6 +19,7 @@
 from __future__ import annotations
 
 import enum
+import functools
 import itertools
 import os
 import random
@@ -281,6 +283,14 @@ class Client:
         use); ``False`` keeps everything on gRPC.
     :param data_connections: data-plane connections (at most one request in
         flight on each); 0 means as many as ``connections``.
+    :param read_stripes: most data-plane connections one long read is
+        striped over (default :data:`kvtier.wire.MAX_STRIPES`, 8; 1: never
+        stripe). A read is split into contiguous runs of at least
+        :data:`kvtier.wire.STRIPE_MIN_BLOCKS` (8) keys, so from 16 keys on,
+        and never over more connections than ``data_connections`` allows;
+        the runs are read at once on separate threads, and the answer is
+        still one prefix in key order (:meth:`read`, docs/wire.md). The Rust
+        client's ``ClientConfig::read_stripes``; reads over gRPC are not striped.
     :param data_tcp_congestion: TCP congestion control of data-plane
         connections (``None`` or ``""``: the system default), as in the Rust client.
     :param token: bearer token for a server with authentication on
@@ -323,6 +333,7 @@ class Client:
         tls_cert: str | None = None,
         tls_key: str | None = None,
         tls_server_name: str | None = None,
+        read_stripes: int = _wire.MAX_STRIPES,
     ):
         _keys.check_block_size(block_size)
         _keys.key_len(hash)  # validates the name
@@ -330,6 +341,8 @@ class Client:
             raise ValueError("connections must be >= 1")
         if data_connections < 0:
             raise ValueError("data_connections must be >= 0")
+        if read_stripes < 1:
+            raise ValueError("read_stripes must be >= 1")
         if timeout <= 0:
             raise ValueError("timeout must be > 0")
         if not isinstance(target, str):  # only a subclass gets here with a list
@@ -406,6 +419,7 @@ class Client:
         self._data_plane = bool(data_plane)
         self._data_connections = data_connections or connections
         self._data_tcp_congestion = data_tcp_congestion or None
+        self._read_stripes = read_stripes
         self._wire: _wire.WirePool | None = None
         self._wire_known = not self._data_plane  # True once discovery has run
         self._wire_lock = threading.Lock()
@@ -457,6 +471,7 @@ class Client:
                         token=self._token,
                         tls=self._tls,
                         server_hostname=self._tls_name,
+                        max_stripes=self._read_stripes,
                     )
                 self._wire_known = True
         return self._wire
@@ -584,6 +599,17 @@ class Client:
         is then a memoryview of the filled bytes (a list of them for a
         scatter list), checksum verified. A retried call may write into the
         same buffers again.
+
+        Over the data plane a read of 16 keys or more is striped
+        (``read_stripes``, at most ``data_connections``): contiguous runs of keys are read at once on
+        separate connections and threads, and joined in key order up to the
+        first run that stopped short (a missing block, the deadline), whose
+        reason the result carries, exactly as one request would answer. So
+        ``into`` may then be called from several threads at once, and may
+        have been called, and its buffers filled, for blocks after the first
+        missing one that the result leaves out. An error in any run fails
+        the whole read (and ``UNAVAILABLE`` retries all of it), unless the
+        run lies wholly after a run that stopped short.
         """
         ks = _check_keys(keys)
         pool = self.data_plane()
@@ -612,35 +638,68 @@ class Client:
 
     def _wire_read(self, pool: _wire.WirePool, namespace: str, ks: list[bytes], lease_id: int, timeout: float,
                    into=None):
-        """A data-plane read; replies that end at their size limit (reason
-        ``size``) are continued from the first key not returned, within
-        ``timeout``. Returns the blocks and a ``ReadDone`` for all of them
-        (server timings summed)."""
+        """A data-plane read within ``timeout``. Returns the blocks and a
+        ``ReadDone`` for all of them (server timings summed).
+
+        A long read is striped as the Rust client's ``WireClient::read``:
+        the keys are cut into ``pool.stripes_for`` contiguous runs read at
+        once (:meth:`_wire_read_run`, one request in flight per run), and the
+        runs are joined in order up to the first that stopped short, whose
+        reason the result carries; later runs' blocks are dropped, their
+        timings not counted and their errors ignored."""
         pb = self._pb.v1
         end = time.monotonic() + timeout
-        blocks: list[ReadBlock] = []
-        timing = pb.ServerTiming()
-        while True:
-            start = len(blocks)
-            shifted = (lambda i, n, s=start: into(i + s, n)) if into is not None else None
-            reply, data = pool.read(namespace, ks[start:], lease_id, max(1e-3, end - time.monotonic()), shifted)
-            for rb, payload in zip(reply.blocks, data):
-                rb.index += start
-                blocks.append(self._to_read_block(rb, payload))
-            done = reply.done if reply.HasField("done") else pb.ReadDone()
-            for f in _TIMING_FIELDS:
-                setattr(timing, f, getattr(timing, f) + getattr(done.timing, f))
-            if done.reason != _wire.SIZE or len(blocks) >= len(ks):
-                break
-            if len(blocks) == start:
-                raise KvtierError(grpc.StatusCode.UNAVAILABLE, f"data plane {pool!r}: a reply ended for size without a block")
+        n = pool.stripes_for(len(ks))
+        if n <= 1:
+            blocks, reason, timing = self._wire_read_run(pool, namespace, ks, range(len(ks)), lease_id, end, into)
+        else:
+            runs = _wire.stripe_bounds(len(ks), n)
+            parts = pool.parallel([
+                functools.partial(self._wire_read_run, pool, namespace, ks, r, lease_id, end, into) for r in runs
+            ])
+            blocks, reason, timing = [], "", pb.ServerTiming()
+            for run, (part, err) in zip(runs, parts):
+                if err is not None:
+                    raise err
+                assert part is not None
+                got, reason, t = part
+                blocks += got
+                _add_timing(timing, t)
+                if len(got) < len(run):
+                    break
         return blocks, pb.ReadDone(
             returned=len(blocks),
             requested=len(ks),
             partial=len(blocks) < len(ks),
-            reason=done.reason,
+            reason=reason,
             timing=timing,
         )
+
+    def _wire_read_run(self, pool: _wire.WirePool, namespace: str, ks: list[bytes], run: range, lease_id: int,
+                       end: float, into=None) -> tuple[list[ReadBlock], str, Any]:
+        """Reads ``ks[run]`` before ``end`` (``time.monotonic()``), one request
+        at a time; replies that end at their size limit (reason ``size``) are
+        continued from the first key not returned. Block indexes (and those
+        ``into`` sees) are positions in ``ks``. Returns the blocks, the last
+        reply's reason and the server timings summed."""
+        pb = self._pb.v1
+        blocks: list[ReadBlock] = []
+        timing = pb.ServerTiming()
+        while True:
+            start = run.start + len(blocks)
+            shifted = (lambda i, n, s=start: into(i + s, n)) if into is not None else None
+            reply, data = pool.read(namespace, ks[start:run.stop], lease_id, max(1e-3, end - time.monotonic()),
+                                    shifted)
+            got = len(blocks)
+            for rb, payload in zip(reply.blocks, data):
+                rb.index += start
+                blocks.append(self._to_read_block(rb, payload))
+            done = reply.done if reply.HasField("done") else pb.ReadDone()
+            _add_timing(timing, done.timing)
+            if done.reason != _wire.SIZE or len(blocks) >= len(run):
+                return blocks, done.reason, timing
+            if len(blocks) == got:
+                raise KvtierError(grpc.StatusCode.UNAVAILABLE, f"data plane {pool!r}: a reply ended for size without a block")
 
     @staticmethod
     def _read_result(blocks: list[ReadBlock], ks: list[bytes], done, us: int) -> ReadResult:
@@ -841,6 +900,12 @@ class _Details(grpc.ClientCallDetails):
         self.credentials = d.credentials
         self.wait_for_ready = getattr(d, "wait_for_ready", None)
         self.compression = getattr(d, "compression", None)
+
+
+def _add_timing(a, b) -> None:
+    """Adds server timing ``b`` to ``a`` (``kvtier.v1.ServerTiming`` messages)."""
+    for f in _TIMING_FIELDS:
+        setattr(a, f, getattr(a, f) + getattr(b, f))
 
 
 def _as_parts(payload):

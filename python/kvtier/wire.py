@@ -18,6 +18,11 @@ How the bytes move, and why:
 * TCP congestion control: the system default unless ``congestion`` names one,
   as the Rust client and the server do (``reno`` avoids BBR's pacing of a
   1.2 MB burst on low-RTT links; ``notes/006-data-plane.md``).
+* Long reads are striped: :meth:`kvtier.Client.read` cuts them into
+  contiguous runs (:meth:`WirePool.stripes_for`, :func:`stripe_bounds`, the
+  Rust client's rules) read at once on separate connections
+  (:meth:`WirePool.parallel`), because one TCP stream's window caps a long
+  prefix across a real round-trip time (docs/wire.md, notes/020).
 
 Errors: transport failures and protocol violations raise
 ``KvtierError(UNAVAILABLE)`` (the client retries those) and the connection is
@@ -33,21 +38,32 @@ import ssl
 import struct
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
+from typing import TypeVar
 
 import grpc
 
 from ._error import Error
 from .errors import KvtierError, status_code
 
-__all__ = ["WirePool", "HEADER", "MAGIC", "SIZE", "Kind", "parse_addr"]
+__all__ = [
+    "WirePool", "HEADER", "MAGIC", "SIZE", "Kind", "parse_addr", "STRIPE_MIN_BLOCKS", "MAX_STRIPES", "stripe_bounds",
+]
+
+T = TypeVar("T")
 
 #: magic, kind, flags, reserved, request id, meta_len, data_len (little-endian).
 HEADER = struct.Struct("<4sBBHQII")
 MAGIC = b"KVW1"
 #: ``ReadDone.reason`` of a read reply that reached its size limit (the client continues).
 SIZE = "size"
+#: Fewest keys per stripe: shorter reads are not split (a stripe costs a
+#: request and a connection). The Rust client's ``wire::STRIPE_MIN_BLOCKS``.
+STRIPE_MIN_BLOCKS = 8
+#: Most stripes per read by default (the Rust client's ``wire::MAX_STRIPES``).
+MAX_STRIPES = 8
 _U32_MAX = 0xFFFF_FFFF
 _TIMEVAL = struct.Struct("@ll")
 _TCP_CONGESTION = getattr(socket, "TCP_CONGESTION", 13)
@@ -77,6 +93,18 @@ def parse_addr(addr: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
+def stripe_bounds(n: int, stripes: int) -> list[range]:
+    """``n`` keys cut into ``stripes`` contiguous runs whose lengths differ by at most 1
+    (the longer ones first), as the Rust client cuts them."""
+    q, r = divmod(n, stripes)
+    out, start = [], 0
+    for i in range(stripes):
+        end = start + q + (1 if i < r else 0)
+        out.append(range(start, end))
+        start = end
+    return out
+
+
 class _Deadline:
     __slots__ = ("at",)
 
@@ -101,6 +129,8 @@ class WirePool:
     :param max_reply: largest reply frame accepted (metadata + payloads).
     :param tls: an ``ssl.SSLContext`` for servers with TLS on (docs/security.md);
         ``server_hostname`` is the name (or IP address) their certificate carries.
+    :param max_stripes: most connections one long read is striped over
+        (:meth:`stripes_for`; 1: never split).
     """
 
     def __init__(
@@ -112,9 +142,12 @@ class WirePool:
         token: str | None = None,
         tls: ssl.SSLContext | None = None,
         server_hostname: str | None = None,
+        max_stripes: int = MAX_STRIPES,
     ):
         if connections < 1:
             raise ValueError("connections must be >= 1")
+        if max_stripes < 1:
+            raise ValueError("max_stripes must be >= 1")
         from ._proto import load
 
         m = load()
@@ -126,6 +159,7 @@ class WirePool:
         self.tls = tls
         self.server_hostname = server_hostname or addr[0]
         self.connections = connections
+        self.max_stripes = max_stripes
         self._ids = itertools.count(1)
         self._closed = False
         self._reset()
@@ -140,6 +174,18 @@ class WirePool:
         self._slots = threading.BoundedSemaphore(self.connections)
         self._lock = threading.Lock()
         self._idle: list[socket.socket] = []
+        # Threads for the stripes of long reads (made on first use; a
+        # parent's are dead in a forked child, so it makes its own).
+        self._stripers: ThreadPoolExecutor | None = None
+
+    def _after_fork(self) -> None:
+        """In a forked child: close its copies of the parent's descriptors
+        (close, never shutdown: that would cut the parent's connections) and
+        start afresh."""
+        if self._pid != os.getpid():
+            for s in self._idle:
+                s.close()
+            self._reset()
 
     def __repr__(self) -> str:
         return f"WirePool({self.addr[0]}:{self.addr[1]}, connections={self.connections})"
@@ -147,7 +193,44 @@ class WirePool:
     def close(self) -> None:
         with self._lock:
             self._closed = True
+            stripers, self._stripers = self._stripers, None
         self._drop_idle()
+        if stripers is not None and self._pid == os.getpid():
+            stripers.shutdown(wait=False)
+
+    # -- striping -------------------------------------------------------------
+
+    def stripes_for(self, blocks: int) -> int:
+        """How many stripes a read of ``blocks`` keys is split into: one per
+        :data:`STRIPE_MIN_BLOCKS` keys, at most one per pooled connection and
+        at most ``max_stripes`` (the Rust client's ``WireClient::stripes_for``)."""
+        return max(1, min(blocks // STRIPE_MIN_BLOCKS, self.connections, self.max_stripes))
+
+    def parallel(self, fns: Sequence[Callable[[], T]]) -> list[tuple[T | None, BaseException | None]]:
+        """Runs ``fns`` at once, the first on the calling thread and the others
+        on this pool's stripe threads, and returns each one's ``(result,
+        None)`` or ``(None, exception)`` in order. It returns only when all
+        of them have finished, since they may be writing into the caller's
+        buffers. The threads are at most ``connections``, as the requests in
+        flight are: more could only wait for a connection."""
+        self._after_fork()
+        with self._lock:
+            if self._closed:
+                raise ValueError("client is closed")
+            if self._stripers is None:
+                self._stripers = ThreadPoolExecutor(self.connections, thread_name_prefix="kvtier-stripe")
+            others = [self._stripers.submit(f) for f in fns[1:]]
+        out: list[tuple[T | None, BaseException | None]] = []
+        try:
+            out.append((fns[0](), None))
+        except Exception as e:  # noqa: BLE001 - handed to the caller, in order
+            out.append((None, e))
+        finally:  # an interrupt too waits for the others before it propagates
+            wait(others)
+        for f in others:
+            err = f.exception()
+            out.append((None, err) if err is not None else (f.result(), None))
+        return out
 
     def _drop_idle(self) -> None:
         with self._lock:
@@ -204,12 +287,7 @@ class WirePool:
         self, kind: int, meta: bytes, payloads: Sequence, data_len: int, timeout: float, reply_kind: int, into=None
     ) -> _Frame:
         deadline = _Deadline(timeout)
-        if self._pid != os.getpid():
-            # A forked child: close its copies of the parent's descriptors
-            # (close, never shutdown: that would cut the parent's connections).
-            for s in self._idle:
-                s.close()
-            self._reset()
+        self._after_fork()
         if not self._slots.acquire(timeout=max(0.0, deadline.remaining())):
             raise self._deadline_error(timeout)
         try:
