@@ -413,7 +413,8 @@ class ClusterClient:
             left = self._remaining(deadline, start)
             pending = []
 
-            calls = {n: partial(self._read_part, self._clients[n], namespace, ks, ix, lease_id, left, into)
+            calls = {n: partial(self._read_part, self._clients[n], namespace, ks, ix, self._lease_for(n, lease_id),
+                                left, into)
                      for n, ix in groups.items()}
             for node, out in self._run(calls):
                 ix = groups[node]
@@ -437,6 +438,16 @@ class ClusterClient:
         blocks = [got[i] for i in range(end)]
         elapsed = int((time.monotonic() - start) * 1e6)
         return ReadResult(blocks, len(ks), end < len(ks), reason, _summed(timings, elapsed))
+
+    def _lease_for(self, node: str, lease_id: int) -> int:
+        """The lease id to send ``node`` with a read: the id for the node that
+        granted it (or for every node, when this client did not take it), 0
+        for the others, which would refuse a lease they never granted."""
+        if not lease_id:
+            return 0
+        with self._lock:
+            granted_by = self._leases.get(lease_id)
+        return lease_id if granted_by in (None, node) else 0
 
     @staticmethod
     def _read_part(c: Client, namespace: str, ks: list[bytes], ix: list[int], lease_id: int, timeout: float,

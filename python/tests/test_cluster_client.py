@@ -233,3 +233,36 @@ def test_errors_that_are_answers_are_not_failed_over(servers, ns):
         assert c.down() == []
         with pytest.raises(TypeError):
             c.write(ns, [b"not a block"])  # type: ignore[list-item]
+
+
+def test_a_lease_taken_through_the_node_list_covers_the_read_on_a_real_cluster(kvtier_bin):
+    """Three nodes as one cluster (docs/cluster.md): a lookup with a lease
+    goes to one node, which grants the lease; the read that follows spans
+    every node, and only the granting node may be sent the lease id (the
+    others never granted it and would refuse the read)."""
+    from kvtier.server import free_port_pair
+
+    ports: list[int] = []
+    while len(ports) < 3:
+        p = free_port_pair()
+        if all(abs(p - q) > 1 for q in ports):
+            ports.append(p)
+    nodes = [f"127.0.0.1:{p}" for p in ports]
+    members = ",".join(f"grpc://{n}" for n in nodes)
+    started = [Server.start(binary=kvtier_bin, listen=n,
+                            args=["--cluster-nodes", members, "--cluster-self", f"grpc://{n}"]) for n in nodes]
+    try:
+        ks = random_keys(24, seed=7)
+        bs = blocks_of(ks, seed=7)
+        with Client(nodes, connections=1, timeout=10.0) as c:
+            c.write("lease/ns", bs)
+            owners_of = {keys.owners(nodes, "lease/ns", k, 2)[0] for k in ks}
+            assert len(owners_of) == 3, "the chain spans every node"
+            found = c.lookup("lease/ns", keys=ks, lease_ms=30_000)
+            assert found.found == 24 and found.lease_id
+            r = c.read("lease/ns", ks, found.lease_id)
+            assert [b.payload for b in r.blocks] == [b.payload for b in bs]
+            c.release(found.lease_id)
+    finally:
+        for s in started:
+            s.stop()

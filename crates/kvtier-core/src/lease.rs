@@ -120,6 +120,17 @@ pub struct LeaseTable {
     charges: Mutex<Charges>,
 }
 
+/// Where a table's lease ids start: random per table, so the ids of
+/// different nodes of a cluster (and of one node across restarts) do not
+/// collide, and a client holding a lease id of one node can never name
+/// another node's lease by accident. Below 2^62, so ids never wrap.
+fn first_id() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(crate::clock::unix_ms());
+    (h.finish() >> 2).max(1)
+}
+
 impl Default for LeaseTable {
     fn default() -> Self {
         Self::new(PinBudget::UNLIMITED)
@@ -130,7 +141,7 @@ impl LeaseTable {
     /// An empty table whose leases may pin at most `budget`.
     pub fn new(budget: PinBudget) -> Self {
         Self {
-            next: AtomicU64::new(1),
+            next: AtomicU64::new(first_id()),
             active: Mutex::new(HashMap::new()),
             budget,
             charges: Mutex::new(Charges::default()),

@@ -67,7 +67,7 @@ impl Server {
     /// Binds every listener and starts serving on the current Tokio runtime.
     pub async fn start(cfg: Config) -> anyhow::Result<Self> {
         cfg.validate()?;
-        let peers = cluster_peers(&cfg)?;
+        let peers = cluster::peers_for(&cfg.cluster, cfg.server.max_message_size.bytes())?;
         let engine = Arc::new(build_engine_with(&cfg, peers.clone()).await?);
         Self::start_inner(cfg, engine, peers).await
     }
@@ -101,6 +101,13 @@ impl Server {
             ));
             shared.local = Some(Arc::new(engine.local_twin()));
             shared.cluster_self = p.me().to_string();
+            shared.cluster_authorization = cluster::token().map(|t| format!("Bearer {t}"));
+            anyhow::ensure!(
+                !auth.enabled() || shared.cluster_authorization.is_some(),
+                "[auth] is on in a cluster: set KVTIER_CLUSTER_TOKEN to a token of the tokens file with \
+                 read-write access to every namespace (namespaces = [\"\"]), the same on every node \
+                 (docs/cluster.md)"
+            );
         }
         shared.auth = auth.clone();
         shared.public_metrics = cfg.auth.public_metrics;
@@ -431,7 +438,11 @@ async fn serve_grpc(
 /// is set, plus the object store when `object_store` names one.
 /// With `[cluster]` set, the engine places blocks over the cluster's nodes.
 pub async fn build_engine(cfg: &Config) -> anyhow::Result<Engine> {
-    build_engine_with(cfg, cluster_peers(cfg)?).await
+    build_engine_with(
+        cfg,
+        cluster::peers_for(&cfg.cluster, cfg.server.max_message_size.bytes())?,
+    )
+    .await
 }
 
 async fn build_engine_with(
@@ -445,19 +456,6 @@ async fn build_engine_with(
         Some(p) => builder.peers(p).build(),
         None => builder.build(),
     })
-}
-
-/// The other nodes, when `[cluster]` is set. `KVTIER_CLUSTER_TOKEN`, if set,
-/// is the bearer token this node presents to them (docs/cluster.md).
-fn cluster_peers(cfg: &Config) -> anyhow::Result<Option<Arc<cluster::GrpcPeers>>> {
-    if !cfg.cluster.enabled() {
-        return Ok(None);
-    }
-    let token = std::env::var("KVTIER_CLUSTER_TOKEN")
-        .ok()
-        .filter(|t| !t.is_empty());
-    let max = cfg.server.max_message_size.bytes().min(usize::MAX as u64) as usize;
-    Ok(Some(cluster::GrpcPeers::new(&cfg.cluster, max, token)?))
 }
 
 /// Adds the disk tier when `disk.dir` is set (recovering what it holds).

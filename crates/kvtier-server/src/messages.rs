@@ -19,6 +19,14 @@ pub fn tier(k: TierKind) -> i32 {
     }
 }
 
+/// Milliseconds left of `b`'s TTL; 0 when it has none (an expired block is
+/// never served, so at least 1 otherwise).
+pub fn ttl_left(b: &Block) -> u64 {
+    b.meta.expires_unix_ms.map_or(0, |t| {
+        t.saturating_sub(kvtier_core::clock::unix_ms()).max(1)
+    })
+}
+
 /// Refuses a request naming more than [`MAX_KEYS_PER_REQUEST`] keys.
 pub fn check_count(n: usize) -> Result<(), Status> {
     if n > MAX_KEYS_PER_REQUEST {

@@ -63,7 +63,9 @@ pub fn read_block(index: u32, b: &Block, tier: TierKind, payload: Bytes) -> pb::
             token_count: b.meta.token_count,
             crc32c: b.meta.crc32c,
             payload,
-            ttl_ms: 0,
+            // What is left of its TTL (0: none), so a node of a cluster that
+            // keeps a block it read from a peer keeps its expiry too.
+            ttl_ms: crate::messages::ttl_left(b),
         }),
         tier: crate::messages::tier(tier),
     }

@@ -32,6 +32,9 @@ pub struct Shared {
     pub local: Option<Arc<Engine>>,
     /// This node's name in its cluster (`host:port`); empty outside one.
     pub cluster_self: String,
+    /// `Bearer <KVTIER_CLUSTER_TOKEN>`: with authentication on, only a
+    /// request carrying it may be served as forwarded by another node.
+    pub cluster_authorization: Option<String>,
 }
 
 /// A request admitted for service: its clock and its admission permit.
@@ -85,6 +88,27 @@ impl Shared {
             limits: crate::limits::Limits::unlimited(),
             local: None,
             cluster_self: String::new(),
+            cluster_authorization: None,
+        }
+    }
+
+    /// Whether a request comes from another node: anyone may claim so when
+    /// authentication is off (a forwarded request only narrows what it
+    /// sees: this node's tiers); with it on, only the cluster token does.
+    fn is_peer_request(&self, md: &tonic::metadata::MetadataMap) -> bool {
+        if !self.auth.enabled() {
+            return true;
+        }
+        match (
+            &self.cluster_authorization,
+            crate::auth::grpc_authorization(md),
+        ) {
+            (Some(want), Some(got)) => {
+                use sha2::{Digest, Sha256};
+                // Compared as digests: no early exit on the first differing byte.
+                Sha256::digest(want.as_bytes()) == Sha256::digest(got.as_bytes())
+            }
+            _ => false,
         }
     }
 
@@ -93,7 +117,9 @@ impl Shared {
     /// local twin, so it never travels further; anything else by the engine.
     pub fn route(&self, md: &tonic::metadata::MetadataMap) -> std::borrow::Cow<'_, Shared> {
         match &self.local {
-            Some(local) if md.contains_key(crate::cluster::FORWARDED) => {
+            Some(local)
+                if md.contains_key(crate::cluster::FORWARDED) && self.is_peer_request(md) =>
+            {
                 let mut s = self.clone();
                 s.engine = local.clone();
                 std::borrow::Cow::Owned(s)

@@ -81,6 +81,7 @@ pub(super) async fn read(
             .map(|ix| ix.iter().map(|&i| keys[i].clone()).collect())
             .collect();
         let outs = join_all(groups.keys().zip(&parts).map(|(&node, part)| {
+            let lease_id = c.lease_for(node, lease_id);
             c.part(node, deadline, move |cl| async move {
                 cl.read(ns, part, lease_id).await
             })

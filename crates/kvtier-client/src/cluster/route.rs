@@ -213,6 +213,20 @@ impl ClusterClient {
         }
     }
 
+    /// The lease id to send `node` with a read under `lease_id`: the id
+    /// itself for the node that granted it (or every node, when this client
+    /// did not take it), 0 for the others, which would refuse a lease they
+    /// never granted.
+    pub(super) fn lease_for(&self, node: usize, lease_id: u64) -> u64 {
+        if lease_id == 0 {
+            return 0;
+        }
+        match self.inner.leases.lock().get(&lease_id) {
+            Some((granted_by, _)) if *granted_by != node => 0,
+            _ => lease_id,
+        }
+    }
+
     pub(super) fn remember_lease(&self, lease_id: u64, node: usize, lease_ms: u32) {
         if lease_id == 0 {
             return;

@@ -13,14 +13,14 @@ impl Engine {
     /// An engine over the same memory and disk tiers, without peers and
     /// without the object store: what serves requests other nodes forward
     /// here (they already asked, or will ask, the object store themselves).
-    /// It keeps its own lease table and counters.
+    /// It shares the lease table (one pin budget per node); its counters are its own.
     pub fn local_twin(&self) -> Engine {
         Engine {
             cfg: self.cfg.clone(),
             memory: self.memory.clone(),
             disk: self.disk.clone(),
             policy: self.policy,
-            leases: LeaseTable::new(self.cfg.pin_budget()),
+            leases: self.leases.clone(),
             counters: Counters::default(),
             writing: self.writing.clone(),
             object: None,
@@ -197,6 +197,7 @@ impl Engine {
     ) -> Result<WriteOutcome> {
         self.check_size(block.payload.len())?;
         let mut owners = peers.owners(&block.meta.id);
+        let mut local_copy = owners.local;
         let mut here = if owners.local {
             Some(self.store_here(block.clone(), mode, timing).await?)
         } else if let Some(obj) = &self.object {
@@ -235,8 +236,24 @@ impl Engine {
                 break;
             }
             owners = peers.owners(&block.meta.id);
-            if owners.local && here.is_none() {
-                here = Some(self.store_local(block.clone(), mode, timing).await?);
+            if owners.local && !local_copy {
+                let out = self.store_local(block.clone(), mode, timing).await?;
+                here.get_or_insert(out);
+                local_copy = true;
+            }
+        }
+        // No owner took a replica and this node kept none: keep one here (a
+        // stand-in owner), so the block is readable now (a write-back upload
+        // is not) and survives until the object store has it.
+        if stored == 0 && !local_copy && !tried.is_empty() {
+            match self.store_local(block.clone(), mode, timing).await {
+                Ok(out) => {
+                    here.get_or_insert(out);
+                }
+                Err(e) if here.is_none() => return Err(e),
+                Err(e) => {
+                    tracing::warn!(error = %e, "no replica of a block was stored, and no local copy either")
+                }
             }
         }
         if !tried.is_empty() {

@@ -65,7 +65,8 @@ pub struct Engine {
     /// The disk tier, if configured.
     disk: Option<Arc<DiskTier>>,
     policy: WritePolicy,
-    leases: LeaseTable,
+    /// Shared with the local twin: one pin budget per node.
+    leases: Arc<LeaseTable>,
     counters: Counters,
     /// Blocks whose write-through to the disk tier is in progress (with a count
     /// of concurrent writers): memory may evict them before that write lands,
@@ -115,7 +116,7 @@ impl EngineBuilder {
     /// write-back is configured (its uploader starts here).
     pub fn build(self) -> Engine {
         let memory = Arc::new(MemoryTier::new(self.cfg.memory_capacity.bytes()));
-        let leases = LeaseTable::new(self.cfg.pin_budget());
+        let leases = Arc::new(LeaseTable::new(self.cfg.pin_budget()));
         let (disk, policy) = match self.disk {
             Some((d, p)) => (Some(d), p),
             None => (None, WritePolicy::default()),

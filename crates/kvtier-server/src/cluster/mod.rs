@@ -131,6 +131,27 @@ pub fn dns_target(s: &str) -> anyhow::Result<(String, u16)> {
     Ok((h.to_string(), port))
 }
 
+/// `KVTIER_CLUSTER_TOKEN`, if set and not empty.
+pub fn token() -> Option<String> {
+    std::env::var("KVTIER_CLUSTER_TOKEN")
+        .ok()
+        .filter(|t| !t.is_empty())
+}
+
+/// The other nodes, when `cluster` is on, with messages of up to
+/// `max_message` bytes (`server.max_message_size`). `KVTIER_CLUSTER_TOKEN`,
+/// if set, is the bearer token this node presents to them (docs/cluster.md).
+pub fn peers_for(
+    cluster: &ClusterSection,
+    max_message: u64,
+) -> anyhow::Result<Option<std::sync::Arc<GrpcPeers>>> {
+    if !cluster.enabled() {
+        return Ok(None);
+    }
+    let max = max_message.min(usize::MAX as u64) as usize;
+    Ok(Some(GrpcPeers::new(cluster, max, token())?))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -313,6 +313,13 @@ impl GrpcPeers {
         budget: Duration,
         fut: impl std::future::Future<Output = std::result::Result<T, tonic::Status>>,
     ) -> Result<T> {
+        if budget < Duration::from_millis(5) {
+            // The caller's deadline has (all but) passed: not the peer's fault.
+            return Err(Error::deadline(format!(
+                "no time left to ask peer {}",
+                p.name
+            )));
+        }
         let r = match tokio::time::timeout(budget, fut).await {
             Ok(r) => r,
             Err(_) => Err(tonic::Status::deadline_exceeded(format!(
@@ -330,10 +337,16 @@ impl GrpcPeers {
             .inc();
         r.map_err(|st| {
             use tonic::Code::*;
-            if matches!(
-                st.code(),
-                Unavailable | DeadlineExceeded | Unknown | Cancelled
-            ) {
+            // Down means unreachable: not a peer shedding load (it answered,
+            // with a retry hint), nor a call cut short by the caller's own
+            // deadline; marking those down would move placements for nothing.
+            let unreachable = match st.code() {
+                Unavailable => !st.metadata().contains_key("grpc-retry-pushback-ms"),
+                DeadlineExceeded => budget >= self.timeout,
+                Unknown | Cancelled => true,
+                _ => false,
+            };
+            if unreachable {
                 *p.down_until.lock() = Some(Instant::now() + self.down_for);
                 self.metrics
                     .failovers
@@ -349,9 +362,7 @@ impl GrpcPeers {
 }
 
 fn pb_block(b: &Block) -> pb::Block {
-    let ttl_ms = b.meta.expires_unix_ms.map_or(0, |t| {
-        t.saturating_sub(kvtier_core::clock::unix_ms()).max(1)
-    });
+    let ttl_ms = crate::messages::ttl_left(b);
     pb::Block {
         key: b.meta.id.key.bytes(),
         parent_key: b

@@ -234,7 +234,8 @@ impl KvTier for V1Service {
         request: Request<pb::WriteRequest>,
     ) -> Result<Response<pb::WriteResponse>, Status> {
         let this = self.routed(request.metadata());
-        let replace = this.shared.local.is_some() && forwarded_replace(request.metadata());
+        // Only a request served as forwarded (from a peer: [`Shared::route`]) may replace.
+        let replace = matches!(this, Cow::Owned(_)) && forwarded_replace(request.metadata());
         let who = this.shared.caller(request.metadata())?;
         let arrived = state::arrival(request.extensions());
         let req = request.into_inner();
@@ -253,7 +254,8 @@ impl KvTier for V1Service {
         request: Request<Streaming<pb::WriteRequest>>,
     ) -> Result<Response<pb::WriteResponse>, Status> {
         let this = self.routed(request.metadata());
-        let replace = this.shared.local.is_some() && forwarded_replace(request.metadata());
+        // Only a request served as forwarded (from a peer: [`Shared::route`]) may replace.
+        let replace = matches!(this, Cow::Owned(_)) && forwarded_replace(request.metadata());
         let who = this.shared.caller(request.metadata())?;
         let arrived = state::arrival(request.extensions());
         let mut stream = request.into_inner();
