@@ -427,6 +427,9 @@ class ClusterClient:
                     continue
                 timings.append(out.timing)
                 for b in out.blocks:
+                    if not 0 <= b.index < len(ix):
+                        raise KvtierError(grpc.StatusCode.INTERNAL,
+                                          f"node {node} returned block {b.index} of a {len(ix)}-key read")
                     got[ix[b.index]] = dataclasses.replace(b, index=ix[b.index])
                 n = len(out.blocks)
                 if n < len(ix):

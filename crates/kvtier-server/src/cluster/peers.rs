@@ -110,7 +110,12 @@ pub struct GrpcPeers {
     members: RwLock<Members>,
     token: Option<tonic::metadata::AsciiMetadataValue>,
     metrics: ClusterMetrics,
+    /// DNS membership: the name each address last reported, and when.
+    learned: Mutex<HashMap<std::net::SocketAddr, (String, Instant)>>,
 }
+
+/// How long a DNS member that stops answering Stats keeps its place.
+const LEARN_GRACE: Duration = Duration::from_secs(30);
 
 impl GrpcPeers {
     /// Peers for `cfg` (validated); the static node list, if any, is the
@@ -142,6 +147,7 @@ impl GrpcPeers {
             }),
             token,
             metrics: ClusterMetrics::default(),
+            learned: Mutex::new(HashMap::new()),
         });
         let names = cfg
             .nodes
@@ -175,9 +181,19 @@ impl GrpcPeers {
         names.sort();
         names.dedup();
         let mut ids = HashMap::new();
+        let mut unusable = Vec::new();
         for n in names.iter().filter(|n| **n != self.me) {
-            ids.insert(n.clone(), self.peer_for(n)?);
+            match self.peer_for(n) {
+                Ok(p) => {
+                    ids.insert(n.clone(), p);
+                }
+                Err(e) => {
+                    tracing::warn!(node = %n, error = %e, "cluster member left out");
+                    unusable.push(n.clone());
+                }
+            }
         }
+        names.retain(|n| !unusable.contains(n));
         let mut m = self.members.write();
         if m.names != names {
             tracing::info!(members = ?names, "cluster membership");
@@ -249,24 +265,60 @@ impl GrpcPeers {
     /// round (not ready yet).
     pub async fn learn(&self, addrs: Vec<std::net::SocketAddr>) -> anyhow::Result<()> {
         let mut names = Vec::with_capacity(addrs.len());
-        let asks = addrs.into_iter().map(|a| async move {
-            let ep = Endpoint::from_shared(format!("http://{a}"))
-                .ok()?
-                .connect_timeout(self.timeout)
-                .timeout(self.timeout);
-            let mut c = KvTierClient::new(ep.connect().await.ok()?);
-            let mut req = tonic::Request::new(pb::StatsRequest {});
-            if let Some(t) = &self.token {
-                req.metadata_mut().insert("authorization", t.clone());
+        let asks = addrs
+            .into_iter()
+            .map(|a| async move { (a, self.ask_name(a).await) });
+        let answers = futures::future::join_all(asks).await;
+        let now = Instant::now();
+        let mut learned = self.learned.lock();
+        // DNS is the authority on who may be a member: forget the rest.
+        learned.retain(|a, _| answers.iter().any(|(b, _)| a == b));
+        for (a, name) in answers {
+            match name {
+                Some(n) => {
+                    learned.insert(a, (n.clone(), now));
+                    names.push(n);
+                }
+                // A member that missed one Stats (a blip, or shedding) stays
+                // for LEARN_GRACE under the name it last gave: one slow round
+                // must not move every placement. Calls to it mark it down if
+                // it is really gone.
+                None => {
+                    if let Some((n, seen)) = learned.get(&a)
+                        && now.duration_since(*seen) < LEARN_GRACE
+                    {
+                        names.push(n.clone());
+                    }
+                }
             }
-            let name = c.stats(req).await.ok()?.into_inner().cluster_self;
-            let name = if name.is_empty() { a.to_string() } else { name };
-            Some(name)
-        });
-        for n in futures::future::join_all(asks).await.into_iter().flatten() {
-            names.push(n);
         }
+        drop(learned);
         self.set_members(names)
+    }
+
+    /// The name the node at `a` reports, if it answers and the name is a
+    /// usable `host:port`.
+    async fn ask_name(&self, a: std::net::SocketAddr) -> Option<String> {
+        let ep = Endpoint::from_shared(format!("http://{a}"))
+            .ok()?
+            .connect_timeout(self.timeout)
+            .timeout(self.timeout);
+        let mut c = KvTierClient::new(ep.connect().await.ok()?);
+        let mut req = tonic::Request::new(pb::StatsRequest {});
+        if let Some(t) = &self.token {
+            req.metadata_mut().insert("authorization", t.clone());
+        }
+        let name = c.stats(req).await.ok()?.into_inner().cluster_self;
+        if name.is_empty() {
+            return Some(a.to_string());
+        }
+        match node_name(&name) {
+            Ok(n) => Some(n),
+            Err(e) => {
+                tracing::warn!(addr = %a, error = %e, "a node reports an unusable cluster name; left out");
+                None
+            }
+        }
     }
 
     fn peer(&self, p: PeerId) -> Arc<Peer> {
