@@ -101,6 +101,11 @@ impl Server {
             ));
             shared.local = Some(Arc::new(engine.local_twin()));
             shared.cluster_self = p.me().to_string();
+            shared.peer_admission = Some(Arc::new(admission::Limiter::fixed(
+                cfg.server.max_inflight,
+                cfg.server.max_queued,
+                cfg.server.queue_timeout,
+            )));
             shared.cluster_authorization = cluster::token().map(|t| format!("Bearer {t}"));
             anyhow::ensure!(
                 !auth.enabled() || shared.cluster_authorization.is_some(),

@@ -35,6 +35,10 @@ pub struct Shared {
     /// `Bearer <KVTIER_CLUSTER_TOKEN>`: with authentication on, only a
     /// request carrying it may be served as forwarded by another node.
     pub cluster_authorization: Option<String>,
+    /// In a cluster, the admission limit of requests other nodes forward:
+    /// apart from the clients', so a flood of client requests sheds client
+    /// requests, not the peer calls other nodes' admitted requests depend on.
+    pub peer_admission: Option<Arc<Limiter>>,
 }
 
 /// A request admitted for service: its clock and its admission permit.
@@ -89,6 +93,7 @@ impl Shared {
             local: None,
             cluster_self: String::new(),
             cluster_authorization: None,
+            peer_admission: None,
         }
     }
 
@@ -122,6 +127,9 @@ impl Shared {
             {
                 let mut s = self.clone();
                 s.engine = local.clone();
+                if let Some(a) = &self.peer_admission {
+                    s.admission = a.clone();
+                }
                 std::borrow::Cow::Owned(s)
             }
             _ => std::borrow::Cow::Borrowed(self),
@@ -308,6 +316,26 @@ mod tests {
     use super::*;
     use kvtier_core::EngineConfig;
     use std::time::Duration;
+
+    #[tokio::test]
+    async fn forwarded_requests_have_their_own_admission_and_engine() {
+        let engine = Arc::new(Engine::new(EngineConfig::default()));
+        let mut s = Shared::new(engine.clone(), 1);
+        s.local = Some(Arc::new(engine.local_twin()));
+        s.peer_admission = Some(Arc::new(Limiter::fixed(1, 0, Duration::from_millis(10))));
+        let mut md = tonic::metadata::MetadataMap::new();
+        md.insert(crate::cluster::FORWARDED, "1".parse().unwrap());
+        // Clients have used up the front's limit...
+        let _client = s.admit(None).await.expect("admitted");
+        assert!(s.admit(None).await.is_err(), "the front is full");
+        // ...and a peer's call is still admitted, on the local twin.
+        let peer = s.route(&md);
+        assert!(!Arc::ptr_eq(&peer.engine, &engine), "served by the twin");
+        let _p = peer.admit(None).await.expect("peers have their own limit");
+        // Without the mark, a request is a client's.
+        let plain = s.route(&tonic::metadata::MetadataMap::new());
+        assert!(Arc::ptr_eq(&plain.engine, &engine));
+    }
 
     #[tokio::test]
     async fn past_the_queue_requests_are_shed_with_a_retry_hint() {
