@@ -7,8 +7,13 @@ use crate::state::{self, Shared};
 use crate::status::to_status;
 use crate::timing::Clock;
 use bytes::Bytes;
-use kvtier_core::{Block, BlockId, Key, Namespace, TierKind};
+use futures::StreamExt;
+use futures::stream::FuturesOrdered;
+use kvtier_core::{Block, BlockId, Engine, Key, Namespace, StorageTiming, TierKind};
 use kvtier_proto::v1 as pb;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
 use std::time::Instant;
 use tonic::Status;
 
@@ -74,12 +79,58 @@ pub fn read_block(index: u32, b: &Block, tier: TierKind, payload: Bytes) -> pb::
 /// Reads keys in order, one block per [`PrefixReader::next`], until the first
 /// missing block or the deadline; [`PrefixReader::outcome`] then says why it
 /// stopped. (A cursor rather than a callback keeps the callers' futures `Send`.)
+///
+/// When blocks may come from other nodes or the object store (a cluster, an
+/// object tier), the reader keeps up to [`READ_AHEAD`] engine reads in
+/// flight, so a read of N such blocks waits about N / READ_AHEAD round trips
+/// instead of N. Blocks are still handed out in key order and the read still
+/// ends at the first missing one (reads already started past it are
+/// dropped). Each block's tier times are scaled down to the time the request
+/// actually waited for it, so they stay part of the service time. A
+/// memory-only engine reads one block at a time, as before: its reads do not
+/// wait.
 pub struct PrefixReader {
     ns: Namespace,
     keys: std::vec::IntoIter<Key>,
     deadline: Option<Instant>,
     next_index: u32,
     out: Outcome,
+    ahead: FuturesOrdered<Pending>,
+}
+
+/// Engine reads a prefix read keeps in flight when blocks may be remote.
+pub const READ_AHEAD: usize = 4;
+
+/// One engine read of a prefix read, with the tier time it took.
+type Pending = Pin<Box<dyn Future<Output = (Got, StorageTiming)> + Send>>;
+
+enum Got {
+    Block(Block, TierKind),
+    Missing,
+    Deadline,
+    Failed(Status),
+}
+
+async fn read_one(
+    engine: Arc<Engine>,
+    id: BlockId,
+    deadline: Option<Instant>,
+) -> (Got, StorageTiming) {
+    let mut t = StorageTiming::default();
+    let fut = kvtier_core::deadline::scope(deadline, engine.read(&id, &mut t));
+    let r = match deadline {
+        Some(d) => match tokio::time::timeout_at(d.into(), fut).await {
+            Ok(r) => r,
+            Err(_) => return (Got::Deadline, t),
+        },
+        None => fut.await,
+    };
+    let got = match r {
+        Ok(Some((b, tier))) => Got::Block(b, tier),
+        Ok(None) => Got::Missing,
+        Err(e) => Got::Failed(to_status(e)),
+    };
+    (got, t)
 }
 
 impl PrefixReader {
@@ -96,6 +147,7 @@ impl PrefixReader {
             deadline,
             next_index: 0,
             out,
+            ahead: FuturesOrdered::new(),
         }
     }
 
@@ -108,38 +160,61 @@ impl PrefixReader {
         if !self.out.reason.is_empty() {
             return Ok(None);
         }
-        let Some(key) = self.keys.next() else {
-            return Ok(None);
-        };
         if self.deadline.is_some_and(|d| Instant::now() >= d) {
             self.out.reason = "deadline";
+            self.ahead.clear();
             return Ok(None);
         }
-        let id = BlockId::new(self.ns.clone(), key);
-        let fut = kvtier_core::deadline::scope(
-            self.deadline,
-            shared.engine.read(&id, &mut clock.storage),
-        );
-        let got = match self.deadline {
-            Some(d) => match tokio::time::timeout_at(d.into(), fut).await {
-                Ok(r) => r,
-                Err(_) => {
-                    self.out.reason = "deadline";
-                    return Ok(None);
-                }
-            },
-            None => fut.await,
+        let engine = &shared.engine;
+        let depth = if engine.in_cluster() || engine.has_object_tier() {
+            READ_AHEAD
+        } else {
+            1
         };
-        match got.map_err(to_status)? {
-            Some((b, t)) => {
+        while self.ahead.len() < depth {
+            let Some(key) = self.keys.next() else { break };
+            let id = BlockId::new(self.ns.clone(), key);
+            self.ahead
+                .push_back(Box::pin(read_one(engine.clone(), id, self.deadline)));
+        }
+        let waited = Instant::now();
+        let Some((got, mut t)) = self.ahead.next().await else {
+            return Ok(None);
+        };
+        // Reads that overlapped must not add up to more than the time this
+        // request spent waiting for them: tier times stay part of service_us.
+        let waited = waited.elapsed();
+        let total = t.total();
+        if total > waited {
+            let f = waited.as_secs_f64() / total.as_secs_f64();
+            t = StorageTiming {
+                memory: t.memory.mul_f64(f),
+                disk: t.disk.mul_f64(f),
+                object: t.object.mul_f64(f),
+                peer: t.peer.mul_f64(f),
+            };
+        }
+        clock.storage.merge(&t);
+        match got {
+            Got::Block(b, t) => {
                 let i = self.next_index;
                 self.next_index += 1;
                 self.out.returned += 1;
                 Ok(Some((i, b, t)))
             }
-            None => {
+            Got::Missing => {
                 self.out.reason = "missing";
+                self.ahead.clear();
                 Ok(None)
+            }
+            Got::Deadline => {
+                self.out.reason = "deadline";
+                self.ahead.clear();
+                Ok(None)
+            }
+            Got::Failed(st) => {
+                self.ahead.clear();
+                Err(st)
             }
         }
     }
@@ -150,6 +225,7 @@ impl PrefixReader {
         self.out.returned -= 1;
         self.next_index -= 1;
         self.out.reason = reason;
+        self.ahead.clear();
     }
 
     /// How the read ended (meaningful once `next` returned `None`).

@@ -80,10 +80,21 @@ async fn read_returns_what_it_has_before_the_deadline() {
     let mut raw = KvTierClient::connect(common::raw_endpoint(&server))
         .await
         .unwrap();
-    let keys: Vec<Bytes> = [&b"a"[..], b"b", b"c", b"d", b"e"]
-        .iter()
-        .map(|k| Bytes::copy_from_slice(k))
-        .collect();
+    let keys: Vec<Bytes> = [
+        &b"a"[..],
+        b"b",
+        b"c",
+        b"d",
+        b"e",
+        b"f",
+        b"g",
+        b"h",
+        b"i",
+        b"j",
+    ]
+    .iter()
+    .map(|k| Bytes::copy_from_slice(k))
+    .collect();
     let mut req = tonic::Request::new(pb::ReadRequest {
         namespace: "n".into(),
         keys,
@@ -102,18 +113,16 @@ async fn read_returns_what_it_has_before_the_deadline() {
     }
     let elapsed = t0.elapsed();
     let done = done.expect("a final ReadDone before the deadline");
-    // a, b from memory; c from the slow tier (300 ms); d would end past 450 ms.
-    assert_eq!(
-        got,
-        vec![
-            Bytes::from_static(b"A"),
-            Bytes::from_static(b"B"),
-            Bytes::from_static(b"slow")
-        ]
-    );
+    // a, b from memory; c..f from the slow tier, read ahead together
+    // (READ_AHEAD = 4: all four start at once and end at ~300 ms); g starts
+    // when c is handed out and would end past 450 ms. Serially only c would
+    // have made it.
+    let mut want = vec![Bytes::from_static(b"A"), Bytes::from_static(b"B")];
+    want.extend(std::iter::repeat_n(Bytes::from_static(b"slow"), 4));
+    assert_eq!(got, want);
     assert!(done.partial);
     assert_eq!(done.reason, "deadline");
-    assert_eq!((done.returned, done.requested), (3, 5));
+    assert_eq!((done.returned, done.requested), (6, 10));
     assert!(elapsed < Duration::from_millis(1500), "took {elapsed:?}");
     let t = done.timing.unwrap();
     assert!(
@@ -151,14 +160,15 @@ async fn data_plane_read_returns_partial_before_the_client_deadline() {
     )
     .await
     .unwrap();
-    let keys: Vec<Key> = [&b"a"[..], b"x", b"y", b"z"]
+    let keys: Vec<Key> = [&b"a"[..], b"s", b"t", b"u", b"v", b"w", b"x", b"y", b"z"]
         .iter()
         .map(|k| Key::new(Bytes::copy_from_slice(k)).unwrap())
         .collect();
     let t0 = Instant::now();
     let r = c.read("n", &keys, 0).await.unwrap();
-    // Server deadline 450 ms: "a" from memory, "x" from the slow tier (300 ms), then stop.
-    assert_eq!(r.blocks.len(), 2);
+    // Server deadline 450 ms: "a" from memory, then s..v from the slow tier,
+    // read ahead together (~300 ms); w would end past the deadline.
+    assert_eq!(r.blocks.len(), 5);
     assert!(r.partial);
     assert_eq!(r.reason, "deadline");
     assert!(

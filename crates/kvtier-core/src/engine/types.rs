@@ -72,6 +72,14 @@ pub struct StorageTiming {
 }
 
 impl StorageTiming {
+    /// Adds every tier's time of `o`.
+    pub fn merge(&mut self, o: &StorageTiming) {
+        self.memory += o.memory;
+        self.disk += o.disk;
+        self.object += o.object;
+        self.peer += o.peer;
+    }
+
     /// Adds `d` to the tier `kind`.
     pub fn add(&mut self, kind: TierKind, d: Duration) {
         match kind {
