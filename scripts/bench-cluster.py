@@ -357,6 +357,11 @@ def placement_choice(nodes: int = 3, replicas: int = 2, chains: int = 2000, leng
     return out
 
 
+def flag_names(flags: list) -> list[str]:
+    """The bench's step flags by kind (saturated generator, Little's law off, ...)."""
+    return [f["kind"] if isinstance(f, dict) else str(f) for f in flags]
+
+
 def summary(r: dict) -> str:
     lines = ["# Cluster scaling on one machine", "", f"{r['date']}, commit {r['git_commit'][:10]}, "
              f"{r['machine']['cpus']} CPUs; `{r['command']}`", "",
@@ -367,7 +372,7 @@ def summary(r: dict) -> str:
             lines.append(f"| {e['nodes']} | {e['workload']} | {e['path']} | {s['concurrency']} | "
                          f"{s['ops_s']:.0f} ({s['ops_s_min']:.0f}–{s['ops_s_max']:.0f}) | "
                          f"{s['p99_ms']:.1f} ({s['p99_ms_min']:.1f}–{s['p99_ms_max']:.1f}) | {s['errors']} | "
-                         f"{s['generator_cpu']:.2f} | {', '.join(s['flags']) or ''} |")
+                         f"{s['generator_cpu']:.2f} | {', '.join(flag_names(s['flags']))} |")
     an = r["analysis"]
     lines += ["", "Speed-up over 1 node (median ops/s; unflagged steps):", "",
               "| nodes | workload | path | c | speed-up | per node |", "|---|---|---|---|---|---|"]

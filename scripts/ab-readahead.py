@@ -1,0 +1,100 @@
+#!/usr/bin/env python3
+"""A/B of two kvtier binaries on a 3-node cluster's long prefix reads
+(notes/022-read-ahead): the `prefix-read` workload (one lookup + one read of
+a 256-block prefix) through one node's address, where about a third of the
+blocks come from the other nodes, and through the node list, where none do.
+
+Runs scripts/bench-cluster.py for A, B, A, B (interleaved, so drift on this
+shared machine hits both), then compares medians across all of each
+binary's repeats. Writes OUT/record.json and OUT/summary.md.
+
+  scripts/ab-readahead.py --a /tmp/kvtier-base --b target/release/kvtier --out out/ab-readahead
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run(binary: str, out: Path, a) -> dict:
+    cmd = [sys.executable, str(ROOT / "scripts" / "bench-cluster.py"), "--kvtier", binary, "--nodes", "3",
+           "--workloads", "prefix-read", "--concurrency", "1", "--duration", a.duration, "--warmup", "1s",
+           "--repeat", str(a.repeat), "--value-size", a.value_size, "--memory", "1GiB", "--skip-failover",
+           "--out", str(out)]
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+    return json.loads((out / "record.json").read_text())
+
+
+def samples(rec: dict, path: str) -> dict:
+    """Per-repeat throughput (reads/s) and the step's p99 of one path."""
+    (e,) = [e for e in rec["scaling"] if e["path"] == path]
+    (s,) = e["steps"]
+    return {"ops_s": s["ops_s"], "ops_s_min": s["ops_s_min"], "ops_s_max": s["ops_s_max"], "p99_ms": s["p99_ms"],
+            "errors": s["errors"], "flags": s["flags"]}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--a", required=True, help="baseline kvtier binary")
+    ap.add_argument("--b", required=True, help="changed kvtier binary")
+    ap.add_argument("--a-commit", default="", help="the commit A was built from")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--duration", default="6s")
+    ap.add_argument("--value-size", default="1.2MB")
+    ap.add_argument("--out", default="out/ab-readahead")
+    a = ap.parse_args()
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    runs: list[dict] = []
+    for r in range(a.rounds):
+        for label, binary in (("A", a.a), ("B", a.b)):
+            rec = run(binary, out / f"{label}{r}", a)
+            runs.append({"binary": label, "round": r, "single": samples(rec, "single"),
+                         "direct": samples(rec, "direct")})
+            print(f"{label}{r}: single {runs[-1]['single']['ops_s']:.3f}/s direct {runs[-1]['direct']['ops_s']:.3f}/s",
+                  flush=True)
+    result = {}
+    for path in ("single", "direct"):
+        med = {lab: statistics.median(x[path]["ops_s"] for x in runs if x["binary"] == lab) for lab in ("A", "B")}
+        p99 = {lab: statistics.median(x[path]["p99_ms"] for x in runs if x["binary"] == lab) for lab in ("A", "B")}
+        result[path] = {"median_reads_s": med, "median_p99_ms": p99, "b_over_a": med["B"] / med["A"],
+                        "p99_b_over_a": p99["B"] / p99["A"]}
+    record = {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "git_commit": subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
+                                     text=True).stdout.strip(),
+        "a_commit": a.a_commit,
+        "machine": {"host": platform.node(), "cpus": os.cpu_count(), "kernel": platform.release()},
+        "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+        "method": __doc__.split("\n\n")[0].replace("\n", " "),
+        "value_size": a.value_size,
+        "blocks_per_read": 256,
+        "runs": runs,
+        "result": result,
+    }
+    (out / "record.json").write_text(json.dumps(record, indent=1) + "\n")
+    lines = ["| path | A reads/s | B reads/s | B/A | A p99 ms | B p99 ms |", "|---|---|---|---|---|---|"]
+    for path, x in result.items():
+        lines.append(f"| {path} | {x['median_reads_s']['A']:.3f} | {x['median_reads_s']['B']:.3f} | "
+                     f"{x['b_over_a']:.2f} | {x['median_p99_ms']['A']:.0f} | {x['median_p99_ms']['B']:.0f} |")
+    lines += ["", "| run | single reads/s (min–max) | direct reads/s (min–max) |", "|---|---|---|"]
+    for x in runs:
+        lines.append(f"| {x['binary']}{x['round']} | {x['single']['ops_s']:.3f} ({x['single']['ops_s_min']:.3f}–"
+                     f"{x['single']['ops_s_max']:.3f}) | {x['direct']['ops_s']:.3f} ({x['direct']['ops_s_min']:.3f}–"
+                     f"{x['direct']['ops_s_max']:.3f}) |")
+    (out / "summary.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
