@@ -265,6 +265,21 @@ def _check_keys(keys: Sequence[bytes]) -> list[bytes]:
     return out
 
 
+def token_chain(keys: Sequence[bytes], payloads: Sequence[bytes], block_size: int, n_tokens: int,
+                ttl_ms: int = 0) -> list[Block]:
+    """One block per key of a token chain, each the child of the one before
+    (``write_tokens``); ``ValueError`` unless there is one payload per key."""
+    payloads = list(payloads)
+    if len(payloads) != len(keys):
+        raise ValueError(
+            f"{len(payloads)} payloads for {len(keys)} full blocks of {block_size} tokens ({n_tokens} tokens)"
+        )
+    return [
+        Block(key=k, payload=p, parent=keys[i - 1] if i else None, token_count=block_size, ttl_ms=ttl_ms)
+        for i, (k, p) in enumerate(zip(keys, payloads))
+    ]
+
+
 class Client:
     """A pooled, thread-safe ``kvtier.v1`` client.
 
@@ -810,18 +825,8 @@ class Client:
         self, namespace: str, tokens: Sequence[int], payloads: Sequence[bytes], ttl_ms: int = 0
     ) -> WriteResult:
         """Writes one payload per full block of ``tokens``, chained parent to child."""
-        ks = self.keys_for(tokens)
-        payloads = list(payloads)
-        if len(payloads) != len(ks):
-            raise ValueError(
-                f"{len(payloads)} payloads for {len(ks)} full blocks of {self.block_size} tokens "
-                f"({len(tokens)} tokens)"
-            )
-        blocks = [
-            Block(key=k, payload=p, parent=ks[i - 1] if i else None, token_count=self.block_size, ttl_ms=ttl_ms)
-            for i, (k, p) in enumerate(zip(ks, payloads))
-        ]
-        return self.write(namespace, blocks)
+        return self.write(namespace, token_chain(self.keys_for(tokens), payloads, self.block_size, len(tokens),
+                                                 ttl_ms))
 
     def delete(self, namespace: str, keys: Sequence[bytes], timeout: float | None = None) -> DeleteResult:
         """Deletes blocks (and their descendants)."""

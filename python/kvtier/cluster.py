@@ -41,6 +41,7 @@ from .client import (
     TierStats,
     WriteResult,
     _check_keys,
+    token_chain,
 )
 from .errors import KvtierError
 
@@ -497,18 +498,8 @@ class ClusterClient:
         self, namespace: str, tokens: Sequence[int], payloads: Sequence[bytes], ttl_ms: int = 0
     ) -> WriteResult:
         """Writes one payload per full block of ``tokens``, chained parent to child."""
-        ks = self.keys_for(tokens)
-        payloads = list(payloads)
-        if len(payloads) != len(ks):
-            raise ValueError(
-                f"{len(payloads)} payloads for {len(ks)} full blocks of {self.block_size} tokens "
-                f"({len(tokens)} tokens)"
-            )
-        blocks = [
-            Block(key=k, payload=p, parent=ks[i - 1] if i else None, token_count=self.block_size, ttl_ms=ttl_ms)
-            for i, (k, p) in enumerate(zip(ks, payloads))
-        ]
-        return self.write(namespace, blocks)
+        return self.write(namespace, token_chain(self.keys_for(tokens), payloads, self.block_size, len(tokens),
+                                                 ttl_ms))
 
     def delete(self, namespace: str, keys: Sequence[bytes], timeout: float | None = None) -> DeleteResult:
         """Deletes each key (and its descendants) through its first owner."""

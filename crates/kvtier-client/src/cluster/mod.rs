@@ -23,6 +23,7 @@
 //! let blocks = c.read("my-model", &hit.keys[..hit.found], 0).await?;
 //! # let _ = blocks; Ok(()) }
 //! ```
+pub(crate) use crate::wire::add_timing;
 use crate::{
     Client, ClientConfig, ClientError, Lookup, ReadResult, Result, ServerTiming, WriteBlock,
     WriteResult,
@@ -125,18 +126,6 @@ pub fn unreachable(e: &ClientError) -> bool {
         ClientError::Transport(_) => true,
         _ => false,
     }
-}
-
-/// `t += o`, field by field (server times of parts run on several nodes add
-/// up: work done, not latency).
-pub(crate) fn add_timing(t: &mut ServerTiming, o: &ServerTiming) {
-    t.queue_us += o.queue_us;
-    t.service_us += o.service_us;
-    t.storage_memory_us += o.storage_memory_us;
-    t.storage_disk_us += o.storage_disk_us;
-    t.storage_object_us += o.storage_object_us;
-    t.storage_peer_us += o.storage_peer_us;
-    t.total_us += o.total_us;
 }
 
 /// One node: its name, its client's settings, and the client once connected

@@ -384,8 +384,9 @@ fn server_timeout_ms(deadline: Instant) -> u32 {
     (left.as_millis() * 9 / 10).clamp(1, u32::MAX as u128) as u32
 }
 
-/// Adds `b`'s server timing to `a` (a read continued over several replies).
-fn add_timing(a: &mut pb::ServerTiming, b: &pb::ServerTiming) {
+/// Adds `b`'s server timing to `a` (a read continued over several replies,
+/// or the parts of a cluster call).
+pub(crate) fn add_timing(a: &mut pb::ServerTiming, b: &pb::ServerTiming) {
     a.queue_us += b.queue_us;
     a.service_us += b.service_us;
     a.storage_memory_us += b.storage_memory_us;
