@@ -110,6 +110,9 @@ def main() -> int:
     ap.add_argument("--duration", default="20s")
     ap.add_argument("--warmup", default="3s")
     ap.add_argument("--repeat", type=int, default=2)
+    ap.add_argument("--client-rmem", type=int, default=0,
+                    help="cap the client namespace's TCP receive buffer (net.ipv4.tcp_rmem max, bytes): one "
+                         "stream's window is then the limit, as on a link whose BDP exceeds the buffers")
     ap.add_argument("--kvtier", default=str(ROOT / "target" / "release" / "kvtier"))
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
@@ -123,6 +126,10 @@ def main() -> int:
     entries = []
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     with netlab.Lab(str(os.getpid() % 100000)) as lab:
+        if a.client_rmem:
+            # Per namespace (Linux >= 4.15): the machine's own setting is untouched.
+            subprocess.run(["ip", "netns", "exec", lab.client_ns, "sysctl", "-q", "-w",
+                            f"net.ipv4.tcp_rmem=4096 {min(131072, a.client_rmem)} {a.client_rmem}"], check=True)
         lab.set_link(0, None)
         base = lab.rtt(20)
         print(f"lab base RTT: {base:.3f} ms", flush=True)
@@ -164,6 +171,7 @@ def main() -> int:
                   "goodput = payload bytes per read / median read time (per repeat, then the median of repeats' medians); link = the lab's TCP probe "
                   "in the same run, best of 1 and N streams",
         "rate_mbit": rate / 1e6 if rate else None, "base_rtt_ms": base, "value_size": a.value_size,
+        "client_rmem": a.client_rmem or None,
         "blocks_per_read": 256, "entries": entries,
         "validation": {"rtt_all_ok": all(e["rtt_ok"] for e in entries),
                        "no_errors": all(e["errors"] == 0 for e in entries)},

@@ -56,3 +56,27 @@ def test_a_rate_limit_holds(tmp_path):
         assert mbit <= 16 * 1.02, e
         assert mbit >= 16 * 0.7, e
     assert rec["validation"]["rate_held"] is True
+
+
+def test_striping_beats_one_stream_where_the_window_is_the_limit(tmp_path, kvtier_bin):
+    """Issue 16: at a non-zero RTT whose bandwidth-delay product exceeds one
+    connection's window (the client namespace's receive buffer capped at
+    512 KiB: 30 ms x 200 Mbit/s is 750 KB), a long prefix read striped over 8
+    connections gets more of the link than one connection, and the lab's RTT
+    is what was configured. A 256-block prefix of 128 KiB blocks (32 MiB)."""
+    if os.geteuid() != 0:
+        pytest.fail("the network lab needs root (network namespaces, TUN devices)")
+    out = tmp_path / "prefix"
+    r = subprocess.run(["python3", str(ROOT / "scripts/netlab-prefix.py"), "--rtt", "30", "--stripes", "1,8",
+                        "--rate", "200mbit", "--client-rmem", str(512 << 10), "--value-size", str(128 << 10),
+                        "--duration", "2s", "--warmup", "0s", "--repeat", "1", "--kvtier", str(kvtier_bin),
+                        "--out", str(out)], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    rec = json.loads((out / "record.json").read_text())
+    by = {e["stripes"]: e for e in rec["entries"]}
+    assert 27.0 <= by[1]["rtt_ms_measured"] <= 33.0, by[1]
+    assert all(e["errors"] == 0 and e["ops"] >= 1 for e in rec["entries"]), rec["entries"]
+    one, striped = by[1]["goodput_mbit_s"], by[8]["goodput_mbit_s"]
+    # The window caps one connection near 512 KiB / 30 ms (~70-140 Mbit/s);
+    # eight of them are capped by the 200 Mbit/s link.
+    assert striped >= 1.3 * one, (one, striped)

@@ -8,6 +8,8 @@ use crate::block::{Block, BlockId};
 use crate::error::{Error, Result};
 use crate::keys::{Key, Namespace};
 use crate::tier::Tier;
+use futures::FutureExt;
+use futures::future::{BoxFuture, Shared};
 use parking_lot::Mutex;
 use std::collections::{BTreeMap, HashMap};
 use std::hash::{Hash, Hasher};
@@ -78,6 +80,12 @@ pub struct ObjectOptions {
     pub enqueue_timeout: Duration,
     /// Human-readable name of the store (its URL), for messages.
     pub store_name: String,
+    /// Engine reads one prefix read keeps in flight when its blocks may come
+    /// from the store (notes/023: a cold 256-block read behind 20 ms).
+    pub read_ahead: usize,
+    /// Whether a lookup that finds blocks only in the store starts reading
+    /// them into memory at once, before the client's read asks for them.
+    pub prefetch: bool,
 }
 
 impl Default for ObjectOptions {
@@ -90,6 +98,8 @@ impl Default for ObjectOptions {
             lookup_timeout: Duration::from_secs(2),
             enqueue_timeout: Duration::from_secs(5),
             store_name: "object store".into(),
+            read_ahead: 16,
+            prefetch: true,
         }
     }
 }
@@ -121,6 +131,13 @@ pub struct ObjectStats {
     pub lookup_checks: u64,
     /// Blocks read from the store and copied to the disk tier.
     pub promotions_to_disk: u64,
+    /// Block reads from the store (GETs started).
+    pub fetches: u64,
+    /// Reads that found the same block's fetch already under way and waited
+    /// for it instead of starting another.
+    pub fetches_joined: u64,
+    /// Blocks read into memory by lookups' prefetches.
+    pub prefetched: u64,
     /// The tier's own counters ([`Tier::extra_counters`]).
     pub tier_counters: Vec<(&'static str, &'static str, u64)>,
 }
@@ -131,7 +148,13 @@ pub(crate) struct Counters {
     pub lookup_degraded: AtomicU64,
     pub lookup_checks: AtomicU64,
     pub promotions_to_disk: AtomicU64,
+    pub fetches: AtomicU64,
+    pub fetches_joined: AtomicU64,
+    pub prefetched: AtomicU64,
 }
+
+/// A block read from the store that any number of readers may wait for.
+type Fetch = Shared<BoxFuture<'static, Result<Option<Block>>>>;
 
 /// The engine's handle on its object-store tier.
 pub(crate) struct ObjectLink {
@@ -139,18 +162,66 @@ pub(crate) struct ObjectLink {
     pub opts: ObjectOptions,
     pub writeback: Option<WriteBack>,
     pub counters: Arc<Counters>,
+    /// Reads from the store under way, by block: one GET per block at a time.
+    fetches: Arc<Mutex<HashMap<BlockId, Fetch>>>,
+    /// Bounds the GETs prefetches keep in flight, all lookups together.
+    pub prefetch_slots: Arc<Semaphore>,
 }
 
 impl ObjectLink {
     pub fn new(tier: Arc<dyn Tier>, opts: ObjectOptions) -> Self {
         let writeback = (opts.policy == ObjectWritePolicy::WriteBack)
             .then(|| WriteBack::start(tier.clone(), &opts));
+        let prefetch_slots = Arc::new(Semaphore::new(opts.read_ahead.max(1) * 4));
         Self {
             tier,
             opts,
             writeback,
             counters: Arc::default(),
+            fetches: Arc::default(),
+            prefetch_slots,
         }
+    }
+
+    /// Reads `id` from the store, or waits for the read of it already under
+    /// way (a prefetch, or another request). The GET runs in its own task, so
+    /// a reader that gives up (deadline, dropped request) does not cancel it
+    /// for the others, and its entry is removed when it ends: a later read
+    /// asks the store again.
+    pub async fn get(&self, id: &BlockId) -> Result<Option<Block>> {
+        let fetch = {
+            let mut m = self.fetches.lock();
+            match m.get(id) {
+                Some(f) => {
+                    self.counters.fetches_joined.fetch_add(1, Ordering::Relaxed);
+                    f.clone()
+                }
+                None => {
+                    self.counters.fetches.fetch_add(1, Ordering::Relaxed);
+                    let (tier, fetches, key) =
+                        (self.tier.clone(), self.fetches.clone(), id.clone());
+                    // The entry is inserted below while the lock is held, so
+                    // the task's removal cannot come first.
+                    let task = tokio::spawn(async move {
+                        let r = tier.get(&key).await;
+                        fetches.lock().remove(&key);
+                        r
+                    });
+                    let f: Fetch = async move {
+                        task.await.unwrap_or_else(|e| {
+                            Err(Error::internal(format!(
+                                "object-store read task failed: {e}"
+                            )))
+                        })
+                    }
+                    .boxed()
+                    .shared();
+                    m.insert(id.clone(), f.clone());
+                    f
+                }
+            }
+        };
+        fetch.await
     }
 
     pub fn stats(&self) -> ObjectStats {
@@ -162,6 +233,9 @@ impl ObjectLink {
             lookup_degraded: c.lookup_degraded.load(Ordering::Relaxed),
             lookup_checks: c.lookup_checks.load(Ordering::Relaxed),
             promotions_to_disk: c.promotions_to_disk.load(Ordering::Relaxed),
+            fetches: c.fetches.load(Ordering::Relaxed),
+            fetches_joined: c.fetches_joined.load(Ordering::Relaxed),
+            prefetched: c.prefetched.load(Ordering::Relaxed),
             tier_counters: self.tier.extra_counters(),
             ..Default::default()
         };

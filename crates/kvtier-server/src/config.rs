@@ -105,6 +105,11 @@ pub struct ObjectStoreSection {
     pub queue_capacity: usize,
     /// Write-back: uploads in flight at once.
     pub upload_concurrency: usize,
+    /// Blocks one prefix read keeps in flight from the store (notes/023).
+    pub read_ahead: usize,
+    /// A lookup that finds blocks only in the store starts reading them into
+    /// memory before the client asks (notes/023).
+    pub prefetch: bool,
     /// How long a "not in the store" answer is cached.
     #[serde(with = "humantime_serde")]
     pub negative_cache_ttl: Duration,
@@ -143,6 +148,8 @@ impl Default for ObjectStoreSection {
             lookup_concurrency: 32,
             queue_capacity: 1024,
             upload_concurrency: 8,
+            read_ahead: 16,
+            prefetch: true,
             negative_cache_ttl: Duration::from_secs(2),
             positive_cache_ttl: Duration::from_secs(30),
             cache_capacity: 100_000,
@@ -519,9 +526,11 @@ impl Config {
             kvtier_core::Namespace::new(&n.namespace)
                 .map_err(|x| anyhow::anyhow!("object_store.namespaces {:?}: {x}", n.namespace))?;
         }
-        if self.object_store.queue_capacity == 0 || self.object_store.upload_concurrency == 0 {
+        let o = &self.object_store;
+        if o.queue_capacity == 0 || o.upload_concurrency == 0 || o.read_ahead == 0 {
             anyhow::bail!(
-                "object_store.queue_capacity and object_store.upload_concurrency must be > 0"
+                "object_store.queue_capacity, object_store.upload_concurrency and \
+                 object_store.read_ahead must be > 0"
             );
         }
         if e.memory_capacity.bytes() < e.max_block_size.bytes().min(1 << 20) {

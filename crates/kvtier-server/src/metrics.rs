@@ -18,7 +18,8 @@
 //! * With an object store: `kvtier_object_writeback_queue_{depth,capacity}`,
 //!   `kvtier_object_upload_lag_seconds` (age of the oldest block not yet
 //!   uploaded), `kvtier_object_{uploads,upload_retries,uploads_superseded,
-//!   write_failures,lookup_degraded,lookup_checks,promotions_to_disk}_total`,
+//!   write_failures,lookup_degraded,lookup_checks,promotions_to_disk,fetches,
+//!   fetches_joined,prefetched}_total`,
 //!   and the tier's request counters `kvtier_object_{gets,heads,head_cache_hits,
 //!   puts,deletes,corrupt,errors}_total`.
 use kvtier_core::Engine;
@@ -372,6 +373,21 @@ fn encode_object(
             "object_promotions_to_disk",
             "Blocks read from the object store and copied to disk",
             o.promotions_to_disk,
+        ),
+        (
+            "object_fetches",
+            "Block reads started against the object store (one per block at a time)",
+            o.fetches,
+        ),
+        (
+            "object_fetches_joined",
+            "Reads that waited for a fetch of the same block already under way",
+            o.fetches_joined,
+        ),
+        (
+            "object_prefetched",
+            "Blocks read into memory by lookups' prefetches",
+            o.prefetched,
         ),
     ];
     counters.extend(o.tier_counters.iter().copied());

@@ -50,6 +50,8 @@ pub fn attach(builder: EngineBuilder, cfg: &Config) -> anyhow::Result<EngineBuil
         lookup_timeout: o.lookup_timeout,
         enqueue_timeout: o.timeout,
         store_name: format!("object store {}", tier.describe()),
+        read_ahead: o.read_ahead,
+        prefetch: o.prefetch,
     };
     tracing::info!(stores = %tier.describe(), policy = %opts.policy, "object-store tier enabled");
     Ok(builder.object(Arc::new(tier), opts))

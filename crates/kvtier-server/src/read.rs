@@ -81,8 +81,8 @@ pub fn read_block(index: u32, b: &Block, tier: TierKind, payload: Bytes) -> pb::
 /// stopped. (A cursor rather than a callback keeps the callers' futures `Send`.)
 ///
 /// When blocks may come from other nodes or the object store (a cluster, an
-/// object tier), the reader keeps up to [`READ_AHEAD`] engine reads in
-/// flight, so a read of N such blocks waits about N / READ_AHEAD round trips
+/// object tier), the reader keeps up to [`Engine::read_ahead`] engine reads
+/// in flight, so a read of N such blocks waits about N / depth round trips
 /// instead of N. Blocks are still handed out in key order and the read still
 /// ends at the first missing one (reads already started past it are
 /// dropped). Each block's tier times are scaled down to the time the request
@@ -97,9 +97,6 @@ pub struct PrefixReader {
     out: Outcome,
     ahead: FuturesOrdered<Pending>,
 }
-
-/// Engine reads a prefix read keeps in flight when blocks may be remote.
-pub const READ_AHEAD: usize = 4;
 
 /// One engine read of a prefix read, with the tier time it took.
 type Pending = Pin<Box<dyn Future<Output = (Got, StorageTiming)> + Send>>;
@@ -166,11 +163,7 @@ impl PrefixReader {
             return Ok(None);
         }
         let engine = &shared.engine;
-        let depth = if engine.in_cluster() || engine.has_object_tier() {
-            READ_AHEAD
-        } else {
-            1
-        };
+        let depth = engine.read_ahead();
         while self.ahead.len() < depth {
             let Some(key) = self.keys.next() else { break };
             let id = BlockId::new(self.ns.clone(), key);

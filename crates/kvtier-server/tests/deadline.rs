@@ -48,7 +48,13 @@ async fn read_returns_what_it_has_before_the_deadline() {
     let cfg = common::test_config();
     let engine = Arc::new(
         Engine::builder(cfg.engine.engine_config())
-            .object(Arc::new(SlowTier), ObjectOptions::default())
+            .object(
+                Arc::new(SlowTier),
+                ObjectOptions {
+                    read_ahead: 4,
+                    ..Default::default()
+                },
+            )
             .build(),
     );
     let server = kvtier_server::Server::start_with_engine(cfg, engine)
@@ -114,7 +120,7 @@ async fn read_returns_what_it_has_before_the_deadline() {
     let elapsed = t0.elapsed();
     let done = done.expect("a final ReadDone before the deadline");
     // a, b from memory; c..f from the slow tier, read ahead together
-    // (READ_AHEAD = 4: all four start at once and end at ~300 ms); g starts
+    // (read_ahead = 4: all four start at once and end at ~300 ms); g starts
     // when c is handed out and would end past 450 ms. Serially only c would
     // have made it.
     let mut want = vec![Bytes::from_static(b"A"), Bytes::from_static(b"B")];
@@ -138,7 +144,13 @@ async fn data_plane_read_returns_partial_before_the_client_deadline() {
     let cfg = common::test_config();
     let engine = Arc::new(
         Engine::builder(cfg.engine.engine_config())
-            .object(Arc::new(SlowTier), ObjectOptions::default())
+            .object(
+                Arc::new(SlowTier),
+                ObjectOptions {
+                    read_ahead: 4,
+                    ..Default::default()
+                },
+            )
             .build(),
     );
     let server = kvtier_server::Server::start_with_engine(cfg, engine)

@@ -41,6 +41,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+/// Engine reads a prefix read keeps in flight in a cluster without an object
+/// tier (peer round trips; notes/022).
+pub const PEER_READ_AHEAD: usize = 4;
+
 mod cluster;
 mod leases;
 mod types;
@@ -174,6 +178,68 @@ impl Engine {
     /// True when an object-store tier is configured.
     pub fn has_object_tier(&self) -> bool {
         self.object.is_some()
+    }
+
+    /// Engine reads a prefix read should keep in flight: the object tier's
+    /// `read_ahead`, [`PEER_READ_AHEAD`] in a cluster without one, and 1 for
+    /// local tiers only (their reads do not wait).
+    pub fn read_ahead(&self) -> usize {
+        match (&self.object, &self.peers) {
+            (Some(o), _) => o.opts.read_ahead.max(1),
+            (None, Some(_)) => PEER_READ_AHEAD,
+            (None, None) => 1,
+        }
+    }
+
+    /// Starts reading into memory, in the background, the leading blocks a
+    /// lookup found only in the object store (`tiers[i]` is key `i`'s tier),
+    /// so that the read the client sends next finds them there or joins
+    /// their fetch ([`ObjectLink::get`]). Bounded three ways: at most
+    /// `read_ahead` GETs per lookup and four times that for all lookups
+    /// together, and no more than half the memory tier per lookup (later
+    /// blocks would evict the earlier ones before they are read). Off when
+    /// `ObjectOptions::prefetch` is false.
+    pub fn prefetch(self: &Arc<Self>, ns: &Namespace, keys: &[Key], tiers: &[TierKind]) {
+        let Some(obj) = &self.object else { return };
+        if !obj.opts.prefetch {
+            return;
+        }
+        let ids: Vec<BlockId> = keys
+            .iter()
+            .zip(tiers)
+            .filter(|(_, t)| **t == TierKind::Object)
+            .map(|(k, _)| BlockId::new(ns.clone(), k.clone()))
+            .collect();
+        if ids.is_empty() {
+            return;
+        }
+        let (engine, depth) = (self.clone(), obj.opts.read_ahead.max(1));
+        let slots = obj.prefetch_slots.clone();
+        let budget = self.cfg.memory_capacity.bytes() / 2;
+        tokio::spawn(async move {
+            use futures::StreamExt;
+            let mut reads = futures::stream::iter(ids)
+                .map(|id| {
+                    let (engine, slots) = (engine.clone(), slots.clone());
+                    async move {
+                        let _slot = slots.acquire_owned().await.ok()?;
+                        let mut t = StorageTiming::default();
+                        engine.read(&id, &mut t).await.ok().flatten()
+                    }
+                })
+                .buffered(depth);
+            let mut bytes = 0u64;
+            while let Some(got) = reads.next().await {
+                let Some((b, _)) = got else { break };
+                if let Some(o) = &engine.object {
+                    o.counters.prefetched.fetch_add(1, Ordering::Relaxed);
+                }
+                bytes += b.payload.len() as u64;
+                if bytes >= budget {
+                    break;
+                }
+            }
+        });
     }
 
     /// The disk tier, if configured.
@@ -335,11 +401,13 @@ impl Engine {
         }
         if let Some(obj) = &self.object {
             let t0 = Instant::now();
-            let got = obj.tier.get(id).await;
+            let got = obj.get(id).await;
             timing.add(TierKind::Object, t0.elapsed());
             if let Some(b) = got? {
                 match &owners {
                     Some(o) if !o.local => self.replicate_to_owners(o, &b),
+                    // A prefetch and a read that shared one fetch promote once.
+                    _ if self.memory.contains_block(id) => {}
                     _ => {
                         self.promote(&b, timing).await;
                         self.promote_to_disk(&b);

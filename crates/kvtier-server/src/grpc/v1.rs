@@ -94,6 +94,8 @@ impl V1Service {
             .lookup(&ns, &keys, lease, &mut clock.storage)
             .await
             .map_err(to_status)?;
+        // The read that follows a lookup finds the store's blocks under way.
+        engine.prefetch(&ns, &keys[..out.tiers.len()], &out.tiers);
         Ok(pb::LookupResponse {
             found_blocks: out.found as u32,
             tiers: out.tiers.into_iter().map(tier).collect(),
