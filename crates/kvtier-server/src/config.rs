@@ -312,6 +312,10 @@ pub struct ServerSection {
     /// with RESOURCE_EXHAUSTED before its body is read. 0 = a quarter of the
     /// memory tier, at least 64 MiB.
     pub request_memory: ByteSize,
+    /// While the allocator's resident memory is above this, it gives the
+    /// pages it has freed back to the kernel (docs/operations.md, notes/024).
+    /// 0 = the memory tier + 10 % + `request_memory` + 64 MiB.
+    pub resident_limit: ByteSize,
     /// Open connections per listener (gRPC, HTTP, data plane); more are
     /// closed at accept.
     pub max_connections: usize,
@@ -347,6 +351,7 @@ impl Default for ServerSection {
             keepalive_interval: Duration::from_secs(30),
             shutdown_grace: Duration::from_secs(10),
             request_memory: ByteSize(0),
+            resident_limit: ByteSize(0),
             max_connections: 4096,
             max_streams_per_connection: 256,
             idle_timeout: Duration::from_secs(300),
@@ -546,6 +551,14 @@ impl Config {
     pub fn request_memory(&self) -> u64 {
         match self.server.request_memory.bytes() {
             0 => (self.engine.memory_capacity.bytes() / 4).max(64 << 20),
+            n => n,
+        }
+    }
+
+    /// `server.resident_limit`, with 0 resolved to its derived default.
+    pub fn resident_limit(&self) -> u64 {
+        match self.server.resident_limit.bytes() {
+            0 => self.engine.memory_capacity.bytes() / 10 * 11 + self.request_memory() + (64 << 20),
             n => n,
         }
     }

@@ -214,6 +214,26 @@ impl Metrics {
 
 struct EngineCollector(Arc<Engine>);
 
+/// What the process's allocator reports, when it can (jemalloc, in the
+/// `kvtier` binary): bytes allocated and resident, and the purges its
+/// resident-limit watcher made.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct AllocatorStats {
+    /// Bytes in live allocations.
+    pub allocated: u64,
+    /// Bytes of physical memory the allocator holds (live, free-but-kept, metadata).
+    pub resident: u64,
+    /// Times the freed pages were handed back because `resident` passed `server.resident_limit`.
+    pub purges: u64,
+}
+
+static ALLOCATOR: std::sync::OnceLock<fn() -> AllocatorStats> = std::sync::OnceLock::new();
+
+/// Installs the allocator probe behind `kvtier_allocator_*` (once per process).
+pub fn set_allocator_probe(probe: fn() -> AllocatorStats) {
+    let _ = ALLOCATOR.set(probe);
+}
+
 impl std::fmt::Debug for EngineCollector {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("EngineCollector")
@@ -409,6 +429,34 @@ struct TierLabel {
 
 impl Collector for EngineCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        if let Some(probe) = ALLOCATOR.get() {
+            let a = probe();
+            for (name, help, v) in [
+                (
+                    "allocator_allocated_bytes",
+                    "Bytes in live allocations",
+                    a.allocated,
+                ),
+                (
+                    "allocator_resident_bytes",
+                    "Physical memory the allocator holds",
+                    a.resident,
+                ),
+            ] {
+                ConstGauge::new(v as i64).encode(encoder.encode_descriptor(
+                    name,
+                    help,
+                    None,
+                    prometheus_client::metrics::MetricType::Gauge,
+                )?)?;
+            }
+            ConstCounter::new(a.purges).encode(encoder.encode_descriptor(
+                "allocator_purges",
+                "Freed pages handed back because resident memory passed server.resident_limit",
+                None,
+                prometheus_client::metrics::MetricType::Counter,
+            )?)?;
+        }
         let stats = self.0.stats();
         type Get = fn(&kvtier_core::TierStats) -> u64;
         let gauges: [(&str, &str, Get); 3] = [

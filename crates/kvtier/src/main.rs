@@ -3,6 +3,8 @@
 mod bench;
 mod cli;
 mod demo;
+#[cfg(feature = "jemalloc")]
+mod purge;
 mod serve;
 
 use clap::{Parser, Subcommand};

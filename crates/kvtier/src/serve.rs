@@ -204,6 +204,8 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let mut int = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?;
     let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())?;
     let mut server = Server::start(cfg.clone()).await?;
+    #[cfg(feature = "jemalloc")]
+    crate::purge::start(cfg.resident_limit())?;
     describe(&cfg, &server);
     if args.ready_json {
         let grpc: Vec<String> = server.grpc_addrs.iter().map(|a| a.to_string()).collect();

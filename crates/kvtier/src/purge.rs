@@ -1,0 +1,79 @@
+//! Hands the allocator's freed pages back to the kernel while the process's
+//! resident memory is above `server.resident_limit` (notes/024).
+//!
+//! jemalloc keeps the pages it has freed ("dirty") for `dirty_decay_ms`
+//! (10 s) before returning them, so that the next allocation reuses them
+//! without a page fault. Under steady eviction that reuse is much of the
+//! write path's speed (notes/016), but what it keeps grows with the rate of
+//! frees times the decay time, and no budget sees it. Shortening the decay
+//! for every free halves writes (notes/014). Instead, a watcher thread reads
+//! jemalloc's `stats.resident` every [`INTERVAL`] and purges every arena's
+//! dirty pages only while it is above the limit.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+use tikv_jemalloc_ctl::{epoch, stats};
+
+/// How often the watcher reads the allocator's statistics.
+pub const INTERVAL: Duration = Duration::from_millis(20);
+
+static PURGES: AtomicU64 = AtomicU64::new(0);
+
+/// Starts the watcher (it runs for the life of the process) and installs
+/// the `kvtier_allocator_*` metrics.
+pub fn start(limit: u64) -> anyhow::Result<()> {
+    // Fail at start, not in the thread, if the statistics are unavailable.
+    read().ok_or_else(|| anyhow::anyhow!("jemalloc statistics are unavailable"))?;
+    kvtier_server::metrics::set_allocator_probe(probe);
+    std::thread::Builder::new()
+        .name("kvtier-purge".into())
+        .spawn(move || {
+            loop {
+                std::thread::sleep(INTERVAL);
+                if let Some((_, resident)) = read()
+                    && resident > limit
+                {
+                    purge_all();
+                    PURGES.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        })?;
+    Ok(())
+}
+
+/// (allocated, resident) bytes, refreshed.
+fn read() -> Option<(u64, u64)> {
+    epoch::advance().ok()?;
+    Some((
+        stats::allocated::read().ok()? as u64,
+        stats::resident::read().ok()? as u64,
+    ))
+}
+
+fn probe() -> kvtier_server::metrics::AllocatorStats {
+    let (allocated, resident) = read().unwrap_or_default();
+    kvtier_server::metrics::AllocatorStats {
+        allocated,
+        resident,
+        purges: PURGES.load(Ordering::Relaxed),
+    }
+}
+
+/// Purges the dirty pages of every arena (`MALLCTL_ARENAS_ALL` = 4096).
+#[allow(unsafe_code)]
+fn purge_all() {
+    let name = b"arena.4096.purge\0";
+    // SAFETY: a NUL-terminated control name, with null old/new pointers and
+    // a zero length: how jemalloc's void controls are called (tikv-jemalloc-ctl
+    // wraps none of them). The return code is ignored: a purge that fails
+    // leaves the pages to the decay, as without the watcher.
+    unsafe {
+        tikv_jemalloc_sys::mallctl(
+            name.as_ptr().cast(),
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            0,
+        );
+    }
+}
