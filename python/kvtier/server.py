@@ -24,7 +24,7 @@ from pathlib import Path
 
 from ._error import Error
 
-__all__ = ["Server", "ServerError", "find_binary", "free_port_pair", "REPO_ROOT"]
+__all__ = ["Server", "ServerError", "find_binary", "free_port_pair", "free_port_pairs", "REPO_ROOT"]
 
 #: The repository root when running from a source checkout (python/kvtier/..).
 REPO_ROOT = Path(__file__).resolve().parent.parent.parent
@@ -231,3 +231,19 @@ def free_port_pair(host: str = "127.0.0.1") -> int:
                 continue
             return port
     raise ServerError("no free pair of adjacent ports")
+
+
+def free_port_pairs(n: int, host: str = "127.0.0.1") -> list[int]:
+    """``n`` ports as :func:`free_port_pair` gives them, no two pairs
+    overlapping: for ``n`` servers each at a fixed address (a cluster's
+    node list)."""
+    ports: list[int] = []
+    for _ in range(100 * n):
+        if len(ports) == n:
+            break
+        p = free_port_pair(host)
+        if all(abs(p - q) > 1 for q in ports):
+            ports.append(p)
+    if len(ports) < n:
+        raise ServerError(f"no {n} free pairs of adjacent ports")
+    return ports

@@ -240,13 +240,9 @@ def test_a_lease_taken_through_the_node_list_covers_the_read_on_a_real_cluster(k
     goes to one node, which grants the lease; the read that follows spans
     every node, and only the granting node may be sent the lease id (the
     others never granted it and would refuse the read)."""
-    from kvtier.server import free_port_pair
+    from kvtier.server import free_port_pairs
 
-    ports: list[int] = []
-    while len(ports) < 3:
-        p = free_port_pair()
-        if all(abs(p - q) > 1 for q in ports):
-            ports.append(p)
+    ports = free_port_pairs(3)
     nodes = [f"127.0.0.1:{p}" for p in ports]
     members = ",".join(f"grpc://{n}" for n in nodes)
     started = [Server.start(binary=kvtier_bin, listen=n,

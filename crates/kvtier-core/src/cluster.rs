@@ -24,6 +24,27 @@ use crate::tier::Overwrite;
 use async_trait::async_trait;
 use sha2::{Digest, Sha256};
 
+/// A node's name in placement: `host:port`, from `grpc://host:port`,
+/// `http://host:port` or a bare `host:port` (a trailing `/` dropped). The
+/// server names its nodes and the clients place blocks with this one
+/// function. Refused unless the port is in 1..=65535.
+pub fn node_name(addr: &str) -> crate::error::Result<String> {
+    let rest = addr
+        .strip_prefix("grpc://")
+        .or_else(|| addr.strip_prefix("http://"))
+        .unwrap_or(addr)
+        .trim_end_matches('/');
+    let ok = rest
+        .rsplit_once(':')
+        .is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok_and(|p| p != 0));
+    if !ok {
+        return Err(crate::error::Error::invalid(format!(
+            "cluster node {addr:?} is not grpc://host:port (with a port other than 0)"
+        )));
+    }
+    Ok(rest.to_string())
+}
+
 /// Index of a peer in its [`Peers`] implementation.
 pub type PeerId = usize;
 

@@ -187,9 +187,18 @@ impl ObjectLink {
     /// way (a prefetch, or another request). The GET runs in its own task, so
     /// a reader that gives up (deadline, dropped request) does not cancel it
     /// for the others, and its entry is removed when it ends: a later read
-    /// asks the store again.
+    /// asks the store again. The task keeps the deadline of the request that
+    /// started it, so the store call fails `UNAVAILABLE` within that
+    /// request's budget as before; a reader that joins it is bounded by its
+    /// own deadline where it waits (the prefix reader's). A read that misses
+    /// memory in the moment between a fetch's end and its reader's promotion
+    /// starts a second GET of the block: rare, and costs only the transfer.
     pub async fn get(&self, id: &BlockId) -> Result<Option<Block>> {
-        let fetch = {
+        self.fetch(id).await
+    }
+
+    fn fetch(&self, id: &BlockId) -> Fetch {
+        {
             let mut m = self.fetches.lock();
             match m.get(id) {
                 Some(f) => {
@@ -202,11 +211,12 @@ impl ObjectLink {
                         (self.tier.clone(), self.fetches.clone(), id.clone());
                     // The entry is inserted below while the lock is held, so
                     // the task's removal cannot come first.
-                    let task = tokio::spawn(async move {
+                    let deadline = crate::deadline::current();
+                    let task = tokio::spawn(crate::deadline::scope(deadline, async move {
                         let r = tier.get(&key).await;
                         fetches.lock().remove(&key);
                         r
-                    });
+                    }));
                     let f: Fetch = async move {
                         task.await.unwrap_or_else(|e| {
                             Err(Error::internal(format!(
@@ -220,8 +230,7 @@ impl ObjectLink {
                     f
                 }
             }
-        };
-        fetch.await
+        }
     }
 
     pub fn stats(&self) -> ObjectStats {

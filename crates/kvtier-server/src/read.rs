@@ -86,9 +86,9 @@ pub fn read_block(index: u32, b: &Block, tier: TierKind, payload: Bytes) -> pb::
 /// instead of N. Blocks are still handed out in key order and the read still
 /// ends at the first missing one (reads already started past it are
 /// dropped). Each block's tier times are scaled down to the time the request
-/// actually waited for it, so they stay part of the service time. A
-/// memory-only engine reads one block at a time, as before: its reads do not
-/// wait.
+/// actually waited for it, so they stay part of the service time. An
+/// engine with local tiers only reads one block at a time, in place (no
+/// boxed future per block): its reads do not wait.
 pub struct PrefixReader {
     ns: Namespace,
     keys: std::vec::IntoIter<Key>,
@@ -164,15 +164,25 @@ impl PrefixReader {
         }
         let engine = &shared.engine;
         let depth = engine.read_ahead();
-        while self.ahead.len() < depth {
-            let Some(key) = self.keys.next() else { break };
-            let id = BlockId::new(self.ns.clone(), key);
-            self.ahead
-                .push_back(Box::pin(read_one(engine.clone(), id, self.deadline)));
-        }
         let waited = Instant::now();
-        let Some((got, mut t)) = self.ahead.next().await else {
-            return Ok(None);
+        let (got, mut t) = if depth == 1 {
+            // Local tiers only: read in place, nothing ahead to keep.
+            let Some(key) = self.keys.next() else {
+                return Ok(None);
+            };
+            let id = BlockId::new(self.ns.clone(), key);
+            read_one(engine.clone(), id, self.deadline).await
+        } else {
+            while self.ahead.len() < depth {
+                let Some(key) = self.keys.next() else { break };
+                let id = BlockId::new(self.ns.clone(), key);
+                self.ahead
+                    .push_back(Box::pin(read_one(engine.clone(), id, self.deadline)));
+            }
+            let Some(r) = self.ahead.next().await else {
+                return Ok(None);
+            };
+            r
         };
         // Reads that overlapped must not add up to more than the time this
         // request spent waiting for them: tier times stay part of service_us.

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from kvtier.server import free_port_pair  # noqa: F401  (re-exported for the tests)
+from kvtier.server import free_port_pair, free_port_pairs  # noqa: F401  (re-exported for the tests)
 
 HERE = Path(__file__).resolve().parent
 RUNNER = HERE / "engine_run.py"

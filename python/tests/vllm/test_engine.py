@@ -34,6 +34,7 @@ from conftest import (
     assert_same_logprobs,
     events,
     free_port_pair,
+    free_port_pairs,
     outputs,
     run_engine,
     wait_blocks,
@@ -242,11 +243,7 @@ def test_a_cluster_serves_engines_through_the_node_list_or_one_address(models, k
     connector places each block on its owners); engine B, a new process,
     knows only one node and loads all 16 blocks through it, with the same
     logprobs as an engine without kvtier."""
-    ports = []
-    while len(ports) < 3:  # distinct P, P+1 pairs
-        p = free_port_pair()
-        if all(abs(p - q) > 1 for q in ports):
-            ports.append(p)
+    ports = free_port_pairs(3)
     nodes = [f"127.0.0.1:{p}" for p in ports]
     members = ",".join(f"grpc://{n}" for n in nodes)
     servers = [Server.start(binary=kvtier_bin, listen=n,

@@ -95,24 +95,10 @@ pub fn split_nodes(list: &str) -> Vec<String> {
         .collect()
 }
 
-/// A node's name in placement: `host:port`, from `grpc://host:port`,
-/// `http://host:port` or a bare `host:port` (a trailing `/` dropped), as the
-/// server names its nodes. Refused unless the port is in 1..=65535.
+/// A node's name in placement ([`kvtier_core::cluster::node_name`], the
+/// function the server names its nodes with).
 pub fn node_name(addr: &str) -> Result<String> {
-    let rest = addr
-        .strip_prefix("grpc://")
-        .or_else(|| addr.strip_prefix("http://"))
-        .unwrap_or(addr)
-        .trim_end_matches('/');
-    let ok = rest
-        .rsplit_once(':')
-        .is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok_and(|p| p != 0));
-    if !ok {
-        return Err(ClientError::Invalid(format!(
-            "cluster node {addr:?} is not grpc://host:port (with a port other than 0)"
-        )));
-    }
-    Ok(rest.to_string())
+    kvtier_core::cluster::node_name(addr).map_err(|e| ClientError::Invalid(e.message))
 }
 
 /// Whether an error means the node did not answer (as opposed to answering

@@ -140,13 +140,7 @@ impl Engine {
         let mut got = None;
         'ask: loop {
             let mut failed = false;
-            let todo: Vec<PeerId> = owners
-                .peers
-                .iter()
-                .copied()
-                .filter(|p| !tried.contains(p))
-                .collect();
-            for p in todo {
+            for p in untried(&owners, &tried) {
                 tried.push(p);
                 match peers.get(p, id).await {
                     Ok(Some(b)) => {
@@ -212,12 +206,7 @@ impl Engine {
         // A replica that fails marks its peer down, which makes the next node
         // of the ranking an owner: it gets the replica in a second round.
         for _round in 0..2 {
-            let todo: Vec<PeerId> = owners
-                .peers
-                .iter()
-                .copied()
-                .filter(|p| !tried.contains(p))
-                .collect();
+            let todo = untried(&owners, &tried);
             if todo.is_empty() {
                 break;
             }
@@ -290,4 +279,14 @@ impl Engine {
         timing.add(TierKind::Peer, t0.elapsed());
         n
     }
+}
+
+/// The owners not asked yet, in rank order.
+fn untried(owners: &Owners, tried: &[PeerId]) -> Vec<PeerId> {
+    owners
+        .peers
+        .iter()
+        .copied()
+        .filter(|p| !tried.contains(p))
+        .collect()
 }

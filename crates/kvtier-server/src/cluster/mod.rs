@@ -101,22 +101,10 @@ impl ClusterSection {
     }
 }
 
-/// A node's name in placement: `host:port`, from `grpc://host:port` (or a
-/// bare `host:port`). Clients compute placement from the same names.
+/// A node's name in placement ([`kvtier_core::cluster::node_name`], shared
+/// with the clients).
 pub fn node_name(addr: &str) -> anyhow::Result<String> {
-    let rest = addr
-        .strip_prefix("grpc://")
-        .or_else(|| addr.strip_prefix("http://"))
-        .unwrap_or(addr)
-        .trim_end_matches('/');
-    let ok = rest
-        .rsplit_once(':')
-        .is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok_and(|p| p != 0));
-    anyhow::ensure!(
-        ok,
-        "cluster node {addr:?} is not grpc://host:port (with a port other than 0)"
-    );
-    Ok(rest.to_string())
+    Ok(kvtier_core::cluster::node_name(addr)?)
 }
 
 /// `(name, port)` of `cluster.dns`.
