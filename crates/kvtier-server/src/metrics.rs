@@ -429,34 +429,7 @@ struct TierLabel {
 
 impl Collector for EngineCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        if let Some(probe) = ALLOCATOR.get() {
-            let a = probe();
-            for (name, help, v) in [
-                (
-                    "allocator_allocated_bytes",
-                    "Bytes in live allocations",
-                    a.allocated,
-                ),
-                (
-                    "allocator_resident_bytes",
-                    "Physical memory the allocator holds",
-                    a.resident,
-                ),
-            ] {
-                ConstGauge::new(v as i64).encode(encoder.encode_descriptor(
-                    name,
-                    help,
-                    None,
-                    prometheus_client::metrics::MetricType::Gauge,
-                )?)?;
-            }
-            ConstCounter::new(a.purges).encode(encoder.encode_descriptor(
-                "allocator_purges",
-                "Freed pages handed back because resident memory passed server.resident_limit",
-                None,
-                prometheus_client::metrics::MetricType::Counter,
-            )?)?;
-        }
+        let alloc = ALLOCATOR.get().map(|probe| probe());
         let stats = self.0.stats();
         type Get = fn(&kvtier_core::TierStats) -> u64;
         let gauges: [(&str, &str, Get); 3] = [
@@ -532,6 +505,14 @@ impl Collector for EngineCollector {
                 stats.lease_refusals,
             ),
         ];
+        let mut engine_counters = engine_counters.to_vec();
+        if let Some(a) = alloc {
+            engine_counters.push((
+                "allocator_purges",
+                "Freed pages handed back because resident memory passed server.resident_limit",
+                a.purges,
+            ));
+        }
         for (name, help, v) in engine_counters {
             ConstCounter::new(v).encode(encoder.encode_descriptor(
                 name,
@@ -558,6 +539,19 @@ impl Collector for EngineCollector {
                 stats.pinned_bytes,
             ),
         ];
+        let mut gauges = gauges.to_vec();
+        if let Some(a) = alloc {
+            gauges.push((
+                "allocator_allocated_bytes",
+                "Bytes in live allocations",
+                a.allocated,
+            ));
+            gauges.push((
+                "allocator_resident_bytes",
+                "Physical memory the allocator holds",
+                a.resident,
+            ));
+        }
         for (name, help, v) in gauges {
             ConstGauge::new(v as i64).encode(encoder.encode_descriptor(
                 name,

@@ -77,6 +77,12 @@ async fn start(
     (server, engine)
 }
 
+async fn connect(server: &kvtier_server::Server) -> KvTierClient<tonic::transport::Channel> {
+    KvTierClient::connect(common::raw_endpoint(server))
+        .await
+        .unwrap()
+}
+
 async fn lookup(c: &mut KvTierClient<tonic::transport::Channel>, keys: &[Bytes]) -> u32 {
     c.lookup(pb::LookupRequest {
         namespace: "n".into(),
@@ -129,9 +135,7 @@ async fn until(what: &str, f: impl Fn() -> bool) {
 async fn a_lookup_prefetches_what_only_the_store_has() {
     let store = CountingStore::new(50);
     let (server, engine) = start(store.clone(), ObjectOptions::default()).await;
-    let mut c = KvTierClient::connect(common::raw_endpoint(&server))
-        .await
-        .unwrap();
+    let mut c = connect(&server).await;
     let ks = keys(8);
     assert_eq!(lookup(&mut c, &ks).await, 8);
     let prefetched = || engine.stats().object.unwrap().prefetched;
@@ -153,9 +157,7 @@ async fn a_read_right_after_the_lookup_joins_its_fetches() {
     // Slow enough that the read arrives while the prefetch's GETs are out.
     let store = CountingStore::new(400);
     let (server, engine) = start(store.clone(), ObjectOptions::default()).await;
-    let mut c = KvTierClient::connect(common::raw_endpoint(&server))
-        .await
-        .unwrap();
+    let mut c = connect(&server).await;
     let ks = keys(8);
     assert_eq!(lookup(&mut c, &ks).await, 8);
     let (got, done) = read(&mut c, &ks, None).await;
@@ -178,9 +180,7 @@ async fn with_prefetch_off_a_lookup_reads_nothing() {
         ..Default::default()
     };
     let (server, engine) = start(store.clone(), opts).await;
-    let mut c = KvTierClient::connect(common::raw_endpoint(&server))
-        .await
-        .unwrap();
+    let mut c = connect(&server).await;
     let ks = keys(8);
     assert_eq!(lookup(&mut c, &ks).await, 8);
     // A read of one block afterwards: had the lookup prefetched, its eight
@@ -203,9 +203,7 @@ async fn a_prefix_read_keeps_read_ahead_fetches_in_flight() {
         ..Default::default()
     };
     let (server, _engine) = start(store.clone(), opts).await;
-    let mut c = KvTierClient::connect(common::raw_endpoint(&server))
-        .await
-        .unwrap();
+    let mut c = connect(&server).await;
     let ks = keys(16);
     let (got, done) = read(&mut c, &ks, Some(Duration::from_millis(700))).await;
     assert_eq!(done.returned, 16, "{done:?}");
