@@ -198,37 +198,34 @@ impl ObjectLink {
     }
 
     fn fetch(&self, id: &BlockId) -> Fetch {
-        {
-            let mut m = self.fetches.lock();
-            match m.get(id) {
-                Some(f) => {
-                    self.counters.fetches_joined.fetch_add(1, Ordering::Relaxed);
-                    f.clone()
+        let mut m = self.fetches.lock();
+        match m.get(id) {
+            Some(f) => {
+                self.counters.fetches_joined.fetch_add(1, Ordering::Relaxed);
+                f.clone()
+            }
+            None => {
+                self.counters.fetches.fetch_add(1, Ordering::Relaxed);
+                let (tier, fetches, key) = (self.tier.clone(), self.fetches.clone(), id.clone());
+                // The entry is inserted below while the lock is held, so
+                // the task's removal cannot come first.
+                let deadline = crate::deadline::current();
+                let task = tokio::spawn(crate::deadline::scope(deadline, async move {
+                    let r = tier.get(&key).await;
+                    fetches.lock().remove(&key);
+                    r
+                }));
+                let f: Fetch = async move {
+                    task.await.unwrap_or_else(|e| {
+                        Err(Error::internal(format!(
+                            "object-store read task failed: {e}"
+                        )))
+                    })
                 }
-                None => {
-                    self.counters.fetches.fetch_add(1, Ordering::Relaxed);
-                    let (tier, fetches, key) =
-                        (self.tier.clone(), self.fetches.clone(), id.clone());
-                    // The entry is inserted below while the lock is held, so
-                    // the task's removal cannot come first.
-                    let deadline = crate::deadline::current();
-                    let task = tokio::spawn(crate::deadline::scope(deadline, async move {
-                        let r = tier.get(&key).await;
-                        fetches.lock().remove(&key);
-                        r
-                    }));
-                    let f: Fetch = async move {
-                        task.await.unwrap_or_else(|e| {
-                            Err(Error::internal(format!(
-                                "object-store read task failed: {e}"
-                            )))
-                        })
-                    }
-                    .boxed()
-                    .shared();
-                    m.insert(id.clone(), f.clone());
-                    f
-                }
+                .boxed()
+                .shared();
+                m.insert(id.clone(), f.clone());
+                f
             }
         }
     }
