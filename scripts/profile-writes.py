@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 """Where a kvtier server spends 1.2 MB writes at c=1, by allocator setting
-(notes/016): `perf record` on the server process during a `kvtier bench`
+(notes/016, notes/025): `perf record` on the server process during a `kvtier bench`
 write run over the data plane, with jemalloc's default page decay and with
-decay off (freed pages are never handed back to the kernel). Both are set at
-run time through `_RJEM_MALLOC_CONF`, so any build measures the same thing.
+decay off (freed pages are never handed back to the kernel), both set at run
+time through `_RJEM_MALLOC_CONF` so any build measures the same thing, and
+as shipped (no `_RJEM_MALLOC_CONF`: what the binary compiled in).
 The same two settings are then run through the 32-writer flood of
 notes/012/014 (512 MiB tier, data plane and gRPC) for the memory side.
 
@@ -14,7 +15,7 @@ Reported per repeat: answered writes/s, p50, p99 and the share of server
 samples in page faults and zeroing, the kernel's socket copy, and CRC32C.
 
 usage: python3 scripts/profile-writes.py [--kvtier target/release/kvtier]
-       [--repeat 3] [--duration 4] [--out notes/016-allocator-decay.json]
+       [--repeat 3] [--duration 4] [--flood-repeat 1] [--out notes/016-allocator-decay.json]
 """
 from __future__ import annotations
 
@@ -32,9 +33,12 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 SETTINGS = {
-    # jemalloc 5.3's defaults (what kvtier ships with).
+    # jemalloc 5.3's defaults (what kvtier shipped with until notes/025).
     "jemalloc default decay": "dirty_decay_ms:10000,muzzy_decay_ms:0",
     "no purge": "dirty_decay_ms:-1,muzzy_decay_ms:-1",
+    # No _RJEM_MALLOC_CONF: whatever the binary compiled in (since notes/025,
+    # decay off with server.resident_limit as the bound).
+    "as shipped": None,
 }
 CATEGORIES = {
     "page faults and zeroing": re.compile(
@@ -118,12 +122,18 @@ def rss_mib(pid: int) -> float:
     return 0.0
 
 
-def flood(binary: Path, label: str, conf: str, transport: str) -> dict:
+TIER_MIB = 512
+# docs/operations.md's bound, the default server.resident_limit: the memory
+# tier + 10 % + request_memory (¼ of the tier, at least 64 MiB) + 64 MiB.
+RESIDENT_LINE_MIB = TIER_MIB * 1.10 + max(TIER_MIB / 4, 64) + 64
+
+
+def flood(binary: Path, label: str, conf: str | None, transport: str) -> dict:
     """32 writers of 1.2 MB for 4 s against a 512 MiB tier; the server's peak RSS (sampled every 20 ms)."""
     import threading
 
     tmp = Path(tempfile.mkdtemp(prefix="kvtier-flood-"))
-    srv, grpc = start_server(binary, conf, tmp, "512MiB")
+    srv, grpc = start_server(binary, conf, tmp, f"{TIER_MIB}MiB")
     peak, stop = [rss_mib(srv.pid)], threading.Event()
     idle = peak[0]
 
@@ -147,8 +157,8 @@ def flood(binary: Path, label: str, conf: str, transport: str) -> dict:
         srv.wait()
     o = rec["steps"][0]["ops"]["write"]
     return {"setting": label, "transport": transport, "writes_s": o["throughput_ops_s"],
-            "rss_idle_mib": idle, "rss_peak_mib": peak[0], "rss_over_budget": peak[0] / 512,
-            "within_budget_plus_10pct_plus_idle": peak[0] <= 512 * 1.10 + idle}
+            "rss_idle_mib": idle, "rss_peak_mib": peak[0], "rss_over_budget": peak[0] / TIER_MIB,
+            "resident_line_mib": RESIDENT_LINE_MIB, "within_resident_line": peak[0] <= RESIDENT_LINE_MIB}
 
 
 def main() -> None:
@@ -156,6 +166,7 @@ def main() -> None:
     ap.add_argument("--kvtier", default=str(ROOT / "target/release/kvtier"))
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--duration", type=float, default=4.0)
+    ap.add_argument("--flood-repeat", type=int, default=1)
     ap.add_argument("--out", default=str(ROOT / "notes/016-allocator-decay.json"))
     a = ap.parse_args()
     rows = []
@@ -176,25 +187,40 @@ def main() -> None:
                                           for k in CATEGORIES},
         }
     floods = []
-    for transport in ("data-plane", "grpc"):
-        for label, conf in SETTINGS.items():
-            floods.append(flood(Path(a.kvtier), label, conf, transport))
-            print(json.dumps(floods[-1]), flush=True)
-    base, new = (summary[k]["writes_s_median"] for k in SETTINGS)
+    for r in range(a.flood_repeat):
+        for transport in ("data-plane", "grpc"):
+            for label, conf in SETTINGS.items():
+                floods.append({**flood(Path(a.kvtier), label, conf, transport), "repeat": r + 1})
+                print(json.dumps(floods[-1]), flush=True)
+    flood_summary = {
+        f"{t} / {label}": {
+            "rss_peak_mib_median": statistics.median(f["rss_peak_mib"] for f in fs),
+            "rss_peak_mib_max": max(f["rss_peak_mib"] for f in fs),
+            "writes_s_median": statistics.median(f["writes_s"] for f in fs),
+            "all_within_resident_line": all(f["within_resident_line"] for f in fs),
+        }
+        for t in ("data-plane", "grpc") for label in SETTINGS
+        for fs in [[f for f in floods if f["transport"] == t and f["setting"] == label]]
+    }
+    base, new, shipped = (summary[k]["writes_s_median"] for k in SETTINGS)
     commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
     record = {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "git_commit": commit,
         "machine": {"hostname": platform.node(), "cores": os.cpu_count(), "kernel": platform.release()},
         "command": "python3 scripts/profile-writes.py " + " ".join(
-            f"--{k} {v}" for k, v in (("repeat", a.repeat), ("duration", a.duration))),
+            f"--{k} {v}" for k, v in (("repeat", a.repeat), ("duration", a.duration),
+                                      ("flood-repeat", a.flood_repeat))),
         "rows": rows,
         "summary": summary,
         "writes_ratio_no_purge_over_default": new / base if base else None,
+        "writes_ratio_shipped_over_default": shipped / base if base else None,
         "flood_32_writers": floods,
+        "flood_summary": flood_summary,
     }
     Path(a.out).write_text(json.dumps(record, indent=1) + "\n")
     print(json.dumps(summary, indent=1))
+    print(json.dumps(flood_summary, indent=1))
     print(f"wrote {a.out}")
 
 

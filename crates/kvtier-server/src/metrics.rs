@@ -225,6 +225,10 @@ pub struct AllocatorStats {
     pub resident: u64,
     /// Times the freed pages were handed back because `resident` passed `server.resident_limit`.
     pub purges: u64,
+    /// How long the allocator keeps freed pages before its own decay hands
+    /// them back (jemalloc's `opt.dirty_decay_ms`; -1: never, only the
+    /// resident-limit watcher does).
+    pub dirty_decay_ms: i64,
 }
 
 static ALLOCATOR: std::sync::OnceLock<fn() -> AllocatorStats> = std::sync::OnceLock::new();
@@ -527,16 +531,16 @@ impl Collector for EngineCollector {
         if let Some(o) = &stats.object {
             encode_object(o, &mut encoder)?;
         }
-        let gauges: [(&str, &str, u64); 2] = [
+        let gauges: [(&str, &str, i64); 2] = [
             (
                 "active_leases",
                 "Leases currently pinning blocks",
-                stats.active_leases,
+                stats.active_leases as i64,
             ),
             (
                 "lease_pinned_bytes",
                 "Bytes leases pin (charged against engine.max_pinned)",
-                stats.pinned_bytes,
+                stats.pinned_bytes as i64,
             ),
         ];
         let mut gauges = gauges.to_vec();
@@ -544,16 +548,21 @@ impl Collector for EngineCollector {
             gauges.push((
                 "allocator_allocated_bytes",
                 "Bytes in live allocations",
-                a.allocated,
+                a.allocated as i64,
             ));
             gauges.push((
                 "allocator_resident_bytes",
                 "Physical memory the allocator holds",
-                a.resident,
+                a.resident as i64,
+            ));
+            gauges.push((
+                "allocator_dirty_decay_ms",
+                "How long freed pages are kept before the allocator's own decay returns them (-1: never; server.resident_limit bounds them)",
+                a.dirty_decay_ms,
             ));
         }
         for (name, help, v) in gauges {
-            ConstGauge::new(v as i64).encode(encoder.encode_descriptor(
+            ConstGauge::new(v).encode(encoder.encode_descriptor(
                 name,
                 help,
                 None,

@@ -16,6 +16,22 @@ use clap::{Parser, Subcommand};
 #[global_allocator]
 static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
+/// jemalloc's options, read before `main` (its `malloc_conf` symbol): freed
+/// pages are never handed back to the kernel by the allocator's own decay.
+/// Under steady eviction a freed block's pages are wanted again at once, and
+/// handing them back cost a quarter of every 1.2 MB write in page faults and
+/// zeroing (notes/016; 1.34× writes/s without it, notes/025). What is kept
+/// is bounded instead by `server.resident_limit`: above it the watcher in
+/// `purge.rs` hands every freed page back. `_RJEM_MALLOC_CONF` at run time
+/// still overrides these (jemalloc reads it after this string).
+#[cfg(feature = "jemalloc")]
+#[allow(unsafe_code, non_upper_case_globals)]
+// SAFETY: jemalloc declares `const char *malloc_conf` (weak, `_rjem_`-prefixed
+// as tikv-jemalloc-sys builds it); this is a thin pointer to a NUL-terminated
+// string that lives for the whole process and is never written.
+#[unsafe(export_name = "_rjem_malloc_conf")]
+static malloc_conf: &[u8; 36] = b"dirty_decay_ms:-1,muzzy_decay_ms:-1\0";
+
 /// kvtier: tiered KV-cache block store for LLM inference.
 #[derive(Parser, Debug)]
 #[command(name = "kvtier", version, about, propagate_version = true)]

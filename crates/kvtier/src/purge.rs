@@ -6,9 +6,10 @@
 //! without a page fault. Under steady eviction that reuse is much of the
 //! write path's speed (notes/016), but what it keeps grows with the rate of
 //! frees times the decay time, and no budget sees it. Shortening the decay
-//! for every free halves writes (notes/014). Instead, a watcher thread reads
-//! jemalloc's `stats.resident` every [`INTERVAL`] and purges every arena's
-//! dirty pages only while it is above the limit.
+//! for every free halves writes (notes/014). Instead, the binary turns the
+//! decay off (`malloc_conf` in main.rs; notes/025), and a watcher thread
+//! reads jemalloc's `stats.resident` every [`INTERVAL`] and purges every
+//! arena's dirty pages only while it is above the limit.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -56,7 +57,18 @@ fn probe() -> kvtier_server::metrics::AllocatorStats {
         allocated,
         resident,
         purges: PURGES.load(Ordering::Relaxed),
+        dirty_decay_ms: dirty_decay_ms(),
     }
+}
+
+/// jemalloc's `opt.dirty_decay_ms` (what `malloc_conf` in main.rs or
+/// `_RJEM_MALLOC_CONF` set; 0 if it cannot be read).
+#[allow(unsafe_code)]
+fn dirty_decay_ms() -> i64 {
+    // SAFETY: `opt.dirty_decay_ms` is a read-only `ssize_t` control, read
+    // into a value of that exact type.
+    unsafe { tikv_jemalloc_ctl::raw::read::<isize>(b"opt.dirty_decay_ms\0") }
+        .map_or(0, |v| v as i64)
 }
 
 /// Purges the dirty pages of every arena (`MALLCTL_ARENAS_ALL` = 4096).

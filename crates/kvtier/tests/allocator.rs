@@ -9,7 +9,7 @@
 mod common;
 
 use bytes::Bytes;
-use common::{ready, scrape, serve_command};
+use common::{ready, scrape, scrape_signed, serve_command};
 use kvtier_client::{Client, ClientConfig, WriteBlock};
 use kvtier_core::Key;
 use std::process::Child;
@@ -31,6 +31,11 @@ impl Drop for Served {
 }
 
 fn serve(resident_limit: &str) -> (Served, tempfile::TempDir) {
+    serve_with(resident_limit, None)
+}
+
+/// A server whose `_RJEM_MALLOC_CONF` is `conf` (unset for `None`).
+fn serve_with(resident_limit: &str, conf: Option<&str>) -> (Served, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
     let cfg = dir.path().join("kvtier.toml");
     std::fs::write(
@@ -38,10 +43,13 @@ fn serve(resident_limit: &str) -> (Served, tempfile::TempDir) {
         format!("[server]\nresident_limit = \"{resident_limit}\"\n[engine]\nmemory_capacity = \"64MiB\"\n"),
     )
     .unwrap();
-    let mut child = serve_command()
-        .args(["--config", cfg.to_str().unwrap()])
-        .spawn()
-        .unwrap();
+    let mut cmd = serve_command();
+    cmd.args(["--config", cfg.to_str().unwrap()]);
+    match conf {
+        Some(c) => cmd.env("_RJEM_MALLOC_CONF", c),
+        None => cmd.env_remove("_RJEM_MALLOC_CONF"),
+    };
+    let mut child = cmd.spawn().unwrap();
     let r = ready(&mut child).expect("kvtier serve ready");
     let served = Served {
         grpc: r["grpc"][0].as_str().unwrap().to_string(),
@@ -113,4 +121,22 @@ async fn freed_pages_are_handed_back_above_the_resident_limit() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert!(scrape(&s.http, "kvtier_allocator_purges_total ", &[]) > 0);
+}
+
+/// The binary ships with jemalloc's page decay off (`malloc_conf` in
+/// main.rs, notes/025): freed pages wait for the next block instead of
+/// being handed back and faulted in again, bounded by the watcher above.
+/// An operator's `_RJEM_MALLOC_CONF` still overrides it.
+#[tokio::test]
+async fn the_binary_keeps_freed_pages_for_reuse_unless_told_otherwise() {
+    let (s, _d) = serve_with("64GiB", None);
+    let decay = scrape_signed(&s.http, "kvtier_allocator_dirty_decay_ms ", &[]);
+    drop(s);
+    let (s, _d) = serve_with("64GiB", Some("dirty_decay_ms:10000"));
+    let overridden = scrape_signed(&s.http, "kvtier_allocator_dirty_decay_ms ", &[]);
+    assert_eq!(
+        (decay, overridden),
+        (-1.0, 10_000.0),
+        "dirty_decay_ms as shipped and under _RJEM_MALLOC_CONF"
+    );
 }

@@ -47,8 +47,13 @@ pub fn requests_total(http: &str, op: &str) -> u64 {
 /// `{`) and contains every one of `labels` (`name="value"`), from the
 /// server's `/metrics` at `http` (0 when unreachable).
 pub fn scrape(http: &str, prefix: &str, labels: &[&str]) -> u64 {
+    scrape_signed(http, prefix, labels) as u64
+}
+
+/// [`scrape`] for a gauge that can be negative.
+pub fn scrape_signed(http: &str, prefix: &str, labels: &[&str]) -> f64 {
     let Ok(mut s) = std::net::TcpStream::connect(http) else {
-        return 0;
+        return 0.0;
     };
     let _ = write!(
         s,
@@ -59,5 +64,5 @@ pub fn scrape(http: &str, prefix: &str, labels: &[&str]) -> u64 {
     body.lines()
         .filter(|l| l.starts_with(prefix) && labels.iter().all(|x| l.contains(x)))
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum::<f64>() as u64
+        .sum::<f64>()
 }
