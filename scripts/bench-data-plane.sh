@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Reproduces notes/013-comparisons: kvtier (data plane) vs Redis vs Mooncake
+# Reproduces notes/026-comparisons (notes/013's rules, the current binary): kvtier (data plane) vs Redis vs Mooncake
 # Store, 1.2 MB reads and writes of memory-tier hits at c = 1, 8, 32, under the
 # comparison rules of docs/bench.md ("Comparisons"):
 #
@@ -25,11 +25,12 @@
 # Usage: scripts/bench-data-plane.sh [OUT_DIR]
 #   env: DURATION=3s WARMUP=1s C=1,8,32 SIZE=1258291 REPEAT=3 SYSTEM_CC=
 #        SERVER_CPU=1 GEN_CPU=0 NOTE=1 (0: records only, no note/README update)
+#        NOTE_PATH=notes/026-comparisons (the note whose tables and record are written)
 #        SERVER_MALLOC_CONF= (jemalloc options for kvtier serve only, e.g.
 #        dirty_decay_ms:-1 for notes/017; recorded in OUT/server-env.txt)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-OUT=${1:-out/013-comparisons}
+OUT=${1:-out/026-comparisons}
 DURATION=${DURATION:-3s}
 WARMUP=${WARMUP:-1s}
 C=${C:-1,8,32}
@@ -39,6 +40,7 @@ SYSTEM_CC=${SYSTEM_CC:-}
 SERVER_CPU=${SERVER_CPU:-1}
 GEN_CPU=${GEN_CPU:-0}
 NOTE=${NOTE:-1}
+NOTE_PATH=${NOTE_PATH:-notes/026-comparisons}
 SERVER_MALLOC_CONF=${SERVER_MALLOC_CONF:-}
 BIN=target/release/kvtier
 cargo build --release -q -p kvtier
@@ -84,7 +86,7 @@ for w in read write; do
 done
 
 if [ "$NOTE" = 1 ]; then
-  python3 scripts/note-comparisons.py "$OUT" \
+  python3 scripts/note-comparisons.py "$OUT" --note "$NOTE_PATH" \
     --command "DURATION=$DURATION WARMUP=$WARMUP C=$C SIZE=$SIZE REPEAT=$REPEAT SYSTEM_CC=$SYSTEM_CC SERVER_CPU=$SERVER_CPU GEN_CPU=$GEN_CPU scripts/bench-data-plane.sh $OUT"
 fi
 echo "records under $OUT/"

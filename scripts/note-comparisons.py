@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Generates notes/013-comparisons.json (the perf record), the tables of
-notes/013-comparisons.md and README's comparison table from the bench records
+"""Generates a comparison note's perf record (notes/013-comparisons.json,
+notes/026-comparisons.json), the tables of its .md and README's comparison table from the bench records
 that scripts/bench-data-plane.sh wrote (OUT/read/record.json,
 OUT/write/record.json). Every number and verdict here comes from the records'
 `analysis.comparison` rows (computed by kvtier bench, crates/kvtier-bench/src/analysis/fair.rs);
@@ -194,7 +194,7 @@ def main():
     conditions = (f"Same run, {r0['date'][:10]}: server and peers on one core, generators on the other, "
                   f"every system on the same congestion control, the peer's best of its bench client and own tool, "
                   f"medians of {len(rows[0]['kvtier_repeats_ops_s']) if rows else 0} alternating repeats "
-                  f"([notes/013](notes/013-comparisons.md), `scripts/bench-data-plane.sh`). "
+                  f"([notes/{note.name[:3]}]({note.with_suffix('.md').as_posix()}), `scripts/bench-data-plane.sh`). "
                   f"Ratios are kvtier / peer; \"excluded\" marks a step whose generator saturated or that had errors.")
     readme.write_text(splice(readme.read_text(), README_BEGIN, README_END,
                              conditions + "\n\n" + readme_table(rows, recs)))
