@@ -241,3 +241,65 @@ async fn concurrent_reads_of_one_block_send_one_get() {
     assert_eq!(store.gets.load(Ordering::SeqCst), 2);
     server.shutdown().await.unwrap();
 }
+
+/// A data-plane reply that fills up ends the read with reason `size` while
+/// read-ahead fetches are still out. Those blocks are the ones the client
+/// asks for next: they must still reach memory, not be fetched again.
+#[tokio::test]
+async fn reads_under_way_when_a_reply_fills_still_promote() {
+    use kvtier_proto::wire::{HEADER_LEN, Header, Kind};
+    use prost::Message;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    let store = CountingStore::new(200);
+    let opts = ObjectOptions {
+        read_ahead: 16,
+        prefetch: false,
+        ..Default::default()
+    };
+    let (server, engine) = start(store.clone(), opts).await;
+    let ks = keys(16);
+    // Room for one block: the reply ends after it with reason "size", with
+    // the other 15 reads in flight.
+    let meta = pb::WireReadRequest {
+        request: Some(pb::ReadRequest {
+            namespace: "n".into(),
+            keys: ks.clone(),
+            lease_id: 0,
+        }),
+        timeout_ms: 0,
+        max_reply_bytes: 1_100,
+    }
+    .encode_to_vec();
+    let mut sock = tokio::net::TcpStream::connect(server.data_addr.unwrap())
+        .await
+        .unwrap();
+    sock.write_all(&common::frame(Kind::Read, 1, &meta, &[]))
+        .await
+        .unwrap();
+    let mut raw = [0u8; HEADER_LEN];
+    sock.read_exact(&mut raw).await.unwrap();
+    let h = Header::decode(&raw).unwrap();
+    let mut m = vec![0u8; h.meta_len as usize + h.data_len as usize];
+    sock.read_exact(&mut m).await.unwrap();
+    let reply = pb::WireReadReply::decode(&m[..h.meta_len as usize]).unwrap();
+    let done = reply.done.unwrap();
+    assert_eq!((reply.blocks.len(), done.reason.as_str()), (1, "size"));
+
+    let in_memory = || {
+        engine
+            .stats()
+            .tiers
+            .iter()
+            .find(|(k, _)| *k == TierKind::Memory)
+            .map_or(0, |(_, t)| t.blocks)
+    };
+    until("every block read ahead promoted", || in_memory() == 16).await;
+    // The client's next request, for the rest, is served from memory.
+    let mut c = connect(&server).await;
+    let (got, done) = read(&mut c, &ks[1..], None).await;
+    assert_eq!(done.returned, 15);
+    assert!(got.iter().all(|(_, t)| *t == pb::Tier::Memory as i32));
+    assert_eq!(store.gets.load(Ordering::SeqCst), 16);
+    server.shutdown().await.unwrap();
+}

@@ -1,0 +1,155 @@
+#!/usr/bin/env python3
+"""Splits the c=1 gap between kvtier and Redis into a fixed per-request part
+and a per-byte part (notes/027), under notes/013's comparison rules.
+
+At c=1 a closed loop does one request at a time, so the time per request is
+1 / ops/s. Measured at two value sizes (4 KiB and 1.2 MB), the difference in
+time per request between kvtier and Redis's best number (the better of the
+bench's client and redis-benchmark) splits into:
+
+  fixed     = gap at 4 KiB (framing, syscalls, wake-ups, the engine's index)
+  per block = gap at 1.2 MB - gap at 4 KiB (what the extra bytes cost)
+
+and the per-block part is set against what kvtier does per byte that Redis
+does not: CRC32C, measured in the same run by the engine's criterion
+baseline (`baseline/crc32c_1.2MB`, with `baseline/memcpy_1.2MB` beside it).
+A write computes it twice in series (the client before sending, the server
+while receiving, to verify before acknowledging); a read once (the client
+verifies what arrives; the memory tier serves stored bytes unchecked).
+
+Placement as scripts/bench-data-plane.sh: kvtier serve and redis-server on
+SERVER_CPU, generators on GEN_CPU, one system under load at a time; every
+system on the machine's congestion control. Each (workload, size) is one
+`kvtier bench` run with --repeat alternating kvtier and Redis.
+
+usage: python3 scripts/cost-split.py [--repeat 5] [--duration 3s]
+       [--out notes/027-cost-split.json] [--work out/027-cost-split]
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import subprocess
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+BIN = ROOT / "target/release/kvtier"
+SIZES = [4096, 1_258_291]
+# CRC32C passes over the payload per request that Redis does not make.
+CRC_PASSES = {"write": 2, "read": 1}
+
+
+def start_server(work: Path, cpu: str) -> tuple[subprocess.Popen, str]:
+    ready = work / "ready.json"
+    ready.unlink(missing_ok=True)
+    p = subprocess.Popen(["taskset", "-c", cpu, str(BIN), "serve", "--listen", "127.0.0.1:0",
+                          "--data-listen", "auto", "--http-listen", "", "--memory-capacity", "2GiB",
+                          "--ready-json"], stdout=open(ready, "w"), stderr=open(work / "server.log", "a"))
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            return p, json.loads(ready.read_text())["grpc"][0]
+        except (ValueError, KeyError, FileNotFoundError):
+            if p.poll() is not None:
+                raise SystemExit(f"kvtier serve exited; see {work / 'server.log'}")
+            time.sleep(0.05)
+    raise SystemExit("kvtier serve never became ready")
+
+
+def bench(workload: str, size: int, a: argparse.Namespace) -> dict:
+    out = Path(a.work) / f"{workload}-{size}"
+    srv, grpc = start_server(Path(a.work), a.server_cpu)
+    try:
+        subprocess.run(["taskset", "-c", a.gen_cpu, str(BIN), "bench", "--target", f"grpc://{grpc}",
+                        "--workload", workload, "--value-size", str(size), "--concurrency", "1",
+                        "--duration", a.duration, "--warmup", "1s", "--repeat", str(a.repeat),
+                        "--peer", "redis://spawn", "--peer-tool", "--peer-cpus", a.server_cpu,
+                        "--quiet", "--out", str(out)], check=True)
+    finally:
+        srv.terminate()
+        srv.wait()
+    rec = json.loads((out / "record.json").read_text())
+    row = next(r for r in rec["analysis"]["comparison"] if r["step"] == "c=1")
+    return {
+        "workload": workload, "value_size": size,
+        "kvtier_ops_s": row["kvtier_ops_s"], "kvtier_repeats_ops_s": row["kvtier_repeats_ops_s"],
+        "peer": row["peer"], "peer_best_ops_s": row["peer_best_ops_s"], "peer_best_source": row["peer_best_source"],
+        "peer_client_repeats_ops_s": row["peer_client_repeats_ops_s"], "peer_tool_ops_s": row["peer_tool_ops_s"],
+        "excluded": row["excluded"], "outliers": row["outliers"],
+        "kvtier_us_per_request": 1e6 / row["kvtier_ops_s"],
+        "peer_us_per_request": 1e6 / row["peer_best_ops_s"],
+        "network": rec.get("network"),
+    }
+
+
+def baselines(a: argparse.Namespace) -> dict:
+    """The engine's criterion baselines (crc32c and memcpy of 1.2 MB), pinned
+    to the server's CPU, from their own estimates."""
+    subprocess.run(["taskset", "-c", a.server_cpu, "cargo", "bench", "-q", "-p", "kvtier-core", "--bench", "engine",
+                    "--", "--noplot", "baseline/"], cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
+    out = {}
+    for name in ("crc32c_1.2MB", "memcpy_1.2MB"):
+        est = json.loads((ROOT / "target/criterion/baseline" / name / "new/estimates.json").read_text())
+        out[name] = {"median_us": est["median"]["point_estimate"] / 1000,
+                     "bytes": 1_200_000}
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--duration", default="3s")
+    ap.add_argument("--server-cpu", default="1")
+    ap.add_argument("--gen-cpu", default="0")
+    ap.add_argument("--out", default=str(ROOT / "notes/027-cost-split.json"))
+    ap.add_argument("--work", default=str(ROOT / "out/027-cost-split"))
+    a = ap.parse_args()
+    Path(a.work).mkdir(parents=True, exist_ok=True)
+    subprocess.run(["cargo", "build", "--release", "-q", "-p", "kvtier"], cwd=ROOT, check=True)
+    base = baselines(a)
+    # crc32c per byte, scaled to each size.
+    crc_us_per_byte = base["crc32c_1.2MB"]["median_us"] / base["crc32c_1.2MB"]["bytes"]
+    rows = [bench(w, s, a) for w in ("write", "read") for s in SIZES]
+    for r in rows:
+        print(json.dumps({k: r[k] for k in ("workload", "value_size", "kvtier_ops_s", "peer_best_ops_s")}), flush=True)
+    split = {}
+    for w in ("write", "read"):
+        small, big = (next(r for r in rows if r["workload"] == w and r["value_size"] == s) for s in SIZES)
+        gap_small = small["kvtier_us_per_request"] - small["peer_us_per_request"]
+        gap_big = big["kvtier_us_per_request"] - big["peer_us_per_request"]
+        crc_us = CRC_PASSES[w] * crc_us_per_byte * (SIZES[1] - SIZES[0])
+        split[w] = {
+            "gap_us_at_4KiB (fixed)": gap_small,
+            "gap_us_at_1.2MB": gap_big,
+            "per_block_gap_us": gap_big - gap_small,
+            "crc32c_passes": CRC_PASSES[w],
+            "crc32c_us_for_the_extra_bytes": crc_us,
+            "per_block_gap_left_after_crc32c_us": gap_big - gap_small - crc_us,
+            "ratio_at_1.2MB": big["kvtier_ops_s"] / big["peer_best_ops_s"],
+            "ratio_at_1.2MB_without_crc32c": 1e6 / (big["kvtier_us_per_request"] - crc_us) / big["peer_best_ops_s"],
+        }
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
+                           capture_output=True, text=True).stdout.strip()
+    record = {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "git_commit": commit + ("-dirty" if dirty else ""),
+        "machine": {"hostname": platform.node(), "cores": os.cpu_count(), "kernel": platform.release()},
+        "command": f"python3 scripts/cost-split.py --repeat {a.repeat} --duration {a.duration} "
+                   f"--server-cpu {a.server_cpu} --gen-cpu {a.gen_cpu}",
+        "baselines": base,
+        "rows": rows,
+        "split": split,
+        "medians_note": "ops/s are medians of the repeats; the peer's is the better of the bench's client and redis-benchmark",
+    }
+    Path(a.out).write_text(json.dumps(record, indent=1) + "\n")
+    print(json.dumps(split, indent=1))
+    print(f"wrote {a.out}")
+
+
+if __name__ == "__main__":
+    main()
