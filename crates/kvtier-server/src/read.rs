@@ -229,9 +229,10 @@ impl PrefixReader {
     /// (it continues from `returned`), so they are not dropped: a task
     /// finishes them, bounded by this request's deadline, and what they
     /// fetched is promoted to memory instead of fetched again (notes/023
-    /// counted up to 3 % more GETs than blocks without this). It adds no
-    /// work: each of those reads has been polled, so its fetch already runs
-    /// in its own task to the end; only the promotion would be lost.
+    /// counted up to 3 % more GETs than blocks without this). It adds little
+    /// work: a read that reached the object store already has its fetch
+    /// running in its own task to the end, and what is handed over is at
+    /// most `read_ahead` reads per request, ended by its deadline.
     pub fn put_back(&mut self, reason: &'static str) {
         self.out.returned -= 1;
         self.next_index -= 1;
