@@ -87,6 +87,6 @@ done
 
 if [ "$NOTE" = 1 ]; then
   python3 scripts/note-comparisons.py "$OUT" --note "$NOTE_PATH" \
-    --command "DURATION=$DURATION WARMUP=$WARMUP C=$C SIZE=$SIZE REPEAT=$REPEAT SYSTEM_CC=$SYSTEM_CC SERVER_CPU=$SERVER_CPU GEN_CPU=$GEN_CPU scripts/bench-data-plane.sh $OUT"
+    --command "DURATION=$DURATION WARMUP=$WARMUP C=$C SIZE=$SIZE REPEAT=$REPEAT SYSTEM_CC=$SYSTEM_CC SERVER_CPU=$SERVER_CPU GEN_CPU=$GEN_CPU SERVER_MALLOC_CONF=$SERVER_MALLOC_CONF NOTE_PATH=$NOTE_PATH scripts/bench-data-plane.sh $OUT"
 fi
 echo "records under $OUT/"

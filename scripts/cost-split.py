@@ -73,7 +73,10 @@ def bench(workload: str, size: int, a: argparse.Namespace) -> dict:
         srv.terminate()
         srv.wait()
     rec = json.loads((out / "record.json").read_text())
-    row = next(r for r in rec["analysis"]["comparison"] if r["step"] == "c=1")
+    row = next(r for r in rec["analysis"]["comparison"] if r["step"] == "c=1" and r["op"] == workload)
+    if row["excluded"] or not row["kvtier_ops_s"] or not row["peer_best_ops_s"]:
+        # Rule 3: a saturated generator or a failed side gives no usable time per request.
+        raise SystemExit(f"{workload} at {size} B has no comparable numbers: {row['excluded'] or row}")
     return {
         "workload": workload, "value_size": size,
         "kvtier_ops_s": row["kvtier_ops_s"], "kvtier_repeats_ops_s": row["kvtier_repeats_ops_s"],

@@ -7,7 +7,7 @@ OUT/write/record.json). Every number and verdict here comes from the records'
 nothing is typed in by hand.
 
 Usage: scripts/note-comparisons.py OUT [--command "how OUT was produced"]
-       [--note notes/013-comparisons] [--readme README.md]
+       [--note notes/026-comparisons] [--readme README.md]
 """
 import argparse
 import json
@@ -165,7 +165,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("out", type=pathlib.Path)
     ap.add_argument("--command", default="")
-    ap.add_argument("--note", default="notes/013-comparisons")
+    ap.add_argument("--note", default="notes/026-comparisons")
     ap.add_argument("--readme", default="README.md")
     a = ap.parse_args()
     recs = load(a.out)

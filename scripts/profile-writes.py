@@ -5,8 +5,9 @@ write run over the data plane, with jemalloc's default page decay and with
 decay off (freed pages are never handed back to the kernel), both set at run
 time through `_RJEM_MALLOC_CONF` so any build measures the same thing, and
 as shipped (no `_RJEM_MALLOC_CONF`: what the binary compiled in).
-The same two settings are then run through the 32-writer flood of
-notes/012/014 (512 MiB tier, data plane and gRPC) for the memory side.
+The same settings are then run through the 32-writer flood of
+notes/012/014 (512 MiB tier, data plane and gRPC) for the memory side,
+against docs/operations.md's resident line.
 
 Each repeat starts a fresh `kvtier serve` (256 MiB memory tier), fills the
 tier first (1 s of writes: steady state, every write evicts), then profiles

@@ -14,10 +14,19 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 
+/// Most reads, across the server, that requests ended early (a data-plane
+/// reply that filled up) may leave running in the background so that what
+/// they fetch is promoted: four requests' worth at the default object-store
+/// read-ahead of 16.
+pub const HANDOFF_READS: usize = 64;
+
 /// The shared limits of one server.
 #[derive(Clone)]
 pub struct Limits {
     memory: Arc<Semaphore>,
+    /// Reads a finished request left in flight and handed to the background
+    /// (`PrefixReader::put_back`), across the server.
+    handoff: Arc<Semaphore>,
     /// `server.request_memory` in bytes.
     pub memory_bytes: u64,
     /// `server.max_connections`, per data-plane listener.
@@ -40,11 +49,19 @@ impl Limits {
         let permits = memory_bytes.min((usize::MAX >> 3) as u64) as usize;
         Self {
             memory: Arc::new(Semaphore::new(permits)),
+            handoff: Arc::new(Semaphore::new(HANDOFF_READS)),
             memory_bytes,
             max_connections: max_connections.max(1),
             idle_timeout: idle,
             read_timeout: read,
         }
+    }
+
+    /// Room for `n` reads handed to the background, or `None` when
+    /// [`HANDOFF_READS`] are already there (the reads are then dropped).
+    pub fn try_handoff(&self, n: usize) -> Option<OwnedSemaphorePermit> {
+        let n = u32::try_from(n).ok()?;
+        self.handoff.clone().try_acquire_many_owned(n).ok()
     }
 
     /// Limits that never refuse (tests, embedding).

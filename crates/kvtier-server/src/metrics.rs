@@ -227,8 +227,8 @@ pub struct AllocatorStats {
     pub purges: u64,
     /// How long the allocator keeps freed pages before its own decay hands
     /// them back (jemalloc's `opt.dirty_decay_ms`; -1: never, only the
-    /// resident-limit watcher does).
-    pub dirty_decay_ms: i64,
+    /// resident-limit watcher does); `None` when it cannot be read.
+    pub dirty_decay_ms: Option<i64>,
 }
 
 static ALLOCATOR: std::sync::OnceLock<fn() -> AllocatorStats> = std::sync::OnceLock::new();
@@ -555,11 +555,13 @@ impl Collector for EngineCollector {
                 "Physical memory the allocator holds",
                 a.resident as i64,
             ));
-            gauges.push((
-                "allocator_dirty_decay_ms",
-                "How long freed pages are kept before the allocator's own decay returns them (-1: never; server.resident_limit bounds them)",
-                a.dirty_decay_ms,
-            ));
+            if let Some(ms) = a.dirty_decay_ms {
+                gauges.push((
+                    "allocator_dirty_decay_ms",
+                    "How long freed pages are kept before the allocator's own decay returns them (-1: never; server.resident_limit bounds them)",
+                    ms,
+                ));
+            }
         }
         for (name, help, v) in gauges {
             ConstGauge::new(v).encode(encoder.encode_descriptor(

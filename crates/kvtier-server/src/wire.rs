@@ -372,7 +372,7 @@ async fn read_inner(
         let rb = crate::read::read_block(i, &b, t, Bytes::new());
         let size = b.payload.len() as u64 + reply_overhead(&rb);
         if !data.is_empty() && used + size > budget {
-            reader.put_back("size");
+            reader.put_back(shared, "size");
             break;
         }
         used += size;

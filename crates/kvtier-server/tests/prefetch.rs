@@ -267,7 +267,7 @@ async fn reads_under_way_when_a_reply_fills_still_promote() {
             keys: ks.clone(),
             lease_id: 0,
         }),
-        timeout_ms: 0,
+        timeout_ms: 5_000,
         max_reply_bytes: 1_100,
     }
     .encode_to_vec();

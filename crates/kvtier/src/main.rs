@@ -19,8 +19,10 @@ static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 /// jemalloc's options, read before `main` (its `malloc_conf` symbol): freed
 /// pages are never handed back to the kernel by the allocator's own decay.
 /// Under steady eviction a freed block's pages are wanted again at once, and
-/// handing them back cost a quarter of every 1.2 MB write in page faults and
-/// zeroing (notes/016; 1.34× writes/s without it, notes/025). What is kept
+/// handing them back cost up to a quarter of a 1.2 MB write in page faults
+/// and zeroing (notes/016: 1.34× writes/s without it; notes/025: 1.02–1.18×
+/// on a quieter day). This applies to every subcommand, `kvtier bench`'s
+/// generator included; only `serve` runs the watcher. What is kept
 /// is bounded instead by `server.resident_limit`: above it the watcher in
 /// `purge.rs` hands every freed page back. `_RJEM_MALLOC_CONF` at run time
 /// still overrides these (jemalloc reads it after this string).

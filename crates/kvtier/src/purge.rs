@@ -11,7 +11,7 @@
 //! reads jemalloc's `stats.resident` every [`INTERVAL`] and purges every
 //! arena's dirty pages only while it is above the limit.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 use tikv_jemalloc_ctl::{epoch, stats};
 
@@ -19,6 +19,7 @@ use tikv_jemalloc_ctl::{epoch, stats};
 pub const INTERVAL: Duration = Duration::from_millis(20);
 
 static PURGES: AtomicU64 = AtomicU64::new(0);
+static FAILED: AtomicBool = AtomicBool::new(false);
 
 /// Starts the watcher (it runs for the life of the process) and installs
 /// the `kvtier_allocator_*` metrics.
@@ -34,8 +35,14 @@ pub fn start(limit: u64) -> anyhow::Result<()> {
                 if let Some((_, resident)) = read()
                     && resident > limit
                 {
-                    purge_all();
-                    PURGES.fetch_add(1, Ordering::Relaxed);
+                    if purge_all() {
+                        PURGES.fetch_add(1, Ordering::Relaxed);
+                    } else if !FAILED.swap(true, Ordering::Relaxed) {
+                        // With decay off nothing else hands pages back: say so once.
+                        tracing::warn!(
+                            "jemalloc refused to purge freed pages; resident memory may stay above server.resident_limit"
+                        );
+                    }
                 }
             }
         })?;
@@ -62,30 +69,32 @@ fn probe() -> kvtier_server::metrics::AllocatorStats {
 }
 
 /// jemalloc's `opt.dirty_decay_ms` (what `malloc_conf` in main.rs or
-/// `_RJEM_MALLOC_CONF` set; 0 if it cannot be read).
+/// `_RJEM_MALLOC_CONF` set), if it can be read.
 #[allow(unsafe_code)]
-fn dirty_decay_ms() -> i64 {
+fn dirty_decay_ms() -> Option<i64> {
     // SAFETY: `opt.dirty_decay_ms` is a read-only `ssize_t` control, read
     // into a value of that exact type.
     unsafe { tikv_jemalloc_ctl::raw::read::<isize>(b"opt.dirty_decay_ms\0") }
-        .map_or(0, |v| v as i64)
+        .ok()
+        .map(|v| v as i64)
 }
 
-/// Purges the dirty pages of every arena (`MALLCTL_ARENAS_ALL` = 4096).
+/// Purges the dirty pages of every arena (`MALLCTL_ARENAS_ALL` = 4096);
+/// whether jemalloc did.
 #[allow(unsafe_code)]
-fn purge_all() {
+fn purge_all() -> bool {
     let name = b"arena.4096.purge\0";
     // SAFETY: a NUL-terminated control name, with null old/new pointers and
     // a zero length: how jemalloc's void controls are called (tikv-jemalloc-ctl
-    // wraps none of them). The return code is ignored: a purge that fails
-    // leaves the pages to the decay, as without the watcher.
-    unsafe {
+    // wraps none of them).
+    let rc = unsafe {
         tikv_jemalloc_sys::mallctl(
             name.as_ptr().cast(),
             std::ptr::null_mut(),
             std::ptr::null_mut(),
             std::ptr::null_mut(),
             0,
-        );
-    }
+        )
+    };
+    rc == 0
 }
