@@ -33,45 +33,41 @@ import json
 import os
 import platform
 import subprocess
-import time
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "python"))
+from kvtier.server import Server  # noqa: E402
+
 BIN = ROOT / "target/release/kvtier"
 SIZES = [4096, 1_258_291]
 # CRC32C passes over the payload per request that Redis does not make.
 CRC_PASSES = {"write": 2, "read": 1}
 
 
-def start_server(work: Path, cpu: str) -> tuple[subprocess.Popen, str]:
-    ready = work / "ready.json"
-    ready.unlink(missing_ok=True)
-    p = subprocess.Popen(["taskset", "-c", cpu, str(BIN), "serve", "--listen", "127.0.0.1:0",
-                          "--data-listen", "auto", "--http-listen", "", "--memory-capacity", "2GiB",
-                          "--ready-json"], stdout=open(ready, "w"), stderr=open(work / "server.log", "a"))
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        try:
-            return p, json.loads(ready.read_text())["grpc"][0]
-        except (ValueError, KeyError, FileNotFoundError):
-            if p.poll() is not None:
-                raise SystemExit(f"kvtier serve exited; see {work / 'server.log'}")
-            time.sleep(0.05)
-    raise SystemExit("kvtier serve never became ready")
+def start_server(cpu: str) -> Server:
+    """A fresh server started on `cpu` (it inherits this process's affinity
+    for the start, so its runtime sizes itself to that one CPU)."""
+    old = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {int(c) for c in cpu.split(",")})
+    try:
+        return Server.start(BIN, ["--data-listen", "auto", "--memory-capacity", "2GiB"])
+    finally:
+        os.sched_setaffinity(0, old)
 
 
 def bench(workload: str, size: int, a: argparse.Namespace) -> dict:
     out = Path(a.work) / f"{workload}-{size}"
-    srv, grpc = start_server(Path(a.work), a.server_cpu)
+    srv = start_server(a.server_cpu)
     try:
-        subprocess.run(["taskset", "-c", a.gen_cpu, str(BIN), "bench", "--target", f"grpc://{grpc}",
+        subprocess.run(["taskset", "-c", a.gen_cpu, str(BIN), "bench", "--target", f"grpc://{srv.grpc}",
                         "--workload", workload, "--value-size", str(size), "--concurrency", "1",
                         "--duration", a.duration, "--warmup", "1s", "--repeat", str(a.repeat),
                         "--peer", "redis://spawn", "--peer-tool", "--peer-cpus", a.server_cpu,
                         "--quiet", "--out", str(out)], check=True)
     finally:
-        srv.terminate()
-        srv.wait()
+        srv.stop()
     rec = json.loads((out / "record.json").read_text())
     row = next(r for r in rec["analysis"]["comparison"] if r["step"] == "c=1" and r["op"] == workload)
     if row["excluded"] or not row["kvtier_ops_s"] or not row["peer_best_ops_s"]:
@@ -135,12 +131,12 @@ def main() -> None:
             "ratio_at_1.2MB": big["kvtier_ops_s"] / big["peer_best_ops_s"],
             "ratio_at_1.2MB_without_crc32c": 1e6 / (big["kvtier_us_per_request"] - crc_us) / big["peer_best_ops_s"],
         }
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
-                           capture_output=True, text=True).stdout.strip()
+    # The commit, with "-dirty" when tracked files differ from it.
+    described = subprocess.run(["git", "describe", "--always", "--dirty", "--abbrev=40", "--exclude=*"], cwd=ROOT,
+                               capture_output=True, text=True).stdout.strip()
     record = {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "git_commit": commit + ("-dirty" if dirty else ""),
+        "git_commit": described,
         "machine": {"hostname": platform.node(), "cores": os.cpu_count(), "kernel": platform.release()},
         "command": f"python3 scripts/cost-split.py --repeat {a.repeat} --duration {a.duration} "
                    f"--server-cpu {a.server_cpu} --gen-cpu {a.gen_cpu}",
