@@ -559,3 +559,64 @@ async fn long_reads_are_striped_over_connections_and_joined_in_prefix_order() {
     );
     server.shutdown().await.unwrap();
 }
+
+/// A request that waits in its socket while the server is busy is queued,
+/// and says so: its reply's `queue_us` counts from when the kernel received
+/// it (SO_TIMESTAMPING), not from when the server got round to reading it.
+/// The test's runtime (which runs the server) is blocked for 300 ms while a
+/// raw Read arrives from another thread.
+#[tokio::test]
+async fn time_spent_in_the_socket_counts_as_queue_time() {
+    let (server, c) = common::start(common::test_config()).await;
+    c.write("q", &[blk(b"k", Bytes::from_static(b"v"))])
+        .await
+        .unwrap();
+    let addr = server.data_addr.unwrap();
+    let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
+    let (sent_tx, sent_rx) = std::sync::mpsc::channel::<()>();
+    let (done_tx, done_rx) = std::sync::mpsc::channel::<pb::WireReadReply>();
+    std::thread::spawn(move || {
+        use std::io::{Read, Write};
+        go_rx.recv().unwrap();
+        let mut s = std::net::TcpStream::connect(addr).unwrap();
+        let meta = pb::WireReadRequest {
+            request: Some(pb::ReadRequest {
+                namespace: "q".into(),
+                keys: vec![Bytes::from_static(b"k")],
+                lease_id: 0,
+            }),
+            timeout_ms: 0,
+            max_reply_bytes: 0,
+        }
+        .encode_to_vec();
+        s.write_all(&common::frame(Kind::Read, 7, &meta, &[]))
+            .unwrap();
+        sent_tx.send(()).unwrap();
+        let mut raw = [0u8; HEADER_LEN];
+        s.read_exact(&mut raw).unwrap();
+        let h = Header::decode(&raw).unwrap();
+        let mut m = vec![0u8; h.meta_len as usize + h.data_len as usize];
+        s.read_exact(&mut m).unwrap();
+        done_tx
+            .send(pb::WireReadReply::decode(&m[..h.meta_len as usize]).unwrap())
+            .unwrap();
+    });
+    // The server is "busy": nothing on this runtime runs until the request
+    // is in its socket, and for 300 ms after.
+    go_tx.send(()).unwrap();
+    sent_rx.recv().unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let reply = tokio::task::spawn_blocking(move || done_rx.recv().unwrap())
+        .await
+        .unwrap();
+    let done = reply.done.unwrap();
+    assert_eq!(done.returned, 1);
+    let t = done.timing.unwrap();
+    assert!(
+        t.queue_us >= 300_000 && t.total_us >= t.queue_us,
+        "queue_us {} (total {}): the 300 ms in the socket should count",
+        t.queue_us,
+        t.total_us
+    );
+    server.shutdown().await.unwrap();
+}

@@ -16,6 +16,7 @@
 //! the connection after the error frame.
 use crate::auth::Principal;
 use crate::messages::block_from_pb_checked;
+use rx_stamp::FrameStream;
 use crate::state::{self, Shared};
 use crate::timing::Clock;
 use bytes::Bytes;
@@ -27,9 +28,11 @@ use kvtier_proto::wire::{
 };
 use prost::Message;
 use std::time::{Duration, Instant};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite};
+use tokio::io::AsyncWrite;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
+
+pub mod rx_stamp;
 
 const API: &str = "wire";
 
@@ -41,6 +44,7 @@ pub async fn serve(
     max_frame: u64,
     stop: watch::Receiver<bool>,
 ) -> anyhow::Result<()> {
+    rx_stamp::enable(&listener);
     let mut stopping = stop.clone();
     let conns = std::sync::Arc::new(tokio::sync::Semaphore::new(shared.limits.max_connections));
     loop {
@@ -125,7 +129,7 @@ fn error_reply(code: tonic::Code, message: impl Into<String>) -> Reply {
     }
 }
 
-pub(crate) async fn connection<S: AsyncRead + AsyncWrite + Unpin>(
+pub(crate) async fn connection<S: FrameStream>(
     mut sock: S,
     shared: Shared,
     max_frame: u64,
@@ -136,14 +140,19 @@ pub(crate) async fn connection<S: AsyncRead + AsyncWrite + Unpin>(
     let mut who = (!shared.auth.enabled()).then_some(Principal::Anyone);
     loop {
         let mut raw = [0u8; HEADER_LEN];
-        tokio::select! {
-            r = tokio::time::timeout(shared.limits.idle_timeout, sock.read_exact(&mut raw)) => match r {
-                Ok(r) => { r?; }
+        let stamp = tokio::select! {
+            r = tokio::time::timeout(shared.limits.idle_timeout, sock.read_header(&mut raw)) => match r {
+                Ok(r) => r?,
                 Err(_) => return Ok(()), // idle (or a header that never completed): closed
             },
             _ = stop.wait_for(|s| *s) => return Ok(()),
-        }
-        let arrived = Instant::now();
+        };
+        // From when the kernel received the frame, where the socket says:
+        // time spent waiting in the socket for a busy server is queue time.
+        let now = Instant::now();
+        let arrived = now
+            .checked_sub(rx_stamp::waited(stamp, shared.limits.idle_timeout))
+            .unwrap_or(now);
         // The rest of the frame must arrive within server.read_timeout.
         let by = tokio::time::Instant::from_std(arrived + shared.limits.read_timeout);
         let header = match Header::decode(&raw) {
