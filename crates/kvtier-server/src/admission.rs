@@ -39,7 +39,7 @@
 use parking_lot::Mutex;
 use prometheus_client::metrics::gauge::Gauge;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
@@ -86,7 +86,14 @@ pub enum Refused {
     Timeout,
     /// At the adaptive limit.
     AtLimit,
+    /// Waited in its socket, before the server read it, longer than the
+    /// limit allows (data plane; [`Limiter::too_late`]).
+    Late,
 }
+
+/// Least time a data-plane request may wait in its socket before the
+/// adaptive limit refuses it (see [`Limiter::too_late`]).
+pub const SOJOURN_FLOOR: Duration = Duration::from_micros(500);
 
 /// A request's place in service; gives it back (and, adaptive, reports the
 /// service time) when dropped.
@@ -210,6 +217,28 @@ impl Limiter {
         }
     }
 
+    /// Whether a request that already waited `waited` before the server
+    /// could read it (the data plane knows this from the kernel's receive
+    /// timestamp) is refused instead of served. Static: past
+    /// `server.queue_timeout`, the most queueing it allows. Adaptive: past
+    /// `limit × min_rtt` (at least [`SOJOURN_FLOOR`]), about the time the
+    /// requests the limit admits take to serve, once `min_rtt` is known.
+    /// This is where the data plane's queue forms (notes/028): a request
+    /// waits in its socket, not for admission.
+    pub fn too_late(&self, waited: Duration) -> bool {
+        match &self.kind {
+            Kind::Static(f) => waited > f.queue_timeout,
+            Kind::Adaptive(a) => {
+                let min_rtt = a.min_rtt_ns.load(Ordering::Relaxed);
+                min_rtt > 0 && {
+                    let limit = a.limit.load(Ordering::Relaxed) as u64;
+                    let target = Duration::from_nanos(min_rtt.saturating_mul(limit));
+                    waited > target.max(SOJOURN_FLOOR)
+                }
+            }
+        }
+    }
+
     /// Admits a request now, after a bounded wait (static), or refuses it.
     pub async fn acquire(&self) -> Result<Permit, Refused> {
         match &self.kind {
@@ -250,6 +279,8 @@ pub struct Adaptive {
     max: usize,
     inflight: AtomicUsize,
     limit: AtomicUsize,
+    /// The last `min_rtt` measured, in ns (0: not yet).
+    min_rtt_ns: AtomicU64,
     gauge: Gauge,
     /// Whether `min_rtt` is being measured (admissions count for it).
     probing: AtomicBool,
@@ -280,6 +311,7 @@ impl Adaptive {
             inflight: AtomicUsize::new(0),
             // Starts by measuring min_rtt, like Envoy.
             limit: AtomicUsize::new(PROBE_CONCURRENCY),
+            min_rtt_ns: AtomicU64::new(0),
             gauge,
             probing: AtomicBool::new(true),
             window_peak: AtomicUsize::new(0),
@@ -333,7 +365,10 @@ impl Adaptive {
             }
             if g.probe_samples.len() >= MIN_RTT_SAMPLES {
                 let mut s = std::mem::take(&mut g.probe_samples);
-                g.min_rtt = Some(median(&mut s));
+                let m = median(&mut s);
+                g.min_rtt = Some(m);
+                self.min_rtt_ns
+                    .store(m.as_nanos().max(1) as u64, Ordering::Relaxed);
                 g.measuring = None;
                 self.probing.store(false, Ordering::Relaxed);
                 g.limit = restore;
@@ -435,6 +470,34 @@ mod tests {
         assert_eq!(l.acquire().await.err(), Some(Refused::AtLimit));
         drop(held);
         assert!(l.acquire().await.is_ok());
+    }
+
+    #[test]
+    fn a_request_that_queued_in_its_socket_too_long_is_late() {
+        // Static: past server.queue_timeout.
+        let f = Limiter::fixed(4, 4, ms(100.0));
+        assert!(!f.too_late(ms(99.0)));
+        assert!(f.too_late(ms(101.0)));
+        // Adaptive: nothing is late before min_rtt is known...
+        let t0 = Instant::now();
+        let a = Arc::new(Adaptive::new(1000, Gauge::default(), t0));
+        let l = Limiter {
+            kind: Kind::Adaptive(a.clone()),
+        };
+        assert!(!l.too_late(ms(1000.0)));
+        for i in 0..MIN_RTT_SAMPLES {
+            a.try_admit();
+            a.inflight.fetch_sub(1, Ordering::AcqRel);
+            a.record(ms(1.0), true, t0 + ms(i as f64));
+        }
+        // ...then past limit × min_rtt: 2 × 1 ms here.
+        assert_eq!(l.limit(), MIN_CONCURRENCY);
+        assert!(!l.too_late(ms(1.9)));
+        assert!(l.too_late(ms(2.1)));
+        // Never under the floor, whatever min_rtt.
+        a.min_rtt_ns.store(1_000, Ordering::Relaxed);
+        assert!(!l.too_late(SOJOURN_FLOOR));
+        assert!(l.too_late(SOJOURN_FLOOR + ms(0.01)));
     }
 
     #[test]

@@ -199,12 +199,13 @@ impl Shared {
     }
 
     /// A request refused for overload, counted in `kvtier_shed_total`.
-    fn shed(&self, why: Refused) -> tonic::Status {
+    pub(crate) fn shed(&self, why: Refused) -> tonic::Status {
         self.metrics.shed.inc();
         let why = match why {
             Refused::QueueFull => "the admission queue is full",
             Refused::Timeout => "no capacity within server.queue_timeout",
             Refused::AtLimit => "at the adaptive concurrency limit",
+            Refused::Late => "the request waited in its socket past the queueing the limit allows",
         };
         // Hint: about when the backlog (or the limit) will have moved.
         let hint_ms = self.admission.retry_hint().as_millis().clamp(10, 1000) as u64;

@@ -560,35 +560,26 @@ async fn long_reads_are_striped_over_connections_and_joined_in_prefix_order() {
     server.shutdown().await.unwrap();
 }
 
-/// A request that waits in its socket while the server is busy is queued,
-/// and says so: its reply's `queue_us` counts from when the kernel received
-/// it (SO_TIMESTAMPING), not from when the server got round to reading it.
-/// The test's runtime (which runs the server) is blocked for 300 ms while a
-/// raw Read arrives from another thread.
-#[tokio::test]
-async fn time_spent_in_the_socket_counts_as_queue_time() {
-    let (server, c) = common::start(common::test_config()).await;
-    c.write("q", &[blk(b"k", Bytes::from_static(b"v"))])
-        .await
-        .unwrap();
-    let addr = server.data_addr.unwrap();
-    let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
+/// Sends a Read of `ns`/`k` to the data plane at `addr` from another thread
+/// while this test's runtime (which runs the server) is blocked: nothing
+/// runs until the request is in its socket, and for 300 ms after. Returns
+/// the reply's header and metadata.
+async fn read_while_busy(addr: std::net::SocketAddr, ns: &str) -> (Header, Bytes) {
     let (sent_tx, sent_rx) = std::sync::mpsc::channel::<()>();
-    let (done_tx, done_rx) = std::sync::mpsc::channel::<pb::WireReadReply>();
+    let (done_tx, done_rx) = std::sync::mpsc::channel::<(Header, Bytes)>();
+    let meta = pb::WireReadRequest {
+        request: Some(pb::ReadRequest {
+            namespace: ns.into(),
+            keys: vec![Bytes::from_static(b"k")],
+            lease_id: 0,
+        }),
+        timeout_ms: 0,
+        max_reply_bytes: 0,
+    }
+    .encode_to_vec();
     std::thread::spawn(move || {
         use std::io::{Read, Write};
-        go_rx.recv().unwrap();
         let mut s = std::net::TcpStream::connect(addr).unwrap();
-        let meta = pb::WireReadRequest {
-            request: Some(pb::ReadRequest {
-                namespace: "q".into(),
-                keys: vec![Bytes::from_static(b"k")],
-                lease_id: 0,
-            }),
-            timeout_ms: 0,
-            max_reply_bytes: 0,
-        }
-        .encode_to_vec();
         s.write_all(&common::frame(Kind::Read, 7, &meta, &[]))
             .unwrap();
         sent_tx.send(()).unwrap();
@@ -597,19 +588,29 @@ async fn time_spent_in_the_socket_counts_as_queue_time() {
         let h = Header::decode(&raw).unwrap();
         let mut m = vec![0u8; h.meta_len as usize + h.data_len as usize];
         s.read_exact(&mut m).unwrap();
-        done_tx
-            .send(pb::WireReadReply::decode(&m[..h.meta_len as usize]).unwrap())
-            .unwrap();
+        m.truncate(h.meta_len as usize);
+        done_tx.send((h, Bytes::from(m))).unwrap();
     });
-    // The server is "busy": nothing on this runtime runs until the request
-    // is in its socket, and for 300 ms after.
-    go_tx.send(()).unwrap();
+    // The server is "busy": this runtime runs nothing meanwhile.
     sent_rx.recv().unwrap();
     std::thread::sleep(std::time::Duration::from_millis(300));
-    let reply = tokio::task::spawn_blocking(move || done_rx.recv().unwrap())
+    tokio::task::spawn_blocking(move || done_rx.recv().unwrap())
+        .await
+        .unwrap()
+}
+
+/// A request that waits in its socket while the server is busy is queued,
+/// and says so: its reply's `queue_us` counts from when the kernel received
+/// it (SO_TIMESTAMPING), not from when the server got round to reading it.
+#[tokio::test]
+async fn time_spent_in_the_socket_counts_as_queue_time() {
+    let (server, c) = common::start(common::test_config()).await;
+    c.write("q", &[blk(b"k", Bytes::from_static(b"v"))])
         .await
         .unwrap();
-    let done = reply.done.unwrap();
+    let (h, m) = read_while_busy(server.data_addr.unwrap(), "q").await;
+    assert_eq!(h.kind, Kind::ReadReply);
+    let done = pb::WireReadReply::decode(m).unwrap().done.unwrap();
     assert_eq!(done.returned, 1);
     let t = done.timing.unwrap();
     assert!(
@@ -618,5 +619,31 @@ async fn time_spent_in_the_socket_counts_as_queue_time() {
         t.queue_us,
         t.total_us
     );
+    server.shutdown().await.unwrap();
+}
+
+/// With the adaptive limit, a request that already queued in its socket far
+/// past `limit × min_rtt` is shed at once (UNAVAILABLE, counted in
+/// `kvtier_shed_total`) instead of being served late (notes/028).
+#[tokio::test]
+async fn the_adaptive_limit_sheds_a_request_that_queued_in_its_socket() {
+    let mut cfg = common::test_config();
+    cfg.server.concurrency_limit = kvtier_server::admission::Mode::Adaptive;
+    let (server, c) = common::start(cfg).await;
+    c.write("q", &[blk(b"k", Bytes::from_static(b"v"))])
+        .await
+        .unwrap();
+    // min_rtt is measured over the front's first requests, one at a time.
+    let k = [Key::new(&b"k"[..]).unwrap()];
+    for _ in 0..kvtier_server::admission::MIN_RTT_SAMPLES + 10 {
+        assert_eq!(c.read("q", &k, 0).await.unwrap().blocks.len(), 1);
+    }
+    let (h, m) = read_while_busy(server.data_addr.unwrap(), "q").await;
+    assert_eq!(h.kind, Kind::Error);
+    let e = pb::WireError::decode(m).unwrap();
+    assert_eq!(Code::from(e.code), Code::Unavailable, "{}", e.message);
+    assert!(e.message.contains("waited in its socket"), "{}", e.message);
+    let shed = common::metrics(&server).await;
+    assert!(shed.lines().any(|l| l == "kvtier_shed_total 1"), "{shed}");
     server.shutdown().await.unwrap();
 }

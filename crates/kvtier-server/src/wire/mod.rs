@@ -16,7 +16,6 @@
 //! the connection after the error frame.
 use crate::auth::Principal;
 use crate::messages::block_from_pb_checked;
-use rx_stamp::FrameStream;
 use crate::state::{self, Shared};
 use crate::timing::Clock;
 use bytes::Bytes;
@@ -27,6 +26,7 @@ use kvtier_proto::wire::{
     write_all_vectored,
 };
 use prost::Message;
+use rx_stamp::FrameStream;
 use std::time::{Duration, Instant};
 use tokio::io::AsyncWrite;
 use tokio::net::TcpListener;
@@ -150,9 +150,8 @@ pub(crate) async fn connection<S: FrameStream>(
         // From when the kernel received the frame, where the socket says:
         // time spent waiting in the socket for a busy server is queue time.
         let now = Instant::now();
-        let arrived = now
-            .checked_sub(rx_stamp::waited(stamp, shared.limits.idle_timeout))
-            .unwrap_or(now);
+        let waited = rx_stamp::waited(stamp, shared.limits.idle_timeout);
+        let arrived = now.checked_sub(waited).unwrap_or(now);
         // The rest of the frame must arrive within server.read_timeout.
         let by = tokio::time::Instant::from_std(arrived + shared.limits.read_timeout);
         let header = match Header::decode(&raw) {
@@ -238,6 +237,14 @@ pub(crate) async fn connection<S: FrameStream>(
             .await?;
             return Ok(());
         };
+        // Shed before any work when the request already queued in its
+        // socket longer than the front's limit allows (docs/operations.md).
+        if matches!(header.kind, Kind::Read | Kind::Write) && shared.admission.too_late(waited) {
+            within(by, discard(&mut sock, header.data_len.into())).await?;
+            let status = shared.shed(crate::admission::Refused::Late);
+            write_reply(&mut sock, header.request_id, status_reply(status)).await?;
+            continue;
+        }
         let reply = match header.kind {
             Kind::Read => {
                 within(by, discard(&mut sock, header.data_len.into())).await?;
