@@ -221,6 +221,19 @@ def main() -> None:
                      indent=2))
 
 
+def knee_of(rec: dict, steps: list[dict]) -> tuple[int, str]:
+    """The sweep's throughput knee (the bench's Kneedle) and where it came
+    from. A curve Kneedle finds no knee in (flat, or still rising at the
+    last step) falls back to the lowest concurrency within 90 % of the
+    sweep's peak throughput: past it, more concurrency buys < 10 %."""
+    for k in rec["analysis"]["knees"]:
+        if k["op"] == "read" and k["curve"] == "throughput":
+            return int(k["concurrency"]), "kneedle"
+    peak = max(s["admitted_ops_s_median"] for s in steps)
+    first = min(s["concurrency"] for s in steps if s["admitted_ops_s_median"] >= 0.9 * peak)
+    return int(first), "lowest concurrency within 90% of the peak (no Kneedle knee)"
+
+
 def measure(binary: Path, a, transport: str) -> dict:
     common = ["--duration", a.duration, "--warmup", "1s", "--repeat", a.repeat, "--retries", "0",
               "--transport", transport]
@@ -235,9 +248,8 @@ def measure(binary: Path, a, transport: str) -> dict:
             finally:
                 srv.stop()
             steps = [step_summary(s, "read") for s in rec["steps"]]
-            knee = next(k for k in rec["analysis"]["knees"]
-                        if k["op"] == "read" and k["curve"] == "throughput")
-            sweeps[mode] = {"steps": steps, "knee_concurrency": int(knee["concurrency"]),
+            kc, source = knee_of(rec, steps)
+            sweeps[mode] = {"steps": steps, "knee_concurrency": kc, "knee_source": source,
                             "command": rec["_cmd"]}
         base = sweeps["static"]
         kc = base["knee_concurrency"]

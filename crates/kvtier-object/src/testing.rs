@@ -85,11 +85,46 @@ pub fn minio_path() -> Result<PathBuf, String> {
 }
 
 fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .expect("bind loopback")
-        .local_addr()
-        .expect("addr")
-        .port()
+    free_ports(1)[0]
+}
+
+/// `n` distinct loopback ports free right now, for a process the caller
+/// starts later (a config names them before anything binds).
+///
+/// Taken below the kernel's ephemeral range (`ip_local_port_range`), where
+/// neither `bind(0)` nor an outgoing connection's source port can land: a
+/// port released here cannot be taken in the window before its user binds
+/// it by any of the many connections a test run opens (the race seen as
+/// "Address already in use" in cluster tests). Falls back to `bind(0)`
+/// when the range leaves no room below it.
+pub fn free_ports(n: usize) -> Vec<u16> {
+    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|r| r.split_whitespace().next()?.parse::<u32>().ok())
+        .unwrap_or(32768);
+    const FLOOR: u32 = 10_000;
+    let span = low.saturating_sub(FLOOR);
+    // Each process starts at its own place in the range, so concurrent test
+    // binaries rarely probe the same ports.
+    let start = (std::process::id().wrapping_mul(2_654_435_761) % span.max(1))
+        .wrapping_add(NEXT.fetch_add(n as u32, std::sync::atomic::Ordering::Relaxed));
+    let mut held = Vec::with_capacity(n);
+    for i in 0..span {
+        if held.len() == n {
+            break;
+        }
+        let port = (FLOOR + start.wrapping_add(i) % span) as u16;
+        if let Ok(l) = TcpListener::bind(("127.0.0.1", port)) {
+            held.push(l);
+        }
+    }
+    while held.len() < n {
+        held.push(TcpListener::bind("127.0.0.1:0").expect("bind loopback"));
+    }
+    held.iter()
+        .map(|l| l.local_addr().expect("addr").port())
+        .collect()
 }
 
 fn temp_dir(tag: &str) -> PathBuf {

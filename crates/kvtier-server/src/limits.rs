@@ -227,6 +227,9 @@ pub struct Activity {
     active: AtomicUsize,
     /// When the connection was last in use (ms since `epoch`).
     last_ms: AtomicU64,
+    /// When the server last wrote to it (ms since `epoch`): a reply body
+    /// still being sent after its request ended (shutdown drain only).
+    wrote_ms: AtomicU64,
     epoch: Instant,
 }
 
@@ -235,6 +238,7 @@ impl Activity {
         Self {
             active: AtomicUsize::new(0),
             last_ms: AtomicU64::new(0),
+            wrote_ms: AtomicU64::new(0),
             epoch: Instant::now(),
         }
     }
@@ -256,6 +260,13 @@ impl Activity {
         }
         let last = self.last_ms.load(Ordering::Acquire);
         Duration::from_millis(self.now_ms().saturating_sub(last))
+    }
+
+    /// Like [`Activity::idle_for`], also counting writes as use.
+    fn quiet_for(&self) -> Duration {
+        let wrote = self.wrote_ms.load(Ordering::Acquire);
+        let since_write = Duration::from_millis(self.now_ms().saturating_sub(wrote));
+        self.idle_for().min(since_write)
     }
 }
 
@@ -286,11 +297,26 @@ pub struct Capped {
     activity: Arc<Activity>,
     idle: Duration,
     check: std::pin::Pin<Box<tokio::time::Sleep>>,
+    /// Resolves when the server shuts down (then `None`, and `idle` is
+    /// [`DRAIN_IDLE`]).
+    stop: Option<std::pin::Pin<Box<dyn Future<Output = ()> + Send>>>,
 }
 
+/// How long a connection must be quiet (no request in service, nothing
+/// written) before a shutting-down server closes it. HTTP/2's graceful close
+/// waits for the client to answer a PING after GOAWAY; a client that is not
+/// reading its socket never does, and would hold the shutdown for the whole
+/// `server.shutdown_grace`.
+pub const DRAIN_IDLE: Duration = Duration::from_millis(200);
+
 impl Capped {
-    /// Wraps an accepted connection.
-    pub fn new(io: tokio::net::TcpStream, slot: OwnedSemaphorePermit, idle: Duration) -> Self {
+    /// Wraps an accepted connection; `stop` flips when the server shuts down.
+    pub fn new(
+        io: tokio::net::TcpStream,
+        slot: OwnedSemaphorePermit,
+        idle: Duration,
+        mut stop: tokio::sync::watch::Receiver<bool>,
+    ) -> Self {
         let activity = Arc::new(Activity::new());
         Self {
             io,
@@ -298,6 +324,24 @@ impl Capped {
             activity,
             idle,
             check: Box::pin(tokio::time::sleep(idle)),
+            stop: Some(Box::pin(async move {
+                let _ = stop.wait_for(|s| *s).await;
+            })),
+        }
+    }
+
+    /// The server writes to the connection (a reply body is still going out).
+    fn wrote(&self) {
+        let a = &self.activity;
+        a.wrote_ms.store(a.now_ms(), Ordering::Release);
+    }
+
+    /// How long this connection has gone without use, as its current
+    /// timeout counts it.
+    fn unused_for(&self) -> Duration {
+        match self.stop {
+            Some(_) => self.activity.idle_for(),
+            None => self.activity.quiet_for(),
         }
     }
 }
@@ -332,11 +376,22 @@ impl tokio::io::AsyncRead for Capped {
             Poll::Pending => {}
             ready => return ready,
         }
+        // Shutting down: from now on a connection quiet for DRAIN_IDLE is closed.
+        if let Some(stop) = this.stop.as_mut()
+            && stop.as_mut().poll(cx).is_ready()
+        {
+            this.stop = None;
+            this.idle = DRAIN_IDLE;
+            this.check.as_mut().reset(tokio::time::Instant::now());
+        }
         // Nothing to read: is the connection past its idle time?
         while this.check.as_mut().poll(cx).is_ready() {
-            let idle = this.activity.idle_for();
+            let idle = this.unused_for();
             if idle >= this.idle {
-                tracing::debug!(?idle, "gRPC: idle connection closed (server.idle_timeout)");
+                tracing::debug!(
+                    ?idle,
+                    "gRPC: idle connection closed (server.idle_timeout, or shutting down)"
+                );
                 // End of stream: the HTTP/2 connection ends.
                 return Poll::Ready(Ok(()));
             }
@@ -354,6 +409,7 @@ impl tokio::io::AsyncWrite for Capped {
         cx: &mut std::task::Context<'_>,
         buf: &[u8],
     ) -> std::task::Poll<std::io::Result<usize>> {
+        self.wrote();
         std::pin::Pin::new(&mut self.io).poll_write(cx, buf)
     }
     fn poll_write_vectored(
@@ -361,6 +417,7 @@ impl tokio::io::AsyncWrite for Capped {
         cx: &mut std::task::Context<'_>,
         bufs: &[std::io::IoSlice<'_>],
     ) -> std::task::Poll<std::io::Result<usize>> {
+        self.wrote();
         std::pin::Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
     }
     fn is_write_vectored(&self) -> bool {

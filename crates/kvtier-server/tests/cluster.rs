@@ -5,16 +5,10 @@
 //! (Processes, an object store, SIGKILL and restarts: crates/kvtier/tests/cluster.rs.)
 mod common;
 
+use kvtier_object::testing::free_ports;
 use kvtier_server::Server;
 use kvtier_server::cluster::{ClusterSection, GrpcPeers};
 use std::time::Duration;
-
-fn free_ports(n: usize) -> Vec<u16> {
-    let ls: Vec<_> = (0..n)
-        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap())
-        .collect();
-    ls.iter().map(|l| l.local_addr().unwrap().port()).collect()
-}
 
 /// Three nodes named `host:port` by `names` (the names may differ from
 /// the 127.0.0.1 addresses they listen on, as pod DNS names do).

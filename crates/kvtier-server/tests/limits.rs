@@ -388,3 +388,33 @@ async fn idle_grpc_connections_are_closed_and_busy_ones_kept() {
     };
     b.stats().await.expect("the new connection serves");
 }
+
+#[tokio::test]
+async fn shutdown_does_not_wait_for_a_grpc_client_that_stopped_reading() {
+    // HTTP/2's graceful close sends GOAWAY and a PING and waits for the
+    // answer; a client that is not reading its socket (an engine idle
+    // between requests) never answers. The server must still stop well
+    // within its grace period, as soon as the connection has no request.
+    let mut cfg = common::test_config();
+    cfg.server.shutdown_grace = Duration::from_secs(30);
+    let s = Server::start(cfg).await.unwrap();
+    let mut quiet = TcpStream::connect(s.grpc_addrs[0]).await.unwrap();
+    quiet
+        .write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\0\0\0\x04\0\0\0\0\0")
+        .await
+        .unwrap();
+    // The server's SETTINGS: the connection is up. Nothing is read after.
+    let mut settings = [0u8; 9];
+    quiet.read_exact(&mut settings).await.unwrap();
+    assert_eq!(settings[3], 4, "a SETTINGS frame first");
+    // A client with a request every so often is served until the stop.
+    let busy = common::client_for(&s).await;
+    busy.stats().await.expect("served");
+    let t = Instant::now();
+    tokio::time::timeout(Duration::from_secs(5), s.shutdown())
+        .await
+        .expect("shutdown held by a connection with nothing in service")
+        .unwrap();
+    assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+    drop(quiet);
+}

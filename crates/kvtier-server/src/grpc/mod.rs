@@ -2,4 +2,5 @@
 //! `kvstore.KVStoreService`.
 pub mod compat;
 pub mod kvstore_records;
+pub(crate) mod listen;
 pub mod v1;

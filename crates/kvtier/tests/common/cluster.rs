@@ -14,14 +14,8 @@ use std::time::Duration;
 /// Payload bytes of a block of [`chain`].
 pub const SIZE: usize = 16 << 10;
 
-/// Free loopback ports (bound, read, released: a small window another
-/// process could take one in, which shows as a failed start, never a wrong pass).
-pub fn free_ports(n: usize) -> Vec<u16> {
-    let ls: Vec<_> = (0..n)
-        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap())
-        .collect();
-    ls.iter().map(|l| l.local_addr().unwrap().port()).collect()
-}
+/// Free loopback ports, outside the ephemeral range (see there).
+pub use kvtier_object::testing::free_ports;
 
 /// One node: its addresses (gRPC, data plane, HTTP), its directory (config,
 /// disk, log) and its process while it runs.
