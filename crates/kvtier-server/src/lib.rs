@@ -26,6 +26,7 @@ pub mod metrics;
 pub mod numa;
 pub mod object;
 pub mod read;
+pub mod rx_stamp;
 pub mod state;
 pub mod status;
 pub mod timing;
@@ -420,8 +421,11 @@ fn check_exposure(cfg: &Config, authenticated: bool) -> anyhow::Result<()> {
 
 type GrpcRouter = tonic::transport::server::Router<
     tower::layer::util::Stack<
-        limits::ChargeLayer,
-        tower::layer::util::Stack<timing::ArrivalLayer, tower::layer::util::Identity>,
+        grpc::late::LateLayer,
+        tower::layer::util::Stack<
+            limits::ChargeLayer,
+            tower::layer::util::Stack<timing::ArrivalLayer, tower::layer::util::Identity>,
+        >,
     >,
 >;
 
@@ -477,6 +481,7 @@ fn grpc_router(cfg: &Config, shared: Shared) -> anyhow::Result<GrpcRouter> {
         .tcp_nodelay(true)
         .layer(timing::ArrivalLayer)
         .layer(limits::ChargeLayer(shared.limits.clone()))
+        .layer(grpc::late::LateLayer(shared.clone()))
         .add_service(health)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)

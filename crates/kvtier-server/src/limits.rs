@@ -230,6 +230,9 @@ pub struct Activity {
     /// When the server last wrote to it (ms since `epoch`): a reply body
     /// still being sent after its request ended (shutdown drain only).
     wrote_ms: AtomicU64,
+    /// The kernel's receive stamp of the newest bytes read (ns since the
+    /// Unix epoch; 0: none), for queue time spent in the socket.
+    rx_ns: AtomicU64,
     epoch: Instant,
 }
 
@@ -239,6 +242,7 @@ impl Activity {
             active: AtomicUsize::new(0),
             last_ms: AtomicU64::new(0),
             wrote_ms: AtomicU64::new(0),
+            rx_ns: AtomicU64::new(0),
             epoch: Instant::now(),
         }
     }
@@ -260,6 +264,22 @@ impl Activity {
         }
         let last = self.last_ms.load(Ordering::Acquire);
         Duration::from_millis(self.now_ms().saturating_sub(last))
+    }
+
+    /// When the kernel received the newest bytes read from the connection,
+    /// where the socket reports it (plain TCP, RX timestamps on).
+    pub fn last_rx(&self) -> Option<std::time::SystemTime> {
+        let ns = self.rx_ns.load(Ordering::Acquire);
+        (ns > 0).then(|| std::time::SystemTime::UNIX_EPOCH + Duration::from_nanos(ns))
+    }
+
+    /// A read's stamp; a read without one clears it, so a wait is never
+    /// measured from older bytes than the newest read.
+    fn received(&self, stamp: Option<std::time::SystemTime>) {
+        let ns = stamp
+            .and_then(|t| t.duration_since(std::time::SystemTime::UNIX_EPOCH).ok())
+            .map_or(0, |d| d.as_nanos() as u64);
+        self.rx_ns.store(ns, Ordering::Release);
     }
 
     /// Like [`Activity::idle_for`], also counting writes as use.
@@ -372,9 +392,15 @@ impl tokio::io::AsyncRead for Capped {
     ) -> std::task::Poll<std::io::Result<()>> {
         use std::task::Poll;
         let this = &mut *self;
-        match std::pin::Pin::new(&mut this.io).poll_read(cx, buf) {
+        // Read with the kernel's receive stamp: a request's wait in the socket
+        // is queue time (crate::grpc::late).
+        match crate::rx_stamp::poll_read_stamped(&mut this.io, cx, buf) {
             Poll::Pending => {}
-            ready => return ready,
+            Poll::Ready(Ok(stamp)) => {
+                this.activity.received(stamp);
+                return Poll::Ready(Ok(()));
+            }
+            Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
         }
         // Shutting down: from now on a connection quiet for DRAIN_IDLE is closed.
         if let Some(stop) = this.stop.as_mut()

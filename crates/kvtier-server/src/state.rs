@@ -100,7 +100,7 @@ impl Shared {
     /// Whether a request comes from another node: anyone may claim so when
     /// authentication is off (a forwarded request only narrows what it
     /// sees: this node's tiers); with it on, only the cluster token does.
-    fn is_peer_request(&self, md: &tonic::metadata::MetadataMap) -> bool {
+    pub(crate) fn is_peer_request(&self, md: &tonic::metadata::MetadataMap) -> bool {
         if !self.auth.enabled() {
             return true;
         }

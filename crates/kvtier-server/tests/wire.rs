@@ -565,6 +565,10 @@ async fn long_reads_are_striped_over_connections_and_joined_in_prefix_order() {
 /// runs until the request is in its socket, and for 300 ms after. Returns
 /// the reply's header and metadata.
 async fn read_while_busy(addr: std::net::SocketAddr, ns: &str) -> (Header, Bytes) {
+    assert!(
+        kvtier_server::rx_stamp::kernel_stamps_on(std::time::Duration::from_secs(10)).await,
+        "the kernel never stamped a received packet (SO_TIMESTAMPING)"
+    );
     let (sent_tx, sent_rx) = std::sync::mpsc::channel::<()>();
     let (done_tx, done_rx) = std::sync::mpsc::channel::<(Header, Bytes)>();
     let meta = pb::WireReadRequest {
@@ -644,6 +648,11 @@ async fn the_adaptive_limit_sheds_a_request_that_queued_in_its_socket() {
     assert_eq!(Code::from(e.code), Code::Unavailable, "{}", e.message);
     assert!(e.message.contains("waited in its socket"), "{}", e.message);
     let shed = common::metrics(&server).await;
-    assert!(shed.lines().any(|l| l == "kvtier_shed_total 1"), "{shed}");
+    // At least this one (a loaded machine may shed others on the way).
+    let total = shed
+        .lines()
+        .find_map(|l| l.strip_prefix("kvtier_shed_total "))
+        .and_then(|v| v.parse::<f64>().ok());
+    assert!(total.is_some_and(|n| n >= 1.0), "{shed}");
     server.shutdown().await.unwrap();
 }

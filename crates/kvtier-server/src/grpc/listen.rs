@@ -64,6 +64,9 @@ pub(crate) async fn serve_grpc(
     accept: GrpcAccept,
 ) -> anyhow::Result<()> {
     use futures::StreamExt;
+    // Receive stamps on every connection: a request's wait in its socket
+    // counts as queue time (crate::grpc::late).
+    crate::rx_stamp::enable(&listener);
     let incoming = tonic::transport::server::TcpIncoming::from(listener)
         .with_nodelay(Some(true))
         .with_keepalive(Some(Duration::from_secs(60)));

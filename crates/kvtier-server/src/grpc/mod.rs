@@ -2,5 +2,6 @@
 //! `kvstore.KVStoreService`.
 pub mod compat;
 pub mod kvstore_records;
+pub mod late;
 pub(crate) mod listen;
 pub mod v1;

@@ -26,13 +26,12 @@ use kvtier_proto::wire::{
     write_all_vectored,
 };
 use prost::Message;
-use rx_stamp::FrameStream;
+use crate::rx_stamp::{self, FrameStream};
 use std::time::{Duration, Instant};
 use tokio::io::AsyncWrite;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
-pub mod rx_stamp;
 
 const API: &str = "wire";
 

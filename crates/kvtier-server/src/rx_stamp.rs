@@ -1,0 +1,189 @@
+//! When a request really arrived: the kernel's receive timestamp of its
+//! bytes (`SO_TIMESTAMPING`, software RX stamps).
+//!
+//! A request that waits in its socket's receive queue because the server is
+//! busy is queued as surely as one waiting for admission, but the server only
+//! sees it once it reads it. On plain TCP connections reads use `recvmsg`,
+//! which also returns the time the kernel received the bytes, so that wait
+//! counts as queue time (`ServerTiming.queue_us`, the request metrics) and
+//! the request's deadlines start from its arrival (notes/028 found the
+//! queue forms there):
+//! - the data plane reads each frame header this way ([`FrameStream`]);
+//! - gRPC connections ([`crate::limits::Capped`]) read the first few KiB of
+//!   every read this way and keep the newest stamp for [`crate::grpc::late`].
+//!
+//! TLS on the data plane and in-memory streams report no stamp and keep the
+//! time the header was read.
+use kvtier_proto::wire::HEADER_LEN;
+use nix::sys::socket::{
+    ControlMessageOwned, MsgFlags, TimestampingFlag, Timestamps, recvmsg, setsockopt, sockopt,
+};
+use std::future::Future;
+use std::io;
+use std::os::fd::AsRawFd;
+use std::time::{Duration, SystemTime};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, Interest};
+use tokio::net::{TcpListener, TcpStream};
+
+/// Asks the kernel to stamp what `listener`'s connections receive (accepted
+/// sockets inherit it). Best effort: without it requests count from the
+/// moment their header is read, as before.
+pub fn enable(listener: &TcpListener) {
+    let flags = TimestampingFlag::SOF_TIMESTAMPING_RX_SOFTWARE
+        | TimestampingFlag::SOF_TIMESTAMPING_SOFTWARE;
+    if let Err(e) = setsockopt(listener, sockopt::Timestamping, &flags) {
+        tracing::debug!(error = %e, "data plane: no kernel receive timestamps");
+    }
+}
+
+/// A data-plane connection's stream.
+pub trait FrameStream: AsyncRead + AsyncWrite + Unpin + Send {
+    /// Reads one frame header into `raw`; returns when the kernel received
+    /// its first byte, where the stream can tell.
+    fn read_header<'a>(
+        &'a mut self,
+        raw: &'a mut [u8; HEADER_LEN],
+    ) -> impl Future<Output = io::Result<Option<SystemTime>>> + Send + 'a {
+        async move { self.read_exact(raw).await.map(|_| None) }
+    }
+}
+
+impl FrameStream for tokio_rustls::server::TlsStream<TcpStream> {}
+impl FrameStream for tokio::io::DuplexStream {}
+
+impl FrameStream for TcpStream {
+    async fn read_header(&mut self, raw: &mut [u8; HEADER_LEN]) -> io::Result<Option<SystemTime>> {
+        let (mut got, mut first) = (0, None);
+        while got < HEADER_LEN {
+            self.readable().await?;
+            let r = self.try_io(Interest::READABLE, || recv_stamped(self, &mut raw[got..]));
+            match r {
+                Ok((0, _)) => return Err(io::ErrorKind::UnexpectedEof.into()),
+                Ok((n, stamp)) => {
+                    got += n;
+                    first = first.or(stamp);
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(first)
+    }
+}
+
+/// Bytes read with `recvmsg` (and so with a receive stamp) at the start of
+/// a [`poll_read_stamped`]; the rest of that read is a plain one. Small,
+/// because safe code must zero what `recvmsg` reads into.
+const STAMPED_READ: usize = 4096;
+
+/// `AsyncRead::poll_read` for a plain TCP stream that also returns the
+/// kernel's receive stamp of what it read (where there is one). The first
+/// [`STAMPED_READ`] bytes are read with `recvmsg`; for TCP the kernel stamps
+/// a read with its last segment's arrival, so this is when the first few KiB
+/// of what was waiting arrived: a lower bound for how long the oldest of it
+/// waited, without zeroing a large buffer for every read.
+pub fn poll_read_stamped(
+    sock: &mut TcpStream,
+    cx: &mut std::task::Context<'_>,
+    buf: &mut tokio::io::ReadBuf<'_>,
+) -> std::task::Poll<io::Result<Option<SystemTime>>> {
+    use std::task::Poll;
+    if buf.remaining() == 0 {
+        return Poll::Ready(Ok(None));
+    }
+    let first = buf.remaining().min(STAMPED_READ);
+    let stamp = loop {
+        match sock.poll_read_ready(cx) {
+            Poll::Pending => return Poll::Pending,
+            Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+            Poll::Ready(Ok(())) => {}
+        }
+        let s: &TcpStream = sock;
+        let dst = buf.initialize_unfilled_to(first);
+        match s.try_io(Interest::READABLE, || recv_stamped(s, dst)) {
+            Ok((n, stamp)) => {
+                buf.advance(n);
+                if n < first {
+                    return Poll::Ready(Ok(stamp)); // all there was (or EOF)
+                }
+                break stamp;
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+            Err(e) => return Poll::Ready(Err(e)),
+        }
+    };
+    // More may be waiting: the rest of the buffer with a plain read. Nothing
+    // more now is fine, and so is an error: this read already has bytes, and
+    // the connection's next read meets the error (or its end).
+    if buf.remaining() > 0 {
+        let _ = std::pin::Pin::new(sock).poll_read(cx, buf);
+    }
+    Poll::Ready(Ok(stamp))
+}
+
+/// One non-blocking `recvmsg` into `buf`: bytes read and their receive stamp.
+fn recv_stamped(sock: &TcpStream, buf: &mut [u8]) -> io::Result<(usize, Option<SystemTime>)> {
+    let mut iov = [io::IoSliceMut::new(buf)];
+    let mut cmsg = nix::cmsg_space!(Timestamps);
+    let msg = recvmsg::<()>(
+        sock.as_raw_fd(),
+        &mut iov,
+        Some(&mut cmsg),
+        MsgFlags::MSG_DONTWAIT,
+    )
+    .map_err(io::Error::from)?;
+    let stamp = msg.cmsgs().ok().and_then(|mut c| {
+        c.find_map(|c| match c {
+            ControlMessageOwned::ScmTimestampsns(t) => Some(t.system),
+            _ => None,
+        })
+    });
+    let stamp = stamp
+        .filter(|t| t.tv_sec() > 0)
+        .map(|t| SystemTime::UNIX_EPOCH + Duration::new(t.tv_sec() as u64, t.tv_nsec() as u32));
+    Ok((msg.bytes, stamp))
+}
+
+/// How long the bytes stamped `stamp` waited before now, at most `cap` (a
+/// wall clock stepped backwards gives zero, one stepped forwards `cap`).
+pub fn waited(stamp: Option<SystemTime>, cap: Duration) -> Duration {
+    stamp
+        .and_then(|t| SystemTime::now().duration_since(t).ok())
+        .unwrap_or_default()
+        .min(cap)
+}
+
+/// Waits (up to `within`) until the kernel stamps what loopback sockets
+/// receive, by sending a byte between two sockets of its own and reading it
+/// back until a stamp comes with it. The kernel turns stamping on for the
+/// whole system in deferred work after the first socket asks for it, so
+/// packets received in the first moments after a server starts may carry
+/// none (their wait then counts from when they were read). Tests that time
+/// a socket wait call this first; `false` means no stamps on this kernel.
+pub async fn kernel_stamps_on(within: Duration) -> bool {
+    use tokio::io::AsyncWriteExt;
+    let until = tokio::time::Instant::now() + within;
+    let Ok(listener) = TcpListener::bind("127.0.0.1:0").await else {
+        return false;
+    };
+    enable(&listener);
+    let Ok(addr) = listener.local_addr() else {
+        return false;
+    };
+    let (Ok(mut tx), Ok((mut rx, _))) = tokio::join!(TcpStream::connect(addr), listener.accept())
+    else {
+        return false;
+    };
+    while tokio::time::Instant::now() < until {
+        let mut b = [0u8; HEADER_LEN];
+        if tx.write_all(&b).await.is_err() {
+            return false;
+        }
+        match rx.read_header(&mut b).await {
+            Ok(Some(_)) => return true,
+            Ok(None) => tokio::time::sleep(Duration::from_millis(5)).await,
+            Err(_) => return false,
+        }
+    }
+    false
+}
