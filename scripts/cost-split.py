@@ -12,7 +12,10 @@ bench's client and redis-benchmark) splits into:
 
 and the per-block part is set against what kvtier does per byte that Redis
 does not: CRC32C, measured in the same run by the engine's criterion
-baseline (`baseline/crc32c_1.2MB`, with `baseline/memcpy_1.2MB` beside it).
+baseline (`baseline/crc32c_1.2MB`, the crc32c crate the product ships, with
+`baseline/memcpy_1.2MB` beside it, and `baseline/crc32c_folded_1.2MB`, the
+same CRC by SIMD carry-less-multiply folding (crc-fast), to show whether
+that alternative would be cheaper on this CPU).
 A write computes it twice in series (the client before sending, the server
 while receiving, to verify before acknowledging); a read once (the client
 verifies what arrives; the memory tier serves stored bytes unchecked).
@@ -91,7 +94,7 @@ def baselines(a: argparse.Namespace) -> dict:
     subprocess.run(["taskset", "-c", a.server_cpu, "cargo", "bench", "-q", "-p", "kvtier-core", "--bench", "engine",
                     "--", "--noplot", "baseline/"], cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
     out = {}
-    for name in ("crc32c_1.2MB", "memcpy_1.2MB"):
+    for name in ("crc32c_1.2MB", "crc32c_folded_1.2MB", "memcpy_1.2MB"):
         est = json.loads((ROOT / "target/criterion/baseline" / name / "new/estimates.json").read_text())
         out[name] = {"median_us": est["median"]["point_estimate"] / 1000,
                      "bytes": 1_200_000}

@@ -119,7 +119,7 @@ fn blocks(c: &mut Criterion, name: &str, size: usize, cap: ByteSize) {
 }
 
 /// Baselines measured in the same run: what a copying store pays per 1.2 MB
-/// block (memcpy), what checksum verification costs (crc32c), and the floor for
+/// block (memcpy), what checksum verification costs (crc32c, two implementations), and the floor for
 /// a small-value read (a plain mutex-guarded HashMap lookup).
 fn bench_baselines(c: &mut Criterion) {
     let mut g = c.benchmark_group("baseline");
@@ -137,6 +137,20 @@ fn bench_baselines(c: &mut Criterion) {
     });
     g.bench_function("crc32c_1.2MB", |b| {
         b.iter(|| crc32c::crc32c(std::hint::black_box(&src)))
+    });
+    // The same CRC by carry-less-multiply folding (crc-fast, SIMD; the
+    // alternative issue 12 names): kept only if it beats the one above.
+    assert_eq!(
+        crc_fast::checksum(crc_fast::CrcAlgorithm::Crc32Iscsi, &src) as u32,
+        crc32c::crc32c(&src)
+    );
+    g.bench_function("crc32c_folded_1.2MB", |b| {
+        b.iter(|| {
+            crc_fast::checksum(
+                crc_fast::CrcAlgorithm::Crc32Iscsi,
+                std::hint::black_box(&src),
+            )
+        })
     });
     let map: parking_lot::Mutex<std::collections::HashMap<u64, Bytes>> = parking_lot::Mutex::new(
         (0..256u64)
