@@ -87,13 +87,21 @@ pub enum Refused {
     /// At the adaptive limit.
     AtLimit,
     /// Waited in its socket, before the server read it, longer than the
-    /// limit allows (data plane; [`Limiter::too_late`]).
+    /// limit allows (data plane and gRPC; [`Limiter::too_late`]).
     Late,
 }
 
-/// Least time a data-plane request may wait in its socket before the
-/// adaptive limit refuses it (see [`Limiter::too_late`]).
+/// Least time a request may wait in its socket before the adaptive limit
+/// refuses it (see [`Limiter::too_late`]).
 pub const SOJOURN_FLOOR: Duration = Duration::from_micros(500);
+
+/// How many unloaded service times (`min_rtt`) a request may wait in its
+/// socket under the adaptive limit: as long as it would behind the
+/// [`MIN_CONCURRENCY`] requests the limit always admits. Not the current
+/// limit: over gRPC a reply counts as served once HTTP/2 has buffered it, so
+/// the limit grows past what the core serves (to 11–14 at 10× the knee),
+/// and a sojourn bound tied to it let requests wait 5 ms (notes/030).
+pub const SOJOURN_RTTS: u64 = MIN_CONCURRENCY as u64;
 
 /// A request's place in service; gives it back (and, adaptive, reports the
 /// service time) when dropped.
@@ -218,11 +226,10 @@ impl Limiter {
     }
 
     /// Whether a request that already waited `waited` before the server
-    /// could read it (the data plane knows this from the kernel's receive
-    /// timestamp) is refused instead of served. Static: past
+    /// could read it (known from the kernel's receive timestamp) is refused instead of served. Static: past
     /// `server.queue_timeout`, the most queueing it allows. Adaptive: past
-    /// `limit × min_rtt` (at least [`SOJOURN_FLOOR`]), about the time the
-    /// requests the limit admits take to serve, once `min_rtt` is known.
+    /// [`SOJOURN_RTTS`] × `min_rtt` (at least [`SOJOURN_FLOOR`]), once
+    /// `min_rtt` is known.
     /// This is where the data plane's queue forms (notes/028): a request
     /// waits in its socket, not for admission.
     pub fn too_late(&self, waited: Duration) -> bool {
@@ -231,8 +238,7 @@ impl Limiter {
             Kind::Adaptive(a) => {
                 let min_rtt = a.min_rtt_ns.load(Ordering::Relaxed);
                 min_rtt > 0 && {
-                    let limit = a.limit.load(Ordering::Relaxed) as u64;
-                    let target = Duration::from_nanos(min_rtt.saturating_mul(limit));
+                    let target = Duration::from_nanos(min_rtt.saturating_mul(SOJOURN_RTTS));
                     waited > target.max(SOJOURN_FLOOR)
                 }
             }
@@ -490,10 +496,15 @@ mod tests {
             a.inflight.fetch_sub(1, Ordering::AcqRel);
             a.record(ms(1.0), true, t0 + ms(i as f64));
         }
-        // ...then past limit × min_rtt: 2 × 1 ms here.
+        // ...then past SOJOURN_RTTS × min_rtt: 2 × 1 ms here, whatever the limit.
         assert_eq!(l.limit(), MIN_CONCURRENCY);
         assert!(!l.too_late(ms(1.9)));
         assert!(l.too_late(ms(2.1)));
+        a.limit.store(10, Ordering::Relaxed);
+        assert!(
+            l.too_late(ms(2.1)),
+            "the bound does not grow with the limit"
+        );
         // Never under the floor, whatever min_rtt.
         a.min_rtt_ns.store(1_000, Ordering::Relaxed);
         assert!(!l.too_late(SOJOURN_FLOOR));
