@@ -16,6 +16,7 @@
 //! the connection after the error frame.
 use crate::auth::Principal;
 use crate::messages::block_from_pb_checked;
+use crate::rx_stamp::{self, FrameStream};
 use crate::state::{self, Shared};
 use crate::timing::Clock;
 use bytes::Bytes;
@@ -26,12 +27,10 @@ use kvtier_proto::wire::{
     write_all_vectored,
 };
 use prost::Message;
-use crate::rx_stamp::{self, FrameStream};
 use std::time::{Duration, Instant};
 use tokio::io::AsyncWrite;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
-
 
 const API: &str = "wire";
 
