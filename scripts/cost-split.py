@@ -50,14 +50,9 @@ CRC_PASSES = {"write": 2, "read": 1}
 
 
 def start_server(cpu: str) -> Server:
-    """A fresh server started on `cpu` (it inherits this process's affinity
-    for the start, so its runtime sizes itself to that one CPU)."""
-    old = os.sched_getaffinity(0)
-    os.sched_setaffinity(0, {int(c) for c in cpu.split(",")})
-    try:
-        return Server.start(BIN, ["--data-listen", "auto", "--memory-capacity", "2GiB"])
-    finally:
-        os.sched_setaffinity(0, old)
+    """A fresh server started on `cpu`, so its runtime sizes itself to it."""
+    return Server.start(BIN, ["--data-listen", "auto", "--memory-capacity", "2GiB"],
+                        cpus={int(c) for c in cpu.split(",")})
 
 
 def bench(workload: str, size: int, a: argparse.Namespace) -> dict:

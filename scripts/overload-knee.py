@@ -123,20 +123,12 @@ def step_summary(step: dict, op: str) -> dict:
 
 
 def serve(binary: Path, tmp: Path, mode: str, memory: str) -> Server:
-    # Pinned: the server starts on CPU 0 (it inherits this process's
-    # affinity), so its runtime sizes itself to that one CPU. Pinning a
-    # running server instead (taskset -a -p) leaves it with one worker per
-    # CPU it started with, all on one core (notes/028: a ~4 ms p99 step).
-    old = os.sched_getaffinity(0)
-    if PIN:
-        os.sched_setaffinity(0, {0})
-    try:
-        return Server.start(
-            binary,
-            ["--memory-capacity", memory, "--concurrency-limit", mode],
-        )
-    finally:
-        os.sched_setaffinity(0, old)
+    # Pinned: the server starts on CPU 0, so its runtime sizes itself to that
+    # one CPU. Pinning a running server instead (taskset -a -p) leaves it with
+    # one worker per CPU it started with, all on one core (notes/028: a ~4 ms
+    # p99 step).
+    return Server.start(binary, ["--memory-capacity", memory, "--concurrency-limit", mode],
+                        cpus={0} if PIN else None)
 
 
 def overload(binary: Path, tmp: Path, mode: str, c: int, common: list[str]) -> dict:

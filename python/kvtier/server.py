@@ -19,7 +19,7 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from ._error import Error
@@ -83,11 +83,16 @@ class Server:
         timeout: float = 60.0,
         env: dict | None = None,
         listen: str = "127.0.0.1:0",
+        cpus: Iterable[int] | None = None,
     ) -> Server:
         """Starts the server and waits (at most ``timeout`` seconds) until it is listening.
 
         ``args`` are extra ``serve`` flags, e.g. ``["--max-block-size", "1MiB"]``;
         ``listen`` the gRPC address (default: an ephemeral loopback port).
+        ``cpus``: start the server pinned to these CPUs. It sizes its runtime
+        (one worker per CPU) from the CPUs it may use at start, so it must be
+        started pinned: pinning a running server leaves all its workers on
+        fewer cores (notes/028, docs/operations.md "CPU pinning").
         """
         bin_path = Path(binary) if binary is not None else find_binary()
         cmd = [
@@ -98,13 +103,20 @@ class Server:
             *map(str, args),
         ]
         stderr = tempfile.TemporaryFile()
+        # The child inherits the calling thread's affinity at fork.
+        restore = os.sched_getaffinity(0) if cpus is not None else None
         try:
+            if cpus is not None:
+                os.sched_setaffinity(0, set(cpus))
             proc = subprocess.Popen(
                 cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=stderr, env=env
             )
         except OSError as e:
             stderr.close()
             raise ServerError(f"cannot run {bin_path}: {e}") from e
+        finally:
+            if restore is not None:
+                os.sched_setaffinity(0, restore)
         try:
             line = cls._read_ready_line(proc, timeout)
             try:

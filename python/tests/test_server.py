@@ -46,3 +46,17 @@ def test_find_binary_honours_env(kvtier_bin, monkeypatch, tmp_path):
     monkeypatch.setenv("KVTIER_BIN", str(tmp_path / "missing"))
     with pytest.raises(ServerError):
         find_binary()
+
+
+def test_start_pinned_starts_the_server_on_those_cpus(kvtier_bin):
+    """``cpus=`` pins the server from its start (its runtime sizes itself then)
+    and leaves the caller's own affinity as it was."""
+    mine = os.sched_getaffinity(0)
+    cpu = min(mine)
+    with Server.start(binary=kvtier_bin, cpus={cpu}) as s:
+        assert os.sched_getaffinity(s.pid) == {cpu}
+        with Client(s.grpc, connections=1) as c:
+            assert c.stats().version
+    assert os.sched_getaffinity(0) == mine
+    with Server.start(binary=kvtier_bin) as s:
+        assert os.sched_getaffinity(s.pid) == mine

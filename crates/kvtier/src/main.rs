@@ -20,8 +20,8 @@ static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 /// pages are never handed back to the kernel by the allocator's own decay.
 /// Under steady eviction a freed block's pages are wanted again at once, and
 /// handing them back cost up to a quarter of a 1.2 MB write in page faults
-/// and zeroing (notes/016: 1.34× writes/s without it; notes/025: 1.02–1.18×
-/// on a quieter day). This applies to every subcommand, `kvtier bench`'s
+/// and zeroing (notes/016: 1.34× writes/s without it; notes/025: 1.03×
+/// pooled over ten repeats on a quieter day). This applies to every subcommand, `kvtier bench`'s
 /// generator included; only `serve` runs the watcher. What is kept
 /// is bounded instead by `server.resident_limit`: above it the watcher in
 /// `purge.rs` hands every freed page back. `_RJEM_MALLOC_CONF` at run time

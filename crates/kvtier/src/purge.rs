@@ -64,9 +64,13 @@ fn probe() -> kvtier_server::metrics::AllocatorStats {
         allocated,
         resident,
         purges: PURGES.load(Ordering::Relaxed),
-        dirty_decay_ms: dirty_decay_ms(),
+        dirty_decay_ms: *DIRTY_DECAY_MS.get_or_init(dirty_decay_ms),
     }
 }
+
+/// `opt.dirty_decay_ms`, read once: options are fixed when jemalloc starts,
+/// so a `/metrics` scrape need not call into it again.
+static DIRTY_DECAY_MS: std::sync::OnceLock<Option<i64>> = std::sync::OnceLock::new();
 
 /// jemalloc's `opt.dirty_decay_ms` (what `malloc_conf` in main.rs or
 /// `_RJEM_MALLOC_CONF` set), if it can be read.
