@@ -8,6 +8,15 @@ use kvtier_proto::v1::kv_tier_client::KvTierClient;
 use std::sync::mpsc;
 use std::time::Duration;
 
+/// A Lookup of key `k` in namespace `q`.
+fn lookup_k() -> pb::LookupRequest {
+    pb::LookupRequest {
+        namespace: "q".into(),
+        keys: vec![b"k".to_vec().into()],
+        ..Default::default()
+    }
+}
+
 /// A Lookup sent by a client on its own thread while this (current-thread)
 /// runtime, the server's, is blocked for 300 ms: the request waits in the
 /// server's socket the whole time.
@@ -27,23 +36,10 @@ async fn lookup_while_busy(url: String) -> Result<pb::LookupResponse, tonic::Sta
         rt.block_on(async move {
             let mut c = KvTierClient::connect(url).await.unwrap();
             // The connection is up (and quiet) before the server gets busy.
-            c.lookup(pb::LookupRequest {
-                namespace: "q".into(),
-                keys: vec![b"k".to_vec().into()],
-                ..Default::default()
-            })
-            .await
-            .unwrap();
+            c.lookup(lookup_k()).await.unwrap();
             ready_tx.send(()).unwrap();
             go_rx.recv().unwrap();
-            let r = c
-                .lookup(pb::LookupRequest {
-                    namespace: "q".into(),
-                    keys: vec![b"k".to_vec().into()],
-                    ..Default::default()
-                })
-                .await
-                .map(|r| r.into_inner());
+            let r = c.lookup(lookup_k()).await.map(|r| r.into_inner());
             done_tx.send(r).unwrap();
         });
     });
@@ -83,13 +79,7 @@ async fn the_adaptive_limit_sheds_a_grpc_request_that_queued_in_its_socket() {
         .await
         .unwrap();
     for _ in 0..kvtier_server::admission::MIN_RTT_SAMPLES + 10 {
-        c.lookup(pb::LookupRequest {
-            namespace: "q".into(),
-            keys: vec![b"k".to_vec().into()],
-            ..Default::default()
-        })
-        .await
-        .unwrap();
+        c.lookup(lookup_k()).await.unwrap();
     }
     let e = lookup_while_busy(common::raw_endpoint(&server))
         .await
@@ -100,20 +90,9 @@ async fn the_adaptive_limit_sheds_a_grpc_request_that_queued_in_its_socket() {
         e.metadata().get("grpc-retry-pushback-ms").is_some(),
         "{e:?}"
     );
-    let m = common::metrics(&server).await;
     // At least this one (a loaded machine may shed others on the way).
-    let total = m
-        .lines()
-        .find_map(|l| l.strip_prefix("kvtier_shed_total "))
-        .and_then(|v| v.parse::<f64>().ok());
-    assert!(total.is_some_and(|n| n >= 1.0), "{m}");
+    assert!(common::shed_total(&server).await >= 1.0);
     // The next request, not late, is served.
-    c.lookup(pb::LookupRequest {
-        namespace: "q".into(),
-        keys: vec![b"k".to_vec().into()],
-        ..Default::default()
-    })
-    .await
-    .expect("served");
+    c.lookup(lookup_k()).await.expect("served");
     server.shutdown().await.unwrap();
 }

@@ -52,3 +52,12 @@ pub async fn metrics(server: &Server) -> String {
         .await
         .expect("metrics text")
 }
+
+/// The server's `kvtier_shed_total` (requests refused for overload).
+pub async fn shed_total(server: &Server) -> f64 {
+    let m = metrics(server).await;
+    m.lines()
+        .find_map(|l| l.strip_prefix("kvtier_shed_total "))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no kvtier_shed_total in {m}"))
+}
