@@ -106,15 +106,16 @@ pub fn free_ports(n: usize) -> Vec<u16> {
     const FLOOR: u32 = 10_000;
     let span = low.saturating_sub(FLOOR);
     // Each process starts at its own place in the range, so concurrent test
-    // binaries rarely probe the same ports.
-    let start = (std::process::id().wrapping_mul(2_654_435_761) % span.max(1))
-        .wrapping_add(NEXT.fetch_add(n as u32, std::sync::atomic::Ordering::Relaxed));
+    // binaries rarely probe the same ports; within a process every candidate
+    // is taken once, so two calls never return the same port.
+    let base = std::process::id().wrapping_mul(2_654_435_761) % span.max(1);
     let mut held = Vec::with_capacity(n);
-    for i in 0..span {
+    for _ in 0..span {
         if held.len() == n {
             break;
         }
-        let port = (FLOOR + start.wrapping_add(i) % span) as u16;
+        let next = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let port = (FLOOR + base.wrapping_add(next) % span) as u16;
         if let Ok(l) = TcpListener::bind(("127.0.0.1", port)) {
             held.push(l);
         }

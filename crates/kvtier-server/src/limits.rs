@@ -135,7 +135,10 @@ type Held = Arc<parking_lot::Mutex<Vec<Reservation>>>;
 
 impl<S, B> tower::Service<http::Request<B>> for ChargeService<S>
 where
-    S: tower::Service<http::Request<tonic::body::Body>>,
+    S: tower::Service<
+            http::Request<tonic::body::Body>,
+            Response = http::Response<tonic::body::Body>,
+        >,
     S::Future: Send + 'static,
     B: http_body::Body<Data = bytes::Bytes> + Send + 'static,
     B::Error: Into<BoxError>,
@@ -153,7 +156,8 @@ where
     }
 
     fn call(&mut self, req: http::Request<B>) -> Self::Future {
-        // The connection is in use until the response is ready.
+        // The connection is in use until the response's body has been sent
+        // (a streamed Read is served while its body goes out).
         let in_use = activity_of(req.extensions()).map(|a| a.start());
         let held: Held = Default::default();
         let limits = self.limits.clone();
@@ -169,9 +173,42 @@ where
         Box::pin(async move {
             let r = fut.await;
             drop(held);
-            drop(in_use);
-            r
+            r.map(|resp| {
+                resp.map(|inner| {
+                    tonic::body::Body::new(InUseBody {
+                        inner,
+                        _in_use: in_use,
+                    })
+                })
+            })
         })
+    }
+}
+
+/// A response body that keeps its connection in use until it is done or
+/// dropped.
+struct InUseBody {
+    inner: tonic::body::Body,
+    _in_use: Option<InUse>,
+}
+
+impl http_body::Body for InUseBody {
+    type Data = bytes::Bytes;
+    type Error = tonic::Status;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<bytes::Bytes>, Self::Error>>> {
+        std::pin::Pin::new(&mut self.inner).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
     }
 }
 
@@ -320,7 +357,13 @@ pub struct Capped {
     /// Resolves when the server shuts down (then `None`, and `idle` is
     /// [`DRAIN_IDLE`]).
     stop: Option<std::pin::Pin<Box<dyn Future<Output = ()> + Send>>>,
+    /// When bytes were last read (see [`READ_SETTLE`]).
+    last_read: tokio::time::Instant,
 }
+
+/// How long after a read a connection is never closed as idle: what was
+/// read may be a request HTTP/2 has not yet handed to its service.
+const READ_SETTLE: Duration = Duration::from_millis(50);
 
 /// How long a connection must be quiet (no request in service, nothing
 /// written) before a shutting-down server closes it. HTTP/2's graceful close
@@ -344,6 +387,7 @@ impl Capped {
             activity,
             idle,
             check: Box::pin(tokio::time::sleep(idle)),
+            last_read: tokio::time::Instant::now(),
             stop: Some(Box::pin(async move {
                 let _ = stop.wait_for(|s| *s).await;
             })),
@@ -398,6 +442,7 @@ impl tokio::io::AsyncRead for Capped {
             Poll::Pending => {}
             Poll::Ready(Ok(stamp)) => {
                 this.activity.received(stamp);
+                this.last_read = tokio::time::Instant::now();
                 return Poll::Ready(Ok(()));
             }
             Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
@@ -412,8 +457,12 @@ impl tokio::io::AsyncRead for Capped {
         }
         // Nothing to read: is the connection past its idle time?
         while this.check.as_mut().poll(cx).is_ready() {
+            // Bytes just read may be a request HTTP/2 has not handed to its
+            // service yet (nothing marks the connection in use before that):
+            // never close right after a read.
             let idle = this.unused_for();
-            if idle >= this.idle {
+            let settled = this.last_read.elapsed() >= READ_SETTLE;
+            if idle >= this.idle && settled {
                 tracing::debug!(
                     ?idle,
                     "gRPC: idle connection closed (server.idle_timeout, or shutting down)"
@@ -421,8 +470,12 @@ impl tokio::io::AsyncRead for Capped {
                 // End of stream: the HTTP/2 connection ends.
                 return Poll::Ready(Ok(()));
             }
-            let left = this.idle.saturating_sub(idle).max(Duration::from_millis(1));
-            let next = tokio::time::Instant::now() + left;
+            let left = if settled {
+                this.idle.saturating_sub(idle)
+            } else {
+                READ_SETTLE
+            };
+            let next = tokio::time::Instant::now() + left.max(Duration::from_millis(1));
             this.check.as_mut().reset(next);
         }
         Poll::Pending
@@ -466,6 +519,57 @@ impl tokio::io::AsyncWrite for Capped {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A streamed reply (a Read) is served while its body goes out: the
+    /// connection must count as in use until the body is done, or the idle
+    /// timeout and the shutdown drain could close it mid-reply.
+    #[tokio::test]
+    async fn a_connection_stays_in_use_until_its_reply_body_is_done() {
+        use tower::{Layer, Service, ServiceExt};
+        let activity = Arc::new(Activity::new());
+        /// A reply body still being produced (as a streamed Read's is).
+        struct Streaming;
+        impl http_body::Body for Streaming {
+            type Data = bytes::Bytes;
+            type Error = tonic::Status;
+            fn poll_frame(
+                self: std::pin::Pin<&mut Self>,
+                _: &mut std::task::Context<'_>,
+            ) -> std::task::Poll<Option<Result<http_body::Frame<bytes::Bytes>, Self::Error>>>
+            {
+                std::task::Poll::Pending
+            }
+        }
+        let inner = tower::service_fn(|_req: http::Request<tonic::body::Body>| async {
+            Ok::<_, std::convert::Infallible>(http::Response::new(tonic::body::Body::new(
+                Streaming,
+            )))
+        });
+        let mut charged = ChargeLayer(Limits::unlimited()).layer(inner);
+        let mut req = http::Request::new(tonic::body::Body::empty());
+        req.extensions_mut().insert(ConnInfo {
+            tcp: tonic::transport::server::TcpConnectInfo {
+                local_addr: None,
+                remote_addr: None,
+            },
+            activity: activity.clone(),
+        });
+        let reply = ServiceExt::<http::Request<tonic::body::Body>>::ready(&mut charged)
+            .await
+            .unwrap()
+            .call(req)
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        assert_eq!(
+            activity.idle_for(),
+            Duration::ZERO,
+            "reply body not sent yet"
+        );
+        drop(reply);
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        assert!(activity.idle_for() >= Duration::from_millis(20));
+    }
 
     #[test]
     fn reservations_are_bounded_and_released() {

@@ -9,8 +9,9 @@
 //! the request's deadlines start from its arrival (notes/028 found the
 //! queue forms there):
 //! - the data plane reads each frame header this way ([`FrameStream`]);
-//! - gRPC connections ([`crate::limits::Capped`]) read the first few KiB of
-//!   every read this way and keep the newest stamp for [`crate::grpc::late`].
+//! - gRPC connections ([`crate::limits::Capped`]) read the first 4 KiB of
+//!   every read this way and keep the stamp of their last read for
+//!   [`crate::grpc::late`] (none when more than those 4 KiB were waiting).
 //!
 //! TLS on the data plane and in-memory streams report no stamp and keep the
 //! time the header was read.
@@ -78,10 +79,12 @@ const STAMPED_READ: usize = 4096;
 
 /// `AsyncRead::poll_read` for a plain TCP stream that also returns the
 /// kernel's receive stamp of what it read (where there is one). The first
-/// [`STAMPED_READ`] bytes are read with `recvmsg`; for TCP the kernel stamps
-/// a read with its last segment's arrival, so this is when the first few KiB
-/// of what was waiting arrived: a lower bound for how long the oldest of it
-/// waited, without zeroing a large buffer for every read.
+/// [`STAMPED_READ`] bytes are read with `recvmsg` (for TCP the kernel stamps a
+/// read with its last segment's arrival); if that was all there was, the
+/// stamp is returned: every byte read waited at least that long. If more
+/// followed, read plainly (safe code would have to zero a large buffer for
+/// every `recvmsg`), no stamp is returned, since those later bytes may have
+/// waited less.
 pub fn poll_read_stamped(
     sock: &mut TcpStream,
     cx: &mut std::task::Context<'_>,
@@ -115,10 +118,14 @@ pub fn poll_read_stamped(
     // More may be waiting: the rest of the buffer with a plain read. Nothing
     // more now is fine, and so is an error: this read already has bytes, and
     // the connection's next read meets the error (or its end).
+    let before = buf.filled().len();
     if buf.remaining() > 0 {
         let _ = std::pin::Pin::new(sock).poll_read(cx, buf);
     }
-    Poll::Ready(Ok(stamp))
+    // Bytes that came with the plain read arrived after the stamped ones, at
+    // a time not known: the read reports no stamp rather than one that
+    // would overstate their wait.
+    Poll::Ready(Ok(stamp.filter(|_| buf.filled().len() == before)))
 }
 
 /// One non-blocking `recvmsg` into `buf`: bytes read and their receive stamp.

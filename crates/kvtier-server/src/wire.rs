@@ -150,8 +150,10 @@ pub(crate) async fn connection<S: FrameStream>(
         let now = Instant::now();
         let waited = rx_stamp::waited(stamp, shared.limits.idle_timeout);
         let arrived = now.checked_sub(waited).unwrap_or(now);
-        // The rest of the frame must arrive within server.read_timeout.
-        let by = tokio::time::Instant::from_std(arrived + shared.limits.read_timeout);
+        // The rest of the frame must arrive within server.read_timeout of its
+        // header being read (not of its stamp: a wall clock stepped forward
+        // must not fail the read).
+        let by = tokio::time::Instant::from_std(now + shared.limits.read_timeout);
         let header = match Header::decode(&raw) {
             Ok(h) => h,
             Err(e) => {

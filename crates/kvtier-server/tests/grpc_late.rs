@@ -17,9 +17,29 @@ fn lookup_k() -> pb::LookupRequest {
     }
 }
 
+/// A Lookup, retried while shed (on a loaded machine a warm-up request may
+/// itself wait past the adaptive bound): only the late request under test
+/// must see UNAVAILABLE.
+async fn lookup_served(c: &mut KvTierClient<tonic::transport::Channel>) -> pb::LookupResponse {
+    for _ in 0..50 {
+        match c.lookup(lookup_k()).await {
+            Ok(r) => return r.into_inner(),
+            Err(e) if e.code() == tonic::Code::Unavailable => {
+                tokio::time::sleep(Duration::from_millis(20)).await
+            }
+            Err(e) => panic!("lookup: {e:?}"),
+        }
+    }
+    panic!("lookup shed 50 times in a row")
+}
+
+/// How long the server's runtime is blocked while the late request waits.
+const BUSY: Duration = Duration::from_millis(600);
+
 /// A Lookup sent by a client on its own thread while this (current-thread)
-/// runtime, the server's, is blocked for 300 ms: the request waits in the
-/// server's socket the whole time.
+/// runtime, the server's, is blocked for [`BUSY`]: the request waits in the
+/// server's socket for most of it (the client thread sends it just after
+/// the block starts).
 async fn lookup_while_busy(url: String) -> Result<pb::LookupResponse, tonic::Status> {
     assert!(
         kvtier_server::rx_stamp::kernel_stamps_on(Duration::from_secs(10)).await,
@@ -36,7 +56,7 @@ async fn lookup_while_busy(url: String) -> Result<pb::LookupResponse, tonic::Sta
         rt.block_on(async move {
             let mut c = KvTierClient::connect(url).await.unwrap();
             // The connection is up (and quiet) before the server gets busy.
-            c.lookup(lookup_k()).await.unwrap();
+            lookup_served(&mut c).await;
             ready_tx.send(()).unwrap();
             go_rx.recv().unwrap();
             let r = c.lookup(lookup_k()).await.map(|r| r.into_inner());
@@ -47,7 +67,7 @@ async fn lookup_while_busy(url: String) -> Result<pb::LookupResponse, tonic::Sta
     ready.await.unwrap().unwrap();
     go_tx.send(()).unwrap();
     // The server is "busy": this runtime runs nothing meanwhile.
-    std::thread::sleep(Duration::from_millis(300));
+    std::thread::sleep(BUSY);
     tokio::task::spawn_blocking(move || done_rx.recv().unwrap())
         .await
         .unwrap()
@@ -58,11 +78,11 @@ async fn time_a_grpc_request_spent_in_its_socket_counts_as_queue_time() {
     let (server, _c) = common::start(common::test_config()).await;
     let r = lookup_while_busy(common::raw_endpoint(&server))
         .await
-        .expect("static limit: a 300 ms wait is under server.queue_timeout");
+        .expect("static limit: the wait is under server.queue_timeout");
     let t = r.timing.unwrap();
     assert!(
         t.queue_us >= 250_000 && t.total_us >= t.queue_us,
-        "queue_us {} (total {}): the ~300 ms in the socket should count",
+        "queue_us {} (total {}): most of the 600 ms in the socket should count",
         t.queue_us,
         t.total_us
     );
@@ -79,7 +99,7 @@ async fn the_adaptive_limit_sheds_a_grpc_request_that_queued_in_its_socket() {
         .await
         .unwrap();
     for _ in 0..kvtier_server::admission::MIN_RTT_SAMPLES + 10 {
-        c.lookup(lookup_k()).await.unwrap();
+        lookup_served(&mut c).await;
     }
     let e = lookup_while_busy(common::raw_endpoint(&server))
         .await
@@ -92,7 +112,7 @@ async fn the_adaptive_limit_sheds_a_grpc_request_that_queued_in_its_socket() {
     );
     // At least this one (a loaded machine may shed others on the way).
     assert!(common::shed_total(&server).await >= 1.0);
-    // The next request, not late, is served.
-    c.lookup(lookup_k()).await.expect("served");
+    // Requests that are not late are served.
+    lookup_served(&mut c).await;
     server.shutdown().await.unwrap();
 }

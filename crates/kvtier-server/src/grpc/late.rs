@@ -7,8 +7,9 @@
 //! admission limit only sees it once its handler runs (notes/029: p99 6.9×
 //! the knee's at 10× the knee, with the adaptive limit at its floor). The
 //! connection ([`crate::limits::Capped`]) keeps the kernel's receive stamp
-//! of the newest bytes it read; when a request reaches this layer, the time
-//! since that stamp is a lower bound for how long the request has waited.
+//! of its last read (when every byte of that read came with the stamp); when
+//! a request reaches this layer, the time since that stamp is a lower bound
+//! for how long the request has waited.
 //! Past what the front's limit allows ([`Limiter::too_late`]) it is refused
 //! before its body is read or decoded: `UNAVAILABLE` with a retry hint, like
 //! any shed request. The request's arrival is backdated by the same wait,
