@@ -54,19 +54,15 @@ impl FrameStream for tokio::io::DuplexStream {}
 
 impl FrameStream for TcpStream {
     async fn read_header(&mut self, raw: &mut [u8; HEADER_LEN]) -> io::Result<Option<SystemTime>> {
-        let (mut got, mut first) = (0, None);
-        while got < HEADER_LEN {
-            self.readable().await?;
-            let r = self.try_io(Interest::READABLE, || recv_stamped(self, &mut raw[got..]));
-            match r {
-                Ok((0, _)) => return Err(io::ErrorKind::UnexpectedEof.into()),
-                Ok((n, stamp)) => {
-                    got += n;
-                    first = first.or(stamp);
-                }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-                Err(e) => return Err(e),
+        let mut buf = tokio::io::ReadBuf::new(raw);
+        let mut first = None;
+        while buf.remaining() > 0 {
+            let before = buf.filled().len();
+            let stamp = std::future::poll_fn(|cx| poll_read_stamped(self, cx, &mut buf)).await?;
+            if buf.filled().len() == before {
+                return Err(io::ErrorKind::UnexpectedEof.into());
             }
+            first = first.or(stamp);
         }
         Ok(first)
     }
