@@ -81,6 +81,12 @@ class RssPeak:
         return self.peak
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far."""
+    f = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def metric(http: str, name: str, labels: str = "") -> float:
     body = urllib.request.urlopen(f"http://{http}/metrics", timeout=10).read().decode()
     for line in body.splitlines():
@@ -118,6 +124,13 @@ def step_summary(step: dict, op: str) -> dict:
         "p99_ms_repeats": [v / 1000 for v in p99],
         "p50_ms": o["latency_us"]["e2e"]["p50"] / 1000 if o["latency_us"].get("e2e") else None,
         "generator_cpu_utilisation": step.get("generator_cpu_utilisation"),
+        # Where an answered request's time went, all repeats pooled: the
+        # server's queue (socket wait + admission) and service, and the rest
+        # of its round trip ("network": sending the reply, the generator
+        # reading it).
+        "phases_us": {ph: {"p50": v["p50"], "p99": v["p99"]}
+                      for ph, v in o["latency_us"].items()
+                      if ph != "e2e" and isinstance(v, dict) and "p99" in v},
         "flags": [f.get("kind") for f in step.get("flags", [])],
     }
 
@@ -136,9 +149,12 @@ def overload(binary: Path, tmp: Path, mode: str, c: int, common: list[str]) -> d
     srv = serve(binary, tmp, mode, "1GiB")
     try:
         rss = RssPeak(srv.pid)
+        cpu0, t0 = cpu_seconds(srv.pid), time.monotonic()
         rec = bench(binary, srv, tmp / f"over-{mode}-{front}", ["--workload", "read", "--concurrency", str(c), *common])
         peak = rss.stop()
         s = step_summary(rec["steps"][0], "read")
+        # The server's CPU time over the bench's whole run (warm-up included).
+        s["server_cpu_utilisation"] = (cpu_seconds(srv.pid) - cpu0) / (time.monotonic() - t0)
         s["server_shed_total"] = metric(srv.http, "kvtier_shed_total")
         s["limit_at_end"] = metric(srv.http, "kvtier_concurrency_limit", f'{{front="{front}"}}')
         s["server_rss_mib"] = {"idle": rss.base, "peak": peak}
