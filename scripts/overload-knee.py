@@ -237,6 +237,8 @@ def knee_of(rec: dict, steps: list[dict]) -> tuple[int, str]:
     for k in rec["analysis"]["knees"]:
         if k["op"] == "read" and k["curve"] == "throughput":
             return int(k["concurrency"]), "kneedle"
+    if not steps:
+        raise SystemExit("the knee sweep produced no steps: nothing to find a knee in")
     peak = max(s["admitted_ops_s_median"] for s in steps)
     first = min(s["concurrency"] for s in steps if s["admitted_ops_s_median"] >= 0.9 * peak)
     return int(first), "lowest concurrency within 90% of the peak (no Kneedle knee)"

@@ -105,9 +105,14 @@ class Server:
         stderr = tempfile.TemporaryFile()
         # The child inherits the calling thread's affinity at fork.
         restore = os.sched_getaffinity(0) if cpus is not None else None
+        if cpus is not None:
+            cpus = list(cpus)
+            try:
+                os.sched_setaffinity(0, cpus)
+            except (OSError, ValueError, TypeError) as e:
+                stderr.close()
+                raise ServerError(f"cannot pin the server to CPUs {cpus}: {e}") from e
         try:
-            if cpus is not None:
-                os.sched_setaffinity(0, set(cpus))
             proc = subprocess.Popen(
                 cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=stderr, env=env
             )

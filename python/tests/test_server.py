@@ -60,3 +60,14 @@ def test_start_pinned_starts_the_server_on_those_cpus(kvtier_bin):
     assert os.sched_getaffinity(0) == mine
     with Server.start(binary=kvtier_bin) as s:
         assert os.sched_getaffinity(s.pid) == mine
+
+
+def test_start_pinned_to_cpus_it_cannot_have_says_so(kvtier_bin):
+    """A CPU set the machine cannot give is a clear error naming it, not a
+    failure to run the binary, and the caller's affinity is left alone."""
+    mine = os.sched_getaffinity(0)
+    with pytest.raises(ServerError, match=r"cannot pin the server to CPUs \[4096\]"):
+        Server.start(binary=kvtier_bin, cpus={4096})
+    with pytest.raises(ServerError, match="cannot pin the server to CPUs"):
+        Server.start(binary=kvtier_bin, cpus=set())
+    assert os.sched_getaffinity(0) == mine

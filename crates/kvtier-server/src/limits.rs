@@ -400,6 +400,76 @@ impl Capped {
         a.wrote_ms.store(a.now_ms(), Ordering::Release);
     }
 
+    /// Whether the connection has been unused past its timeout (the idle
+    /// timeout, or [`DRAIN_IDLE`] once the server is shutting down); if not,
+    /// `cx` is woken when it next may be. Checked whenever a read or a write
+    /// would wait: HTTP/2 does not read while its writes are blocked, so a
+    /// client that stops reading would otherwise hold its connection (and a
+    /// shutdown) however long it likes.
+    fn poll_expired(&mut self, cx: &mut std::task::Context<'_>) -> bool {
+        // Shutting down: from now on a connection quiet for DRAIN_IDLE is closed.
+        if let Some(stop) = self.stop.as_mut()
+            && stop.as_mut().poll(cx).is_ready()
+        {
+            self.stop = None;
+            self.idle = DRAIN_IDLE;
+            self.check.as_mut().reset(tokio::time::Instant::now());
+        }
+        while self.check.as_mut().poll(cx).is_ready() {
+            // Bytes just read may be a request HTTP/2 has not handed to its
+            // service yet (nothing marks the connection in use before that):
+            // never close right after a read.
+            let idle = self.unused_for();
+            let settled = self.last_read.elapsed() >= READ_SETTLE;
+            if idle >= self.idle && settled {
+                tracing::debug!(
+                    ?idle,
+                    "gRPC: idle connection closed (server.idle_timeout, or shutting down)"
+                );
+                return true;
+            }
+            let left = if settled {
+                self.idle.saturating_sub(idle)
+            } else {
+                READ_SETTLE
+            };
+            let next = tokio::time::Instant::now() + left.max(Duration::from_millis(1));
+            self.check.as_mut().reset(next);
+        }
+        false
+    }
+
+    /// A write that would wait: an error once the connection is past its
+    /// idle time (the peer stopped reading), so HTTP/2 drops it.
+    fn write_pending<T>(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+        polled: std::task::Poll<std::io::Result<T>>,
+    ) -> std::task::Poll<std::io::Result<T>> {
+        use std::task::Poll;
+        match polled {
+            Poll::Pending if self.poll_expired(cx) => Poll::Ready(Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "idle connection closed: the client stopped reading",
+            ))),
+            other => other,
+        }
+    }
+
+    /// A write's outcome: bytes written count as use (shutdown drain).
+    fn written(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+        polled: std::task::Poll<std::io::Result<usize>>,
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        if let std::task::Poll::Ready(Ok(n)) = polled
+            && n > 0
+        {
+            self.wrote();
+        }
+        self.write_pending(cx, polled)
+    }
+
     /// How long this connection has gone without use, as its current
     /// timeout counts it.
     fn unused_for(&self) -> Duration {
@@ -447,36 +517,10 @@ impl tokio::io::AsyncRead for Capped {
             }
             Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
         }
-        // Shutting down: from now on a connection quiet for DRAIN_IDLE is closed.
-        if let Some(stop) = this.stop.as_mut()
-            && stop.as_mut().poll(cx).is_ready()
-        {
-            this.stop = None;
-            this.idle = DRAIN_IDLE;
-            this.check.as_mut().reset(tokio::time::Instant::now());
-        }
         // Nothing to read: is the connection past its idle time?
-        while this.check.as_mut().poll(cx).is_ready() {
-            // Bytes just read may be a request HTTP/2 has not handed to its
-            // service yet (nothing marks the connection in use before that):
-            // never close right after a read.
-            let idle = this.unused_for();
-            let settled = this.last_read.elapsed() >= READ_SETTLE;
-            if idle >= this.idle && settled {
-                tracing::debug!(
-                    ?idle,
-                    "gRPC: idle connection closed (server.idle_timeout, or shutting down)"
-                );
-                // End of stream: the HTTP/2 connection ends.
-                return Poll::Ready(Ok(()));
-            }
-            let left = if settled {
-                this.idle.saturating_sub(idle)
-            } else {
-                READ_SETTLE
-            };
-            let next = tokio::time::Instant::now() + left.max(Duration::from_millis(1));
-            this.check.as_mut().reset(next);
+        if this.poll_expired(cx) {
+            // End of stream: the HTTP/2 connection ends.
+            return Poll::Ready(Ok(()));
         }
         Poll::Pending
     }
@@ -488,16 +532,16 @@ impl tokio::io::AsyncWrite for Capped {
         cx: &mut std::task::Context<'_>,
         buf: &[u8],
     ) -> std::task::Poll<std::io::Result<usize>> {
-        self.wrote();
-        std::pin::Pin::new(&mut self.io).poll_write(cx, buf)
+        let polled = std::pin::Pin::new(&mut self.io).poll_write(cx, buf);
+        self.written(cx, polled)
     }
     fn poll_write_vectored(
         mut self: std::pin::Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
         bufs: &[std::io::IoSlice<'_>],
     ) -> std::task::Poll<std::io::Result<usize>> {
-        self.wrote();
-        std::pin::Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
+        let polled = std::pin::Pin::new(&mut self.io).poll_write_vectored(cx, bufs);
+        self.written(cx, polled)
     }
     fn is_write_vectored(&self) -> bool {
         self.io.is_write_vectored()
@@ -506,7 +550,8 @@ impl tokio::io::AsyncWrite for Capped {
         mut self: std::pin::Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<std::io::Result<()>> {
-        std::pin::Pin::new(&mut self.io).poll_flush(cx)
+        let polled = std::pin::Pin::new(&mut self.io).poll_flush(cx);
+        self.write_pending(cx, polled)
     }
     fn poll_shutdown(
         mut self: std::pin::Pin<&mut Self>,
@@ -569,6 +614,52 @@ mod tests {
         drop(reply);
         tokio::time::sleep(Duration::from_millis(30)).await;
         assert!(activity.idle_for() >= Duration::from_millis(20));
+    }
+
+    /// A client that stops reading blocks the server's writes, and HTTP/2
+    /// does not read while its writes are blocked: the idle timeout and the
+    /// shutdown drain are also checked when a write would wait, or such a
+    /// client holds its connection slot, and a shutdown, as long as it likes.
+    #[tokio::test]
+    async fn a_connection_whose_client_stopped_reading_is_closed_when_idle() {
+        use tokio::io::AsyncWriteExt;
+        for shutting_down in [false, true] {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let sock = tokio::net::TcpSocket::new_v4().unwrap();
+            sock.set_recv_buffer_size(4096).unwrap();
+            let _client = sock.connect(listener.local_addr().unwrap()).await.unwrap();
+            let (io, _) = listener.accept().await.unwrap();
+            socket2::SockRef::from(&io)
+                .set_send_buffer_size(4096)
+                .unwrap();
+            let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+            let slot = Arc::new(Semaphore::new(1)).try_acquire_owned().unwrap();
+            let (idle, at_least) = if shutting_down {
+                (Duration::from_secs(3600), DRAIN_IDLE)
+            } else {
+                (Duration::from_millis(300), Duration::from_millis(300))
+            };
+            let mut conn = Capped::new(io, slot, idle, stop_rx);
+            if shutting_down {
+                stop_tx.send(true).unwrap();
+            }
+            let started = Instant::now();
+            let chunk = vec![0u8; 1 << 20];
+            let wrote = tokio::time::timeout(Duration::from_secs(10), async {
+                loop {
+                    conn.write_all(&chunk).await?;
+                }
+            })
+            .await;
+            let err: std::io::Result<()> =
+                wrote.expect("a write to a client that stopped reading waited for ever");
+            assert_eq!(
+                err.unwrap_err().kind(),
+                std::io::ErrorKind::TimedOut,
+                "shutting down: {shutting_down}"
+            );
+            assert!(started.elapsed() >= at_least, "closed before its time");
+        }
     }
 
     #[test]

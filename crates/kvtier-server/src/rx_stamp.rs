@@ -112,11 +112,16 @@ pub fn poll_read_stamped(
         }
     };
     // More may be waiting: the rest of the buffer with a plain read. Nothing
-    // more now is fine, and so is an error: this read already has bytes, and
-    // the connection's next read meets the error (or its end).
+    // more now is fine. An error is returned now, with the bytes read before
+    // it: the kernel reports a socket error once (a later read would see an
+    // end of stream, not a reset), and a connection in error can carry no
+    // reply to them anyway.
     let before = buf.filled().len();
-    if buf.remaining() > 0 {
-        let _ = std::pin::Pin::new(sock).poll_read(cx, buf);
+    if buf.remaining() > 0
+        && let Poll::Ready(Err(e)) = std::pin::Pin::new(sock).poll_read(cx, buf)
+        && e.kind() != io::ErrorKind::Interrupted
+    {
+        return Poll::Ready(Err(e));
     }
     // Bytes that came with the plain read arrived after the stamped ones, at
     // a time not known: the read reports no stamp rather than one that
