@@ -533,7 +533,11 @@ class Client:
             except KvtierError as e:
                 err = e
             if err.code == grpc.StatusCode.UNAVAILABLE and attempt < self.retries:
-                pause = self._backoff(attempt)
+                # The server's hint when it gave one (it knows when its limit
+                # will have moved), jittered above it so the clients it shed
+                # together do not come back together.
+                hint = err.retry_after
+                pause = hint * random.uniform(1.0, 1.5) if hint is not None else self._backoff(attempt)
                 if time.monotonic() + pause < deadline:
                     time.sleep(pause)
                     attempt += 1

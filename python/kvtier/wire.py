@@ -46,7 +46,7 @@ from typing import TypeVar
 import grpc
 
 from ._error import Error
-from .errors import KvtierError, status_code
+from .errors import KvtierError, status_code, wire_pushback
 
 __all__ = [
     "WirePool", "HEADER", "MAGIC", "SIZE", "Kind", "parse_addr", "STRIPE_MIN_BLOCKS", "MAX_STRIPES", "stripe_bounds",
@@ -316,7 +316,7 @@ class WirePool:
                 # (bad framing); errors are rare, so never reuse after one.
                 sock.close()
                 err = self._w.WireError.FromString(reply.meta)
-                raise KvtierError(status_code(err.code), err.message)
+                raise KvtierError(status_code(err.code), err.message, wire_pushback(err.retry_pushback_ms))
             self._give_back(sock)
             if reply.kind != reply_kind:
                 raise KvtierError(

@@ -264,6 +264,49 @@ def test_retries_unavailable_then_succeeds(client, monkeypatch):
     assert calls[0] >= calls[1] >= calls[2]  # one deadline across attempts
 
 
+class _Shed(_Unavailable):
+    """A request the server shed, with its retry hint in the trailers."""
+
+    def __init__(self, hint):
+        self.hint = hint
+
+    def trailing_metadata(self):
+        return (("grpc-retry-pushback-ms", self.hint),)
+
+
+@pytest.mark.parametrize(
+    "error, low, high",
+    [
+        (_Shed("300"), 0.300, 0.450),  # the server's hint, jittered above it
+        (_Shed("86400000"), 10.0, 15.0),  # capped at MAX_PUSHBACK
+        (_Shed("soon"), 0.010, 0.020),  # not a number: the client's own back-off
+        (_Unavailable(), 0.010, 0.020),  # no hint: the client's own back-off
+    ],
+)
+def test_a_retry_waits_for_the_servers_hint(client, monkeypatch, error, low, high):
+    import kvtier.client
+
+    real = client.stub
+    pauses = []
+    calls = []
+
+    class Shedding:
+        def __init__(self, stub):
+            self.stub = stub
+
+        def Stats(self, req, timeout):
+            calls.append(timeout)
+            if len(calls) == 1:
+                raise error
+            return self.stub.Stats(req, timeout=timeout)
+
+    monkeypatch.setattr(client, "stub", lambda: Shedding(real()))
+    monkeypatch.setattr(client, "timeout", 60.0)
+    monkeypatch.setattr(kvtier.client.time, "sleep", pauses.append)
+    assert client.stats().version
+    assert len(pauses) == 1 and low <= pauses[0] <= high, pauses
+
+
 def test_gives_up_after_retries(client, monkeypatch):
     calls = []
 

@@ -323,6 +323,29 @@ def test_error_frames_carry_the_servers_status(fake_client):
     assert ei.value.message == "no room"
 
 
+def test_a_shed_request_is_retried_after_the_servers_hint(fake_client, monkeypatch):
+    """A shed request's error frame carries the server's retry hint; the
+    client waits at least that long (jittered above it) before retrying."""
+    import kvtier.client
+
+    def shed(h, meta, data, conn):
+        e = wpb.WireError(code=grpc.StatusCode.UNAVAILABLE.value[0], message="server overloaded", retry_pushback_ms=250)
+        conn.sendall(frame(Kind.ERROR, h[4], e.SerializeToString()))
+
+    peer, c = fake_client(shed, retries=0)
+    with pytest.raises(KvtierError) as ei:
+        c.read("ns", [b"k"])
+    assert ei.value.code == grpc.StatusCode.UNAVAILABLE
+    assert ei.value.retry_after == pytest.approx(0.25)
+
+    pauses = []
+    monkeypatch.setattr(kvtier.client.time, "sleep", pauses.append)
+    peer2, c2 = fake_client(shed, retries=2)
+    with pytest.raises(KvtierError):
+        c2.read("ns", [b"k"])
+    assert len(pauses) == 2 and all(0.25 <= p <= 0.375 for p in pauses), pauses
+
+
 def test_a_silent_server_hits_the_deadline(fake_client):
     release = threading.Event()
     peer, c = fake_client(lambda h, m, d, conn: release.wait(10), timeout=0.5, retries=0)

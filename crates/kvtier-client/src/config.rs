@@ -234,6 +234,35 @@ pub fn backoff(attempt: u32) -> Duration {
     Duration::from_millis(base / 2 + rand::random_range(0..=base / 2))
 }
 
+/// The longest server retry hint a client follows.
+pub const MAX_PUSHBACK: Duration = Duration::from_secs(10);
+
+/// The server's retry hint on a shed request: `grpc-retry-pushback-ms`
+/// (gRPC's retry design, A6; the data plane's error frames carry it as
+/// well), at most [`MAX_PUSHBACK`].
+pub fn pushback(status: &tonic::Status) -> Option<Duration> {
+    let ms: u64 = status
+        .metadata()
+        .get("grpc-retry-pushback-ms")?
+        .to_str()
+        .ok()?
+        .trim()
+        .parse()
+        .ok()?;
+    Some(Duration::from_millis(ms).min(MAX_PUSHBACK))
+}
+
+/// The pause before retry `attempt` (0-based) of a request the server shed
+/// with `status`: the server's hint when it gave one (it knows when its
+/// limit will have moved), jittered over [hint, 1.5 × hint] so clients it
+/// shed together do not come back together; [`backoff`] otherwise.
+pub fn retry_pause(attempt: u32, status: &tonic::Status) -> Duration {
+    match pushback(status) {
+        Some(h) => h + h.mul_f64(rand::random_range(0.0..=0.5)),
+        None => backoff(attempt),
+    }
+}
+
 /// The data-plane address to dial: the advertised one, with an unspecified IP
 /// (`0.0.0.0`) replaced by the gRPC endpoint's host.
 pub(crate) async fn data_plane_addr(
@@ -260,4 +289,36 @@ pub(crate) async fn data_plane_addr(
     addrs
         .next()
         .ok_or_else(|| ClientError::Invalid(format!("{host} resolves to no address")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shed(hint: Option<&str>) -> tonic::Status {
+        let mut s = tonic::Status::unavailable("server overloaded");
+        if let Some(h) = hint {
+            s.metadata_mut()
+                .insert("grpc-retry-pushback-ms", h.parse().unwrap());
+        }
+        s
+    }
+
+    /// A shed request is retried no sooner than the server's hint, with
+    /// jitter above it; without a hint, after the client's own back-off;
+    /// a hint that is not a number is ignored, and a huge one capped.
+    #[test]
+    fn a_retry_waits_for_the_servers_hint() {
+        let ms = Duration::from_millis;
+        for _ in 0..200 {
+            let p = retry_pause(0, &shed(Some("200")));
+            assert!(p >= ms(200) && p <= ms(300), "{p:?}");
+            let p = retry_pause(0, &shed(None));
+            assert!(p >= ms(10) && p <= ms(20), "{p:?}");
+            let p = retry_pause(0, &shed(Some("soon")));
+            assert!(p >= ms(10) && p <= ms(20), "{p:?}");
+        }
+        assert_eq!(pushback(&shed(Some("86400000"))), Some(MAX_PUSHBACK));
+        assert_eq!(pushback(&shed(Some(" 35 "))), Some(ms(35)));
+    }
 }

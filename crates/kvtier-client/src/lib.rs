@@ -70,7 +70,9 @@ pub type Result<T, E = ClientError> = std::result::Result<T, E>;
 
 pub use cluster::{ClusterClient, ClusterConfig};
 use config::data_plane_addr;
-pub use config::{ClientConfig, ClientTls, backoff, connect_pool, endpoint};
+pub use config::{
+    ClientConfig, ClientTls, MAX_PUSHBACK, backoff, connect_pool, endpoint, pushback, retry_pause,
+};
 pub(crate) use types::to_read_block_checked;
 pub use types::{Lookup, ReadBlock, ReadResult, WriteBlock, WriteResult};
 use types::{to_lookup, to_read_block};
@@ -159,10 +161,10 @@ impl Client {
         let mut attempt = 0;
         loop {
             match f().await {
-                Err(e)
-                    if e.code() == Some(tonic::Code::Unavailable) && attempt < self.cfg.retries =>
+                Err(ClientError::Status(s))
+                    if s.code() == tonic::Code::Unavailable && attempt < self.cfg.retries =>
                 {
-                    tokio::time::sleep(backoff(attempt)).await;
+                    tokio::time::sleep(retry_pause(attempt, &s)).await;
                     attempt += 1;
                 }
                 other => return other,
@@ -208,7 +210,7 @@ impl Client {
             };
             match r {
                 Err(s) if s.code() == tonic::Code::Unavailable && attempt < self.cfg.retries => {
-                    let pause = backoff(attempt);
+                    let pause = retry_pause(attempt, &s);
                     if Instant::now() + pause >= deadline {
                         return Err(s.into());
                     }

@@ -114,14 +114,17 @@ struct Reply {
 }
 
 fn error_reply(code: tonic::Code, message: impl Into<String>) -> Reply {
-    let meta = pb::WireError {
+    error_frame(pb::WireError {
         code: code as i32,
         message: message.into(),
-    }
-    .encode_to_vec();
+        retry_pushback_ms: 0,
+    })
+}
+
+fn error_frame(e: pb::WireError) -> Reply {
     Reply {
         kind: Kind::Error,
-        meta,
+        meta: e.encode_to_vec(),
         data: Vec::new(),
         hold: None,
     }
@@ -325,7 +328,16 @@ async fn write_reply<S: AsyncWrite + Unpin>(
 }
 
 fn status_reply(s: tonic::Status) -> Reply {
-    error_reply(s.code(), s.message())
+    error_frame(pb::WireError {
+        code: s.code() as i32,
+        message: s.message().to_owned(),
+        // A shed request's retry hint, as gRPC metadata carries it.
+        retry_pushback_ms: s
+            .metadata()
+            .get("grpc-retry-pushback-ms")
+            .and_then(|v| v.to_str().ok()?.parse().ok())
+            .unwrap_or(0),
+    })
 }
 
 async fn read(

@@ -647,6 +647,12 @@ async fn the_adaptive_limit_sheds_a_request_that_queued_in_its_socket() {
     let e = pb::WireError::decode(m).unwrap();
     assert_eq!(Code::from(e.code), Code::Unavailable, "{}", e.message);
     assert!(e.message.contains("waited in its socket"), "{}", e.message);
+    // With the hint a gRPC refusal carries, for the client's back-off.
+    assert!(
+        (10..=1000).contains(&e.retry_pushback_ms),
+        "retry hint {} ms",
+        e.retry_pushback_ms
+    );
     // At least this one (a loaded machine may shed others on the way).
     assert!(common::shed_total(&server).await >= 1.0);
     server.shutdown().await.unwrap();

@@ -22,9 +22,9 @@ pub(super) async fn closed_loop<U: Unit>(
             while Instant::now() < w.end {
                 buf.clear();
                 worker.run(&mut buf).await;
-                if buf.iter().any(|s| s.shed) {
+                if let Some(pause) = buf.iter().filter_map(|s| s.shed).max() {
                     // A shed request: back off like a client would.
-                    tokio::time::sleep(kvtier_client::backoff(0)).await;
+                    tokio::time::sleep(pause).await;
                 }
                 if let Some(first) = buf.first()
                     && first.sent >= w.warm_end

@@ -67,9 +67,10 @@ pub struct Sample {
     pub tokens: u64,
     /// Whether it failed.
     pub error: bool,
-    /// Whether it failed because the server shed it (UNAVAILABLE): the
-    /// worker backs off before its next unit, as a client would.
-    pub shed: bool,
+    /// When the server shed it (UNAVAILABLE): the pause before the worker's
+    /// next unit, as a client would take it (the server's retry hint where
+    /// it gave one: `kvtier_client::retry_pause`).
+    pub shed: Option<std::time::Duration>,
 }
 
 /// A unit of work: one request, or a dependent sequence (a conversation iteration).
@@ -239,7 +240,7 @@ mod tests {
                 bytes: 100,
                 tokens: 128,
                 error: false,
-                shed: false,
+                shed: None,
             });
         }
     }

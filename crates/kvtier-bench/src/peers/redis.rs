@@ -331,7 +331,7 @@ impl RedisWorker {
             bytes: 0,
             tokens: 0,
             error: r.is_err(),
-            shed: false,
+            shed: None,
         }
     }
 
@@ -349,7 +349,7 @@ impl RedisWorker {
             bytes: 0,
             tokens: 0,
             error: !matches!(r, Ok(Got::Int(n)) if n == keys.len() as i64),
-            shed: false,
+            shed: None,
         }
     }
 
@@ -369,7 +369,7 @@ impl RedisWorker {
             bytes,
             tokens: if error { 0 } else { tokens },
             error,
-            shed: false,
+            shed: None,
         }
     }
 
@@ -385,7 +385,7 @@ impl RedisWorker {
             bytes: p.len() as u64,
             tokens,
             error: r.is_err(),
-            shed: false,
+            shed: None,
         }
     }
 }

@@ -33,9 +33,13 @@ fn compat_times(m: Option<&pb::ServerMetrics>) -> Option<ServerTimes> {
     })
 }
 
-/// Whether a kvstore call failed because the server shed it.
-fn shed_compat<T>(r: &Result<T, tonic::Status>) -> bool {
-    matches!(r, Err(s) if s.code() == tonic::Code::Unavailable)
+/// If a kvstore call failed because the server shed it: the pause a client
+/// takes before its next request.
+fn shed_compat<T>(r: &Result<T, tonic::Status>) -> Option<std::time::Duration> {
+    match r {
+        Err(s) if s.code() == tonic::Code::Unavailable => Some(kvtier_client::retry_pause(0, s)),
+        _ => None,
+    }
 }
 
 impl CompatWorker {

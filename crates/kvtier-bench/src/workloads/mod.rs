@@ -201,7 +201,7 @@ fn sample(op: &'static str, sent: Instant) -> Sample {
         bytes: 0,
         tokens: 0,
         error: true,
-        shed: false,
+        shed: None,
     }
 }
 

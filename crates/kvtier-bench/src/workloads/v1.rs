@@ -36,9 +36,15 @@ fn v1_times(t: &kvtier_client::ServerTiming) -> ServerTimes {
     }
 }
 
-/// Whether a v1 call failed because the server shed it.
-fn shed_v1<T>(r: &Result<T, kvtier_client::ClientError>) -> bool {
-    matches!(r, Err(e) if e.code() == Some(tonic::Code::Unavailable))
+/// If a v1 call failed because the server shed it: the pause a client
+/// takes before its next request.
+fn shed_v1<T>(r: &Result<T, kvtier_client::ClientError>) -> Option<std::time::Duration> {
+    match r {
+        Err(kvtier_client::ClientError::Status(s)) if s.code() == tonic::Code::Unavailable => {
+            Some(kvtier_client::retry_pause(0, s))
+        }
+        _ => None,
+    }
 }
 
 impl V1Worker {

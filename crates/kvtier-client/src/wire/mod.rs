@@ -403,10 +403,14 @@ fn expect(got: Kind, want: Kind, meta: &Bytes) -> Result<()> {
     }
     if got == Kind::Error {
         let e = pb::WireError::decode(meta.clone()).unwrap_or_default();
-        return Err(ClientError::Status(tonic::Status::new(
-            tonic::Code::from(e.code),
-            e.message,
-        )));
+        let mut status = tonic::Status::new(tonic::Code::from(e.code), e.message);
+        if e.retry_pushback_ms > 0 {
+            // The same hint a gRPC refusal carries, where retries look for it.
+            status
+                .metadata_mut()
+                .insert("grpc-retry-pushback-ms", e.retry_pushback_ms.into());
+        }
+        return Err(ClientError::Status(status));
     }
     Err(ClientError::Status(tonic::Status::internal(format!(
         "data plane answered {got:?}, expected {want:?}"
@@ -527,6 +531,31 @@ async fn exchange<S: AsyncRead + AsyncWrite + Unpin>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A shed request's Error frame carries the server's retry hint; the
+    /// client hands it on as gRPC's `grpc-retry-pushback-ms`, where the
+    /// retry loops (and the bench's workers) look for it.
+    #[test]
+    fn an_error_frame_hands_on_the_retry_hint() {
+        let frame = |ms| {
+            Bytes::from(
+                pb::WireError {
+                    code: tonic::Code::Unavailable as i32,
+                    message: "server overloaded".into(),
+                    retry_pushback_ms: ms,
+                }
+                .encode_to_vec(),
+            )
+        };
+        let status = |meta: &Bytes| match expect(Kind::Error, Kind::ReadReply, meta) {
+            Err(ClientError::Status(s)) => s,
+            other => panic!("expected a status, got {other:?}"),
+        };
+        let shed = status(&frame(150));
+        assert_eq!(shed.code(), tonic::Code::Unavailable);
+        assert_eq!(crate::pushback(&shed), Some(Duration::from_millis(150)));
+        assert_eq!(crate::pushback(&status(&frame(0))), None, "0: no hint");
+    }
 
     #[tokio::test]
     async fn a_transport_failure_drops_the_idle_connections() {
