@@ -292,7 +292,16 @@ class Client:
     :param timeout: deadline per call in seconds, retries included.
     :param block_size: tokens per block for keys computed from tokens.
     :param hash: hash function for keys computed from tokens.
-    :param retries: retries after the first attempt on ``UNAVAILABLE``.
+    :param retries: retries after the first attempt on ``UNAVAILABLE``; a
+        request the server shed is retried no sooner than the retry hint it
+        sent (jittered over [hint, 1.5 × hint]), and not at all when that
+        pause does not fit the deadline.
+    :param retry_shed: ``False``: a request the server shed with a retry
+        hint fails at once (``KvtierError`` UNAVAILABLE, its ``retry_after``
+        set) instead of waiting for the hint; other ``UNAVAILABLE`` errors
+        (a restart, a connection lost) are still retried. For callers that
+        would rather do without kvtier than wait: an engine recomputes a
+        prefix it cannot load.
     :param data_plane: send ``read`` / ``write`` over the server's bulk data
         plane when it advertises one (found with one ``Stats`` call on first
         use); ``False`` keeps everything on gRPC.
@@ -349,6 +358,7 @@ class Client:
         tls_key: str | None = None,
         tls_server_name: str | None = None,
         read_stripes: int = _wire.MAX_STRIPES,
+        retry_shed: bool = True,
     ):
         _keys.check_block_size(block_size)
         _keys.key_len(hash)  # validates the name
@@ -370,6 +380,7 @@ class Client:
             salt = os.environ.get("KVTIER_KEY_SALT", "")
         self._salt = salt.encode() if isinstance(salt, str) else bytes(salt)
         self.retries = retries
+        self.retry_shed = retry_shed
         self._pb = _load_proto()
         options: list[tuple[str, Any]] = [
             ("grpc.max_send_message_length", MAX_MESSAGE_SIZE),
@@ -537,6 +548,8 @@ class Client:
                 # will have moved), jittered above it so the clients it shed
                 # together do not come back together.
                 hint = err.retry_after
+                if hint is not None and not self.retry_shed:
+                    raise err
                 pause = hint * random.uniform(1.0, 1.5) if hint is not None else self._backoff(attempt)
                 if time.monotonic() + pause < deadline:
                     time.sleep(pause)

@@ -155,7 +155,7 @@ class KvtierRemoteConnector(RemoteConnector):
         self.prefix = namespace_prefix
         # The client dials lazily: constructing the connector needs no server.
         self.client = Client(url[len(SCHEME):], connections=connections, timeout=self.timeout, retries=1,
-                             data_plane=data_plane)
+                             retry_shed=False, data_plane=data_plane)
         self._pool = ThreadPoolExecutor(max_workers=connections, thread_name_prefix="kvtier-lmcache")
         self._layout = json.dumps({
             "format": PAYLOAD_FORMAT,

@@ -83,7 +83,7 @@ class KvtierHiCache(_Base):
         self.prefix = prefix
         self.timeout = int(extra.get("timeout_ms", 5000)) / 1000
         self.client = Client(url, connections=int(extra.get("connections", 4)), timeout=self.timeout, retries=1,
-                             data_plane=bool(extra.get("data_plane", True)))
+                             retry_shed=False, data_plane=bool(extra.get("data_plane", True)))
         self.mem_pool_host: Any = None  # SGLang's host KV pool, once registered
         self.namespace = ""
         self.page_bytes = 0

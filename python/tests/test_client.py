@@ -307,6 +307,36 @@ def test_a_retry_waits_for_the_servers_hint(client, monkeypatch, error, low, hig
     assert len(pauses) == 1 and low <= pauses[0] <= high, pauses
 
 
+def test_retry_shed_false_fails_a_shed_request_at_once(client, monkeypatch):
+    """``retry_shed=False`` (the engine integrations): a request the server
+    shed with a retry hint fails at once, carrying the hint; an UNAVAILABLE
+    without one (a restart, a lost connection) is still retried."""
+    real = client.stub
+    calls = []
+
+    class Failing:
+        def __init__(self, stub, error):
+            self.stub, self.error = stub, error
+
+        def Stats(self, req, timeout):
+            calls.append(timeout)
+            if len(calls) == 1:
+                raise self.error
+            return self.stub.Stats(req, timeout=timeout)
+
+    monkeypatch.setattr(client, "retry_shed", False)
+    monkeypatch.setattr(client, "stub", lambda: Failing(real(), _Shed("200")))
+    with pytest.raises(KvtierError) as ei:
+        client.stats()
+    assert ei.value.code == grpc.StatusCode.UNAVAILABLE
+    assert ei.value.retry_after == pytest.approx(0.2)
+    assert len(calls) == 1, "not retried"
+    calls.clear()
+    monkeypatch.setattr(client, "stub", lambda: Failing(real(), _Unavailable()))
+    assert client.stats().version
+    assert len(calls) == 2, "retried"
+
+
 def test_gives_up_after_retries(client, monkeypatch):
     calls = []
 

@@ -51,6 +51,9 @@ def _client(cfg: ConnectorConfig, timeout_ms: int) -> Client:
         # a gRPC channel still in its reconnect back-off fails fast while
         # another already reconnected.
         retries=1,
+        # A request kvtier shed is a miss now, not a wait for its retry hint
+        # (the scheduler waits on lookups); the server is not retried harder.
+        retry_shed=False,
         data_plane=cfg.data_plane,
     )
 
