@@ -110,7 +110,11 @@ impl Limits {
 /// the request memory as its HTTP/2 frames arrive, and held until the
 /// response is ready (a unary handler keeps the decoded message that long).
 /// A frame that does not fit fails the request with RESOURCE_EXHAUSTED, the
-/// rest of its body unread.
+/// rest of its body unread. A body must also keep arriving: a unary call's
+/// whole body within `server.read_timeout` of its start, a client-streaming
+/// call's next bytes within `read_timeout` of its last; past that the request
+/// fails with DEADLINE_EXCEEDED and what it held is given back (a client that
+/// announces a large upload and stalls holds its bytes no longer).
 #[derive(Clone)]
 pub struct ChargeLayer(pub Limits);
 
@@ -162,11 +166,15 @@ where
         let held: Held = Default::default();
         let limits = self.limits.clone();
         let h = held.clone();
+        let streaming = CLIENT_STREAMING.contains(&req.uri().path());
+        let stall = Box::pin(tokio::time::sleep(limits.read_timeout));
         let req = req.map(move |b| {
             tonic::body::Body::new(ChargedBody {
                 inner: Box::pin(b),
                 limits,
                 held: h,
+                stall,
+                streaming,
             })
         });
         let fut = self.inner.call(req);
@@ -212,10 +220,23 @@ impl http_body::Body for InUseBody {
     }
 }
 
+/// The calls whose request body is a stream of messages, open as long as the
+/// client likes: their body may pause between messages, up to
+/// `server.read_timeout` at a time.
+const CLIENT_STREAMING: [&str; 2] = [
+    "/kvtier.v1.KvTier/WriteStream",
+    "/kvstore.KVStoreService/StreamingRead",
+];
+
 struct ChargedBody<B> {
     inner: std::pin::Pin<Box<B>>,
     limits: Limits,
     held: Held,
+    /// Fires when the body is late (see [`ChargeLayer`]).
+    stall: std::pin::Pin<Box<tokio::time::Sleep>>,
+    /// Each frame re-arms `stall` (client streaming), or it counts from the
+    /// request's start.
+    streaming: bool,
 }
 
 impl<B> http_body::Body for ChargedBody<B>
@@ -239,11 +260,22 @@ where
                         Ok(r) => this.held.lock().push(r),
                         Err(status) => return Poll::Ready(Some(Err(Box::new(status)))),
                     }
+                    if this.streaming {
+                        let next = tokio::time::Instant::now() + this.limits.read_timeout;
+                        this.stall.as_mut().reset(next);
+                    }
                 }
                 Poll::Ready(Some(Ok(frame)))
             }
             Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(e.into()))),
             Poll::Ready(None) => Poll::Ready(None),
+            Poll::Pending if this.stall.as_mut().poll(cx).is_ready() => {
+                let status = tonic::Status::deadline_exceeded(format!(
+                    "request body not received within {:?} (server.read_timeout)",
+                    this.limits.read_timeout
+                ));
+                Poll::Ready(Some(Err(Box::new(status))))
+            }
             Poll::Pending => Poll::Pending,
         }
     }

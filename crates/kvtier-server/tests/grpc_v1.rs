@@ -409,3 +409,56 @@ async fn server_reflection_lists_and_describes_every_service() {
     let status = end.expect("an unknown symbol must be an error");
     assert_eq!(status.code(), tonic::Code::NotFound, "{status:?}");
 }
+
+/// Requests naming more than `MAX_KEYS_PER_REQUEST` blocks (as keys, or as
+/// tokens at the block size) are refused with INVALID_ARGUMENT naming the
+/// limit, before any key is hashed or looked up; one at the limit is served.
+#[tokio::test]
+async fn requests_over_the_key_limit_are_refused() {
+    let (server, _c) = common::start(common::test_config()).await;
+    let mut raw = KvTierClient::connect(common::raw_endpoint(&server))
+        .await
+        .unwrap()
+        .max_decoding_message_size(64 << 20)
+        .max_encoding_message_size(64 << 20);
+    let max = kvtier_server::grpc::v1::MAX_KEYS_PER_REQUEST;
+    let keys = |n: usize| {
+        (0..n)
+            .map(|i| (i as u64).to_le_bytes().to_vec().into())
+            .collect::<Vec<_>>()
+    };
+    let refused = |s: tonic::Status| {
+        assert_eq!(s.code(), Code::InvalidArgument, "{s:?}");
+        assert!(
+            s.message().contains(&format!("the limit is {max}")),
+            "{s:?}"
+        );
+    };
+    let lookup = |keys, tokens| pb::LookupRequest {
+        namespace: "n".into(),
+        keys,
+        tokens,
+        block_size: 16,
+        ..Default::default()
+    };
+    refused(raw.lookup(lookup(keys(max + 1), vec![])).await.unwrap_err());
+    refused(
+        raw.lookup(lookup(vec![], vec![7u32; 16 * (max + 1)]))
+            .await
+            .unwrap_err(),
+    );
+    let read = pb::ReadRequest {
+        namespace: "n".into(),
+        keys: keys(max + 1),
+        lease_id: 0,
+    };
+    refused(raw.read(read).await.unwrap_err());
+    // At the limit: served (nothing stored, so nothing found).
+    let at = raw
+        .lookup(lookup(keys(max), vec![]))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(at.found_blocks, 0);
+    server.shutdown().await.unwrap();
+}

@@ -305,6 +305,89 @@ async fn grpc_request_bodies_are_charged_to_the_request_memory() {
     }
 }
 
+/// A request body that sends `first`, then nothing, for ever.
+struct Stalling(Option<bytes::Bytes>);
+
+impl http_body::Body for Stalling {
+    type Data = bytes::Bytes;
+    type Error = tonic::Status;
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<bytes::Bytes>, Self::Error>>> {
+        match self.0.take() {
+            Some(b) => std::task::Poll::Ready(Some(Ok(http_body::Frame::data(b)))),
+            None => std::task::Poll::Pending,
+        }
+    }
+}
+
+/// A gRPC upload that stalls mid-body is cut after `server.read_timeout`
+/// (DEADLINE_EXCEEDED), and the request memory its bytes held is given
+/// back: without the cut it would hold them, and its stream, for ever.
+#[tokio::test]
+async fn a_stalled_grpc_upload_is_cut_and_its_memory_given_back() {
+    let s = server(64 << 20, 100, 60_000, 500).await;
+    let addr = s.grpc_addrs[0];
+    let mut cc = kvtier_client::ClientConfig::new(format!("http://{addr}"));
+    cc.data_plane = false;
+    cc.retries = 0;
+    cc.timeout = Duration::from_secs(20);
+    let c = kvtier_client::Client::connect(cc).await.unwrap();
+    let block = |k: &str, n: usize| kvtier_client::WriteBlock {
+        key: kvtier_core::Key::new(k.as_bytes().to_vec()).unwrap(),
+        parent: None,
+        token_count: 0,
+        payload: bytes::Bytes::from(vec![3u8; n]),
+        ttl_ms: 0,
+    };
+    for (path, what) in [
+        ("/kvtier.v1.KvTier/Write", "unary"),
+        ("/kvtier.v1.KvTier/WriteStream", "client streaming"),
+    ] {
+        // A gRPC message announcing 48 MiB, of which 24 MiB arrive.
+        let mut body = vec![0u8];
+        body.extend_from_slice(&(48u32 << 20).to_be_bytes());
+        body.resize(5 + (24 << 20), 7);
+        let req = http::Request::builder()
+            .method("POST")
+            .uri(format!("http://{addr}{path}"))
+            .header("content-type", "application/grpc")
+            .header("te", "trailers")
+            .body(tonic::body::Body::new(Stalling(Some(body.into()))))
+            .unwrap();
+        let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+            .unwrap()
+            .connect()
+            .await
+            .unwrap();
+        let started = Instant::now();
+        let answer = tokio::time::timeout(
+            Duration::from_secs(10),
+            tower::ServiceExt::oneshot(channel, req),
+        )
+        .await
+        .unwrap_or_else(|_| panic!("{what}: a stalled upload was never cut"))
+        .unwrap();
+        let status = tonic::Status::from_header_map(answer.headers())
+            .unwrap_or_else(|| panic!("{what}: a trailers-only error, got {answer:?}"));
+        assert_eq!(
+            status.code(),
+            tonic::Code::DeadlineExceeded,
+            "{what}: {status:?}"
+        );
+        assert!(status.message().contains("read_timeout"), "{status:?}");
+        assert!(
+            started.elapsed() >= Duration::from_millis(450),
+            "{what}: cut early"
+        );
+        // What the 24 MiB held is back: 60 MiB of the 64 fit again.
+        c.write("n", &[block(what, 60 << 20)])
+            .await
+            .unwrap_or_else(|e| panic!("{what}: memory not given back: {e}"));
+    }
+}
+
 /// A gRPC client on one connection, no retries, that has been answered once.
 async fn one_connection_client(
     addr: std::net::SocketAddr,
