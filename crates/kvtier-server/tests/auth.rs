@@ -244,9 +244,57 @@ async fn kvstore_tenants_follow_the_same_rules() {
     assert_eq!(st.code(), Code::PermissionDenied);
     let st = b.lookup(lookup("acct-a")).await.unwrap_err();
     assert_eq!(st.code(), Code::PermissionDenied);
+    // Write, Read and StreamingRead follow the same rules.
+    let write = |resource: &str| kpb::WriteRequest {
+        resource_name: resource.into(),
+        container_name: "kv".into(),
+        chunk: Some(kpb::PromptChunk {
+            hash: 42,
+            buffer: vec![5u8; 1000].into(),
+            tokens: (0..128).collect(),
+            ..Default::default()
+        }),
+    };
+    assert_eq!(
+        a.write(write("acct-b")).await.unwrap_err().code(),
+        Code::PermissionDenied
+    );
+    let wrote = b.write(write("acct-b")).await.unwrap().into_inner();
+    assert!(wrote.success, "{wrote:?}");
+    let location = b.lookup(kpb::LookupRequest {
+        tokens: (0..128).collect(),
+        precomputed_hashes: vec![42],
+        ..lookup("acct-b")
+    });
+    let found = location.await.unwrap().into_inner();
+    assert_eq!(found.cached_blocks, 1, "{found:?}");
+    let location = found.locations[0].location.clone();
+    let read = |resource: &str| kpb::ReadRequest {
+        resource_name: resource.into(),
+        container_name: "kv".into(),
+        location: location.clone(),
+        ..Default::default()
+    };
+    assert_eq!(
+        a.read(read("acct-b")).await.unwrap_err().code(),
+        Code::PermissionDenied
+    );
+    let got = b.read(read("acct-b")).await.unwrap().into_inner();
+    assert!(got.found && got.chunk.unwrap().buffer.len() == 1000);
+    let mut stream = a
+        .streaming_read(tokio_stream::iter([read("acct-b")]))
+        .await
+        .unwrap()
+        .into_inner();
+    let st = stream.message().await.unwrap_err();
+    assert_eq!(st.code(), Code::PermissionDenied);
     let mut none = KvStoreServiceClient::new(ch);
     assert_eq!(
         none.lookup(lookup("acct-b")).await.unwrap_err().code(),
+        Code::Unauthenticated
+    );
+    assert_eq!(
+        none.write(write("acct-b")).await.unwrap_err().code(),
         Code::Unauthenticated
     );
 }
@@ -281,6 +329,39 @@ async fn http_answers_401_and_403_before_reading_the_body() {
         .unwrap();
     assert_eq!(get.status(), 200);
     assert_eq!(get.bytes().await.unwrap().len(), 10_000);
+    // Reads and deletes are checked the same way: another tenant's token
+    // can neither read nor delete, a read-only one cannot delete.
+    let call = |method: reqwest::Method, token: Option<&str>| {
+        let mut r = http.request(method, format!("{base}/v1/kv/a%2Fx/k1"));
+        if let Some(t) = token {
+            r = r.bearer_auth(t);
+        }
+        r.send()
+    };
+    for (method, token, want) in [
+        (reqwest::Method::GET, None, 401),
+        (reqwest::Method::GET, Some(B), 403),
+        (reqwest::Method::DELETE, None, 401),
+        (reqwest::Method::DELETE, Some(B), 403),
+        (reqwest::Method::DELETE, Some(RO), 403),
+    ] {
+        let got = call(method.clone(), token).await.unwrap().status();
+        assert_eq!(got, want, "{method} with {token:?}");
+    }
+    // Still there, then deleted by its owner.
+    assert_eq!(
+        call(reqwest::Method::GET, Some(A)).await.unwrap().status(),
+        200
+    );
+    let del = call(reqwest::Method::DELETE, Some(A))
+        .await
+        .unwrap()
+        .status();
+    assert!(del.is_success(), "{del}");
+    assert_eq!(
+        call(reqwest::Method::GET, Some(A)).await.unwrap().status(),
+        404
+    );
     // /metrics and /healthz are public by default.
     assert_eq!(
         http.get(format!("{base}/metrics"))
