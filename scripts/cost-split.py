@@ -25,8 +25,16 @@ SERVER_CPU, generators on GEN_CPU, one system under load at a time; every
 system on the machine's congestion control. Each (workload, size) is one
 `kvtier bench` run with --repeat alternating kvtier and Redis.
 
+--ablate-crc measures the CRC32C share directly instead of inferring it:
+it also builds kvtier against a stand-in `crc32c` crate whose functions
+return 0 (`cargo build --config patch.crates-io.crc32c.path=…`; the
+checkout's Cargo.lock and binary are put back afterwards), and runs
+the 1.2 MB comparisons again with that binary as server and client, so
+every CRC32C pass of the request path is gone and nothing else. The
+binary is a measurement instrument only: it checks nothing.
+
 usage: python3 scripts/cost-split.py [--repeat 5] [--duration 3s]
-       [--out notes/027-cost-split.json] [--work out/027-cost-split]
+       [--ablate-crc] [--out notes/027-cost-split.json] [--work out/027-cost-split]
 """
 from __future__ import annotations
 
@@ -35,6 +43,7 @@ import datetime
 import json
 import os
 import platform
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -49,17 +58,17 @@ SIZES = [4096, 1_258_291]
 CRC_PASSES = {"write": 2, "read": 1}
 
 
-def start_server(cpu: str) -> Server:
+def start_server(cpu: str, binary: Path = BIN) -> Server:
     """A fresh server started on `cpu`, so its runtime sizes itself to it."""
-    return Server.start(BIN, ["--data-listen", "auto", "--memory-capacity", "2GiB"],
+    return Server.start(binary, ["--data-listen", "auto", "--memory-capacity", "2GiB"],
                         cpus={int(c) for c in cpu.split(",")})
 
 
-def bench(workload: str, size: int, a: argparse.Namespace) -> dict:
-    out = Path(a.work) / f"{workload}-{size}"
-    srv = start_server(a.server_cpu)
+def bench(workload: str, size: int, a: argparse.Namespace, binary: Path = BIN, tag: str = "") -> dict:
+    out = Path(a.work) / f"{workload}-{size}{tag}"
+    srv = start_server(a.server_cpu, binary)
     try:
-        subprocess.run(["taskset", "-c", a.gen_cpu, str(BIN), "bench", "--target", f"grpc://{srv.grpc}",
+        subprocess.run(["taskset", "-c", a.gen_cpu, str(binary), "bench", "--target", f"grpc://{srv.grpc}",
                         "--workload", workload, "--value-size", str(size), "--concurrency", "1",
                         "--duration", a.duration, "--warmup", "1s", "--repeat", str(a.repeat),
                         "--peer", "redis://spawn", "--peer-tool", "--peer-cpus", a.server_cpu,
@@ -83,6 +92,43 @@ def bench(workload: str, size: int, a: argparse.Namespace) -> dict:
     }
 
 
+# The stand-in crate: the two functions the workspace calls, computing nothing.
+NULL_CRC32C = {
+    "Cargo.toml": '[package]\nname = "crc32c"\nversion = "{version}"\nedition = "2021"\n\n[lib]\npath = "lib.rs"\n',
+    "lib.rs": "//! Measurement stand-in for crc32c (scripts/cost-split.py --ablate-crc): no checksum.\n"
+              "pub fn crc32c(_: &[u8]) -> u32 { 0 }\n"
+              "pub fn crc32c_append(crc: u32, _: &[u8]) -> u32 { crc }\n",
+}
+
+
+def build_without_crc(work: Path) -> Path:
+    """kvtier built with every CRC32C computing nothing (see the module
+    docstring); returns the binary's path under `work`."""
+    lock_file = ROOT / "Cargo.lock"
+    lock = lock_file.read_text()
+    version = lock.split('name = "crc32c"\nversion = "', 1)[1].split('"', 1)[0]
+    crate = (work / "crc32c-null").resolve()
+    crate.mkdir(parents=True, exist_ok=True)
+    for name, text in NULL_CRC32C.items():
+        (crate / name).write_text(text.replace("{version}", version))
+    # Patched from the command line: the crates that use crc32c get builds of
+    # their own beside the normal ones (their dependency differs), so nothing
+    # of the normal build is replaced but the binary's final copy, and
+    # Cargo.lock, which the patch rewrites: both are put back.
+    ours = work / "kvtier-with-crc"
+    shutil.copy2(BIN, ours)
+    binary = work / "kvtier-no-crc"
+    try:
+        subprocess.run(["cargo", "build", "--release", "-q", "-p", "kvtier",
+                        "--config", f'patch.crates-io.crc32c.path="{crate}"'], cwd=ROOT, check=True)
+        shutil.copy2(BIN, binary)
+    finally:
+        lock_file.write_text(lock)
+        shutil.copy2(ours, BIN)
+    print(f"built {binary}: CRC32C stubbed out", flush=True)
+    return binary
+
+
 def baselines(a: argparse.Namespace) -> dict:
     """The engine's criterion baselines (crc32c and memcpy of 1.2 MB), pinned
     to the server's CPU, from their own estimates."""
@@ -104,15 +150,21 @@ def main() -> None:
     ap.add_argument("--gen-cpu", default="0")
     ap.add_argument("--out", default=str(ROOT / "notes/027-cost-split.json"))
     ap.add_argument("--work", default=str(ROOT / "out/027-cost-split"))
+    ap.add_argument("--ablate-crc", action="store_true",
+                    help="also measure the 1.2 MB rows with a kvtier built without CRC32C")
     a = ap.parse_args()
     Path(a.work).mkdir(parents=True, exist_ok=True)
     subprocess.run(["cargo", "build", "--release", "-q", "-p", "kvtier"], cwd=ROOT, check=True)
+    no_crc = build_without_crc(Path(a.work)) if a.ablate_crc else None
     base = baselines(a)
     # crc32c per byte, scaled to each size.
     crc_us_per_byte = base["crc32c_1.2MB"]["median_us"] / base["crc32c_1.2MB"]["bytes"]
     rows = [bench(w, s, a) for w in ("write", "read") for s in SIZES]
     for r in rows:
         print(json.dumps({k: r[k] for k in ("workload", "value_size", "kvtier_ops_s", "peer_best_ops_s")}), flush=True)
+    # The same 1.2 MB comparisons with the CRC32C passes removed (each against
+    # its own Redis repeats, alternating in the same bench run).
+    ablated = [bench(w, SIZES[1], a, no_crc, "-no-crc") for w in ("write", "read")] if no_crc else []
     split = {}
     for w in ("write", "read"):
         small, big = (next(r for r in rows if r["workload"] == w and r["value_size"] == s) for s in SIZES)
@@ -129,6 +181,14 @@ def main() -> None:
             "ratio_at_1.2MB": big["kvtier_ops_s"] / big["peer_best_ops_s"],
             "ratio_at_1.2MB_without_crc32c": 1e6 / (big["kvtier_us_per_request"] - crc_us) / big["peer_best_ops_s"],
         }
+        abl = next((r for r in ablated if r["workload"] == w), None)
+        if abl:
+            split[w]["measured_without_crc32c"] = {
+                "ratio_at_1.2MB": abl["kvtier_ops_s"] / abl["peer_best_ops_s"],
+                "kvtier_us_per_request": abl["kvtier_us_per_request"],
+                "peer_us_per_request": abl["peer_us_per_request"],
+                "crc32c_us_per_request_measured": big["kvtier_us_per_request"] - abl["kvtier_us_per_request"],
+            }
     # The commit, with "-dirty" when tracked files differ from it.
     described = subprocess.run(["git", "describe", "--always", "--dirty", "--abbrev=40", "--exclude=*"], cwd=ROOT,
                                capture_output=True, text=True).stdout.strip()
@@ -137,9 +197,10 @@ def main() -> None:
         "git_commit": described,
         "machine": {"hostname": platform.node(), "cores": os.cpu_count(), "kernel": platform.release()},
         "command": f"python3 scripts/cost-split.py --repeat {a.repeat} --duration {a.duration} "
-                   f"--server-cpu {a.server_cpu} --gen-cpu {a.gen_cpu}",
+                   f"--server-cpu {a.server_cpu} --gen-cpu {a.gen_cpu}" + (" --ablate-crc" if no_crc else ""),
         "baselines": base,
         "rows": rows,
+        "rows_without_crc32c": ablated,
         "split": split,
         "medians_note": "ops/s are medians of the repeats; the peer's is the better of the bench's client and redis-benchmark",
     }
