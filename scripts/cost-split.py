@@ -124,6 +124,9 @@ def build_without_crc(work: Path) -> Path:
         shutil.copy2(BIN, binary)
     finally:
         lock_file.write_text(lock)
+        # Cargo hardlinks target/release/kvtier to its build output: replace
+        # the link, never write through it into the stand-in build's file.
+        BIN.unlink(missing_ok=True)
         shutil.copy2(ours, BIN)
     print(f"built {binary}: CRC32C stubbed out", flush=True)
     return binary

@@ -68,7 +68,12 @@ def _addresses(targets: str | Sequence[str]) -> list[str]:
 
 
 def _unreachable(e: KvtierError) -> bool:
-    """The node did not answer (as opposed to answering with an error)."""
+    """The node did not answer (as opposed to answering with an error). A
+    node that shed the request (UNAVAILABLE with a retry hint) answered: it
+    is up but busy, and sending its part to the next owner would only spread
+    the overload."""
+    if e.retry_after is not None:
+        return False
     return e.code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
 
 

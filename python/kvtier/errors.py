@@ -49,7 +49,7 @@ def pushback(e: grpc.RpcError) -> float | None:
                 ms = int(value)
             except (TypeError, ValueError):
                 return None
-            return min(ms / 1000, MAX_PUSHBACK) if ms >= 0 else None
+            return min(ms / 1000, MAX_PUSHBACK) if ms > 0 else None
     return None
 
 

@@ -262,3 +262,17 @@ def test_a_lease_taken_through_the_node_list_covers_the_read_on_a_real_cluster(k
     finally:
         for s in started:
             s.stop()
+
+
+def test_a_node_that_shed_a_request_is_not_counted_as_down():
+    """A shed request (UNAVAILABLE with a retry hint) is an answer from a node
+    that is up but busy: it is not failed over (the next owner would only
+    share the overload) and the node is not marked down; an UNAVAILABLE
+    without a hint (a node not answering) still is."""
+    import grpc
+
+    from kvtier.cluster import _unreachable
+
+    assert not _unreachable(KvtierError(grpc.StatusCode.UNAVAILABLE, "server overloaded", retry_after=0.2))
+    assert _unreachable(KvtierError(grpc.StatusCode.UNAVAILABLE, "connection refused"))
+    assert _unreachable(KvtierError(grpc.StatusCode.DEADLINE_EXCEEDED, "no answer"))

@@ -239,7 +239,7 @@ pub const MAX_PUSHBACK: Duration = Duration::from_secs(10);
 
 /// The server's retry hint on a shed request: `grpc-retry-pushback-ms`
 /// (gRPC's retry design, A6; the data plane's error frames carry it as
-/// well), at most [`MAX_PUSHBACK`].
+/// well), at most [`MAX_PUSHBACK`]; 0 is no hint.
 pub fn pushback(status: &tonic::Status) -> Option<Duration> {
     let ms: u64 = status
         .metadata()
@@ -248,7 +248,8 @@ pub fn pushback(status: &tonic::Status) -> Option<Duration> {
         .ok()?
         .trim()
         .parse()
-        .ok()?;
+        .ok()
+        .filter(|&ms| ms > 0)?;
     Some(Duration::from_millis(ms).min(MAX_PUSHBACK))
 }
 
@@ -320,5 +321,6 @@ mod tests {
         }
         assert_eq!(pushback(&shed(Some("86400000"))), Some(MAX_PUSHBACK));
         assert_eq!(pushback(&shed(Some(" 35 "))), Some(ms(35)));
+        assert_eq!(pushback(&shed(Some("0"))), None, "0: no hint");
     }
 }

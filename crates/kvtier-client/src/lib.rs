@@ -158,13 +158,19 @@ impl Client {
         F: FnMut() -> Fut,
         Fut: std::future::Future<Output = Result<T>>,
     {
+        let deadline = Instant::now() + self.cfg.timeout;
         let mut attempt = 0;
         loop {
             match f().await {
                 Err(ClientError::Status(s))
                     if s.code() == tonic::Code::Unavailable && attempt < self.cfg.retries =>
                 {
-                    tokio::time::sleep(retry_pause(attempt, &s)).await;
+                    let pause = retry_pause(attempt, &s);
+                    if Instant::now() + pause >= deadline {
+                        // No time left to wait for: the caller's timeout holds.
+                        return Err(ClientError::Status(s));
+                    }
+                    tokio::time::sleep(pause).await;
                     attempt += 1;
                 }
                 other => return other,

@@ -110,11 +110,14 @@ impl Limits {
 /// the request memory as its HTTP/2 frames arrive, and held until the
 /// response is ready (a unary handler keeps the decoded message that long).
 /// A frame that does not fit fails the request with RESOURCE_EXHAUSTED, the
-/// rest of its body unread. A body must also keep arriving: a unary call's
-/// whole body within `server.read_timeout` of its start, a client-streaming
-/// call's next bytes within `read_timeout` of its last; past that the request
-/// fails with DEADLINE_EXCEEDED and what it held is given back (a client that
-/// announces a large upload and stalls holds its bytes no longer).
+/// rest of its body unread. A body must also keep arriving: a unary
+/// `kvtier.v1` or `kvstore` call's whole body within `server.read_timeout` of
+/// its start; any other call (client streaming, bidirectional, reflection)
+/// must not keep the server waiting for its next bytes longer than that
+/// (time the server spends answering, before it asks for more, does not
+/// count). Past it the request fails with DEADLINE_EXCEEDED and what it held
+/// is given back (a client that announces a large upload and stalls holds
+/// its bytes no longer).
 #[derive(Clone)]
 pub struct ChargeLayer(pub Limits);
 
@@ -166,7 +169,10 @@ where
         let held: Held = Default::default();
         let limits = self.limits.clone();
         let h = held.clone();
-        let streaming = CLIENT_STREAMING.contains(&req.uri().path());
+        let path = req.uri().path();
+        let whole_body = (path.starts_with("/kvtier.v1.KvTier/")
+            || path.starts_with("/kvstore.KVStoreService/"))
+            && !CLIENT_STREAMING.contains(&path);
         let stall = Box::pin(tokio::time::sleep(limits.read_timeout));
         let req = req.map(move |b| {
             tonic::body::Body::new(ChargedBody {
@@ -174,7 +180,8 @@ where
                 limits,
                 held: h,
                 stall,
-                streaming,
+                whole_body,
+                waiting: whole_body,
             })
         });
         let fut = self.inner.call(req);
@@ -220,9 +227,9 @@ impl http_body::Body for InUseBody {
     }
 }
 
-/// The calls whose request body is a stream of messages, open as long as the
-/// client likes: their body may pause between messages, up to
-/// `server.read_timeout` at a time.
+/// The `kvtier.v1` and `kvstore` calls whose request body is a stream of
+/// messages, open as long as the client likes: only the server's waits for
+/// their next bytes are bounded, each by `server.read_timeout`.
 const CLIENT_STREAMING: [&str; 2] = [
     "/kvtier.v1.KvTier/WriteStream",
     "/kvstore.KVStoreService/StreamingRead",
@@ -234,9 +241,11 @@ struct ChargedBody<B> {
     held: Held,
     /// Fires when the body is late (see [`ChargeLayer`]).
     stall: std::pin::Pin<Box<tokio::time::Sleep>>,
-    /// Each frame re-arms `stall` (client streaming), or it counts from the
-    /// request's start.
-    streaming: bool,
+    /// `stall` counts from the request's start (unary calls); otherwise it
+    /// is armed when the server starts waiting for more.
+    whole_body: bool,
+    /// Whether `stall` is armed.
+    waiting: bool,
 }
 
 impl<B> http_body::Body for ChargedBody<B>
@@ -260,15 +269,23 @@ where
                         Ok(r) => this.held.lock().push(r),
                         Err(status) => return Poll::Ready(Some(Err(Box::new(status)))),
                     }
-                    if this.streaming {
-                        let next = tokio::time::Instant::now() + this.limits.read_timeout;
-                        this.stall.as_mut().reset(next);
+                    if !this.whole_body {
+                        this.waiting = false;
                     }
                 }
                 Poll::Ready(Some(Ok(frame)))
             }
             Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(e.into()))),
             Poll::Ready(None) => Poll::Ready(None),
+            Poll::Pending if !this.waiting => {
+                // The server asks for more and there is none yet: from now on
+                // it waits on the client.
+                this.waiting = true;
+                let by = tokio::time::Instant::now() + this.limits.read_timeout;
+                this.stall.as_mut().reset(by);
+                let _ = this.stall.as_mut().poll(cx); // registers the wake-up
+                Poll::Pending
+            }
             Poll::Pending if this.stall.as_mut().poll(cx).is_ready() => {
                 let status = tonic::Status::deadline_exceeded(format!(
                     "request body not received within {:?} (server.read_timeout)",
@@ -438,7 +455,7 @@ impl Capped {
     /// would wait: HTTP/2 does not read while its writes are blocked, so a
     /// client that stops reading would otherwise hold its connection (and a
     /// shutdown) however long it likes.
-    fn poll_expired(&mut self, cx: &mut std::task::Context<'_>) -> bool {
+    fn poll_expired(&mut self, cx: &mut std::task::Context<'_>, writing: bool) -> bool {
         // Shutting down: from now on a connection quiet for DRAIN_IDLE is closed.
         if let Some(stop) = self.stop.as_mut()
             && stop.as_mut().poll(cx).is_ready()
@@ -451,7 +468,13 @@ impl Capped {
             // Bytes just read may be a request HTTP/2 has not handed to its
             // service yet (nothing marks the connection in use before that):
             // never close right after a read.
-            let idle = self.unused_for();
+            // A write waiting on the client: only a client that stopped
+            // reading is idle, not a slow one still taking a long reply.
+            let idle = if writing {
+                self.activity.quiet_for()
+            } else {
+                self.unused_for()
+            };
             let settled = self.last_read.elapsed() >= READ_SETTLE;
             if idle >= self.idle && settled {
                 tracing::debug!(
@@ -480,7 +503,7 @@ impl Capped {
     ) -> std::task::Poll<std::io::Result<T>> {
         use std::task::Poll;
         match polled {
-            Poll::Pending if self.poll_expired(cx) => Poll::Ready(Err(std::io::Error::new(
+            Poll::Pending if self.poll_expired(cx, true) => Poll::Ready(Err(std::io::Error::new(
                 std::io::ErrorKind::TimedOut,
                 "idle connection closed: the client stopped reading",
             ))),
@@ -550,7 +573,7 @@ impl tokio::io::AsyncRead for Capped {
             Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
         }
         // Nothing to read: is the connection past its idle time?
-        if this.poll_expired(cx) {
+        if this.poll_expired(cx, false) {
             // End of stream: the HTTP/2 connection ends.
             return Poll::Ready(Ok(()));
         }
@@ -671,11 +694,11 @@ mod tests {
             } else {
                 (Duration::from_millis(300), Duration::from_millis(300))
             };
+            let started = Instant::now();
             let mut conn = Capped::new(io, slot, idle, stop_rx);
             if shutting_down {
                 stop_tx.send(true).unwrap();
             }
-            let started = Instant::now();
             let chunk = vec![0u8; 1 << 20];
             let wrote = tokio::time::timeout(Duration::from_secs(10), async {
                 loop {
@@ -691,6 +714,93 @@ mod tests {
                 "shutting down: {shutting_down}"
             );
             assert!(started.elapsed() >= at_least, "closed before its time");
+        }
+    }
+
+    /// A streaming call's body is only late while the server waits for it:
+    /// time the server spends answering, before it asks for the next
+    /// message, does not count (a kvstore StreamingRead client sends its
+    /// next request once it has the previous answer). A wait past
+    /// `read_timeout` still fails.
+    #[tokio::test]
+    async fn a_streaming_body_is_late_only_while_the_server_waits_for_it() {
+        use tower::{Layer, Service, ServiceExt};
+        /// A request body fed by the test.
+        struct Fed(tokio::sync::mpsc::Receiver<bytes::Bytes>);
+        impl http_body::Body for Fed {
+            type Data = bytes::Bytes;
+            type Error = tonic::Status;
+            fn poll_frame(
+                mut self: std::pin::Pin<&mut Self>,
+                cx: &mut std::task::Context<'_>,
+            ) -> std::task::Poll<Option<Result<http_body::Frame<bytes::Bytes>, Self::Error>>>
+            {
+                self.0
+                    .poll_recv(cx)
+                    .map(|b| b.map(|b| Ok(http_body::Frame::data(b))))
+            }
+        }
+        let read_timeout = Duration::from_millis(200);
+        for (answering, waiting, late) in [(600, 50, false), (0, 400, true)] {
+            // The service: reads a message, answers for `answering` ms, reads the next.
+            let inner =
+                tower::service_fn(move |req: http::Request<tonic::body::Body>| async move {
+                    let mut body = req.into_body();
+                    let mut next = async || {
+                        std::future::poll_fn(|cx| {
+                            http_body::Body::poll_frame(std::pin::Pin::new(&mut body), cx)
+                        })
+                        .await
+                    };
+                    assert!(matches!(next().await, Some(Ok(_))), "the first message");
+                    tokio::time::sleep(Duration::from_millis(answering)).await;
+                    let second = match next().await {
+                        Some(Ok(_)) => "ok".to_string(),
+                        Some(Err(e)) => e.to_string(),
+                        None => "ended".to_string(),
+                    };
+                    Ok::<_, std::convert::Infallible>(http::Response::new(tonic::body::Body::new(
+                        second,
+                    )))
+                });
+            let limits = Limits::new(1 << 20, 10, Duration::from_secs(3600), read_timeout);
+            let mut charged = ChargeLayer(limits).layer(inner);
+            let (tx, rx) = tokio::sync::mpsc::channel(4);
+            let mut req = http::Request::new(tonic::body::Body::new(Fed(rx)));
+            *req.uri_mut() = "/kvstore.KVStoreService/StreamingRead".parse().unwrap();
+            tx.send(bytes::Bytes::from_static(b"one")).await.unwrap();
+            let feeder = tokio::spawn(async move {
+                // The next message comes `waiting` ms after the server asked for it.
+                tokio::time::sleep(Duration::from_millis(answering + waiting)).await;
+                let _ = tx.send(bytes::Bytes::from_static(b"two")).await;
+                tx // the body stays open
+            });
+            let reply = ServiceExt::<http::Request<tonic::body::Body>>::ready(&mut charged)
+                .await
+                .unwrap()
+                .call(req)
+                .await
+                .unwrap();
+            let mut body = reply.into_body();
+            let frame = std::future::poll_fn(|cx| {
+                http_body::Body::poll_frame(std::pin::Pin::new(&mut body), cx)
+            })
+            .await
+            .unwrap()
+            .unwrap();
+            let second = String::from_utf8(frame.into_data().unwrap().to_vec()).unwrap();
+            if late {
+                assert!(
+                    second.contains("read_timeout"),
+                    "a {waiting} ms wait: {second}"
+                );
+            } else {
+                assert_eq!(
+                    second, "ok",
+                    "{answering} ms answering, then {waiting} ms waiting"
+                );
+            }
+            drop(feeder.await);
         }
     }
 

@@ -112,10 +112,11 @@ pub fn poll_read_stamped(
         }
     };
     // More may be waiting: the rest of the buffer with a plain read. Nothing
-    // more now is fine. An error is returned now, with the bytes read before
-    // it: the kernel reports a socket error once (a later read would see an
-    // end of stream, not a reset), and a connection in error can carry no
-    // reply to them anyway.
+    // more now is fine. An error is returned now, and the bytes read before
+    // it are dropped (callers take a read's bytes only on success): the
+    // kernel reports a socket error once (a later read would see an end of
+    // stream, not a reset), and a connection in error can carry no reply to
+    // them anyway.
     let before = buf.filled().len();
     if buf.remaining() > 0
         && let Poll::Ready(Err(e)) = std::pin::Pin::new(sock).poll_read(cx, buf)

@@ -102,9 +102,11 @@ pub fn node_name(addr: &str) -> Result<String> {
 }
 
 /// Whether an error means the node did not answer (as opposed to answering
-/// with an error): then its part goes to the next owner.
+/// with an error): then its part goes to the next owner. A node that shed
+/// the request (UNAVAILABLE with a retry hint) answered: it is up but busy.
 pub fn unreachable(e: &ClientError) -> bool {
     match e {
+        ClientError::Status(s) if crate::pushback(s).is_some() => false,
         ClientError::Status(s) => matches!(
             s.code(),
             tonic::Code::Unavailable | tonic::Code::DeadlineExceeded

@@ -159,3 +159,17 @@ fn stats_add_up_by_tier() {
     assert_eq!(s.data_listen, "");
     assert_eq!(s.timing.unwrap().service_us, 15);
 }
+
+/// A shed request (UNAVAILABLE with a retry hint) is an answer from a node
+/// that is up but busy: not failed over, the node not marked down. An
+/// UNAVAILABLE without a hint (a node not answering) still is.
+#[test]
+fn a_node_that_shed_a_request_is_not_unreachable() {
+    let mut shed = tonic::Status::unavailable("server overloaded");
+    shed.metadata_mut()
+        .insert("grpc-retry-pushback-ms", "200".parse().unwrap());
+    assert!(!unreachable(&ClientError::Status(shed)));
+    assert!(unreachable(&ClientError::Status(
+        tonic::Status::unavailable("connection refused")
+    )));
+}
