@@ -1,0 +1,83 @@
+//! A gRPC request body charged to the request memory as it arrives, and
+//! cut when it stops arriving (see [`super::ChargeLayer`]).
+use super::{BoxError, Held, Limits};
+use std::future::Future;
+
+/// The `kvtier.v1` and `kvstore` calls whose request body is a stream of
+/// messages, open as long as the client likes: only the server's waits for
+/// their next bytes are bounded, each by `server.read_timeout`.
+pub(super) const CLIENT_STREAMING: [&str; 2] = [
+    "/kvtier.v1.KvTier/WriteStream",
+    "/kvstore.KVStoreService/StreamingRead",
+];
+
+pub(super) struct ChargedBody<B> {
+    pub(super) inner: std::pin::Pin<Box<B>>,
+    pub(super) limits: Limits,
+    pub(super) held: Held,
+    /// Fires when the body is late (see [`ChargeLayer`]).
+    pub(super) stall: std::pin::Pin<Box<tokio::time::Sleep>>,
+    /// `stall` counts from the request's start (unary calls); otherwise it
+    /// is armed when the server starts waiting for more.
+    pub(super) whole_body: bool,
+    /// Whether `stall` is armed.
+    pub(super) waiting: bool,
+}
+
+impl<B> http_body::Body for ChargedBody<B>
+where
+    B: http_body::Body<Data = bytes::Bytes>,
+    B::Error: Into<BoxError>,
+{
+    type Data = bytes::Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<bytes::Bytes>, Self::Error>>> {
+        use std::task::Poll;
+        let this = self.get_mut();
+        match this.inner.as_mut().poll_frame(cx) {
+            Poll::Ready(Some(Ok(frame))) => {
+                if let Some(d) = frame.data_ref() {
+                    match this.limits.reserve(d.len() as u64) {
+                        Ok(r) => this.held.lock().push(r),
+                        Err(status) => return Poll::Ready(Some(Err(Box::new(status)))),
+                    }
+                    if !this.whole_body {
+                        this.waiting = false;
+                    }
+                }
+                Poll::Ready(Some(Ok(frame)))
+            }
+            Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(e.into()))),
+            Poll::Ready(None) => Poll::Ready(None),
+            Poll::Pending if !this.waiting => {
+                // The server asks for more and there is none yet: from now on
+                // it waits on the client.
+                this.waiting = true;
+                let by = tokio::time::Instant::now() + this.limits.read_timeout;
+                this.stall.as_mut().reset(by);
+                let _ = this.stall.as_mut().poll(cx); // registers the wake-up
+                Poll::Pending
+            }
+            Poll::Pending if this.stall.as_mut().poll(cx).is_ready() => {
+                let status = tonic::Status::deadline_exceeded(format!(
+                    "request body not received within {:?} (server.read_timeout)",
+                    this.limits.read_timeout
+                ));
+                Poll::Ready(Some(Err(Box::new(status))))
+            }
+            Poll::Pending => Poll::Pending,
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
+}
