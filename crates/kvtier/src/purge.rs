@@ -8,8 +8,16 @@
 //! frees times the decay time, and no budget sees it. Shortening the decay
 //! for every free halves writes (notes/014). Instead, the binary turns the
 //! decay off (`malloc_conf` in main.rs; notes/025), and a watcher thread
-//! reads jemalloc's `stats.resident` every [`INTERVAL`] and purges every
-//! arena's dirty pages only while it is above the limit.
+//! reads the process's resident memory every [`INTERVAL`] and purges every
+//! arena's dirty pages while it is within [`HEADROOM`] of the limit.
+//!
+//! The limit is a line for the whole process's RSS (docs/operations.md), so
+//! the watcher reads the kernel's count (`VmRSS`: the heap, and also the
+//! binary's pages, thread stacks and everything not from jemalloc), not
+//! jemalloc's own `stats.resident`, which would let RSS sit above the line
+//! by the size of everything else. It acts [`HEADROOM`] below the line
+//! because it acts only every [`INTERVAL`]: a write flood grows the heap by
+//! up to ~20 MB in one interval (1 GB/s), and that must still fit.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
@@ -17,6 +25,10 @@ use tikv_jemalloc_ctl::{epoch, stats};
 
 /// How often the watcher reads the allocator's statistics.
 pub const INTERVAL: Duration = Duration::from_millis(20);
+
+/// How far below the limit the watcher starts handing pages back (at most a
+/// quarter of the limit).
+pub const HEADROOM: u64 = 32 << 20;
 
 static PURGES: AtomicU64 = AtomicU64::new(0);
 static FAILED: AtomicBool = AtomicBool::new(false);
@@ -27,13 +39,14 @@ pub fn start(limit: u64) -> anyhow::Result<()> {
     // Fail at start, not in the thread, if the statistics are unavailable.
     read().ok_or_else(|| anyhow::anyhow!("jemalloc statistics are unavailable"))?;
     kvtier_server::metrics::set_allocator_probe(probe);
+    let threshold = limit - HEADROOM.min(limit / 4);
     std::thread::Builder::new()
         .name("kvtier-purge".into())
         .spawn(move || {
             loop {
                 std::thread::sleep(INTERVAL);
-                if let Some((_, resident)) = read()
-                    && resident > limit
+                if let Some((_, heap)) = read()
+                    && process_resident().unwrap_or(heap) > threshold
                 {
                     if purge_all() {
                         PURGES.fetch_add(1, Ordering::Relaxed);
@@ -49,7 +62,15 @@ pub fn start(limit: u64) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// (allocated, resident) bytes, refreshed.
+/// The process's resident memory (`VmRSS`), if /proc can be read.
+fn process_resident() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib << 10)
+}
+
+/// jemalloc's (allocated, resident) bytes, refreshed.
 fn read() -> Option<(u64, u64)> {
     epoch::advance().ok()?;
     Some((
