@@ -6,7 +6,9 @@ returns a :class:`ClusterClient`. It keeps no state about blocks: each call
 computes every key's owners from the node list, sends each node the part it
 owns (nodes in parallel) and puts the answers back together in the caller's
 order. A node that does not answer (``UNAVAILABLE`` or a timeout) is skipped
-for ``down_for`` seconds and its part goes to the key's next owner.
+for ``down_for`` seconds and its part goes to the key's next owner. A node
+that sheds a request (``UNAVAILABLE`` with a retry hint) did answer: it is
+busy, not down, so it is not skipped and the caller sees the error.
 
 >>> from kvtier import Client
 >>> with Client(["10.0.0.1:50051", "10.0.0.2:50051", "10.0.0.3:50051"]) as c:  # doctest: +SKIP

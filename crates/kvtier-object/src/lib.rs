@@ -345,27 +345,36 @@ impl ObjectTier {
     }
 
     fn decode(&self, id: &BlockId, path: &Path, buf: Bytes) -> std::result::Result<Block, String> {
-        let h = format::decode_header(&buf).map_err(|e| match e {
-            format::HeaderError::Short => "truncated header".to_string(),
-            format::HeaderError::Corrupt(m) => m,
-        })?;
-        if h.meta.id != *id {
-            return Err(format!(
-                "object {path} holds block {:?}/{:?}",
-                h.meta.id.namespace, h.meta.id.key
-            ));
-        }
-        let total = h.header_len as u64 + h.payload_len;
-        if total != buf.len() as u64 {
-            return Err(format!("length {} but the header says {total}", buf.len()));
-        }
-        let b = Block {
-            meta: h.meta,
-            payload: buf.slice(h.header_len..),
-        };
-        b.verify().map_err(|e| e.message)?;
-        Ok(b)
+        decode_object(id, path.as_ref(), buf)
     }
+}
+
+/// Decodes one object fetched for block `id` (stored as `name`): the disk
+/// record header, then the payload. Anything but exactly that block, whole
+/// and matching its checksum, is an error naming what is wrong; never a
+/// panic (fuzzed: `fuzz/fuzz_targets/object_decode.rs` and
+/// `tests/decode_fuzz.rs`).
+pub fn decode_object(id: &BlockId, name: &str, buf: Bytes) -> std::result::Result<Block, String> {
+    let h = format::decode_header(&buf).map_err(|e| match e {
+        format::HeaderError::Short => "truncated header".to_string(),
+        format::HeaderError::Corrupt(m) => m,
+    })?;
+    if h.meta.id != *id {
+        return Err(format!(
+            "object {name} holds block {:?}/{:?}",
+            h.meta.id.namespace, h.meta.id.key
+        ));
+    }
+    let total = h.header_len as u64 + h.payload_len;
+    if total != buf.len() as u64 {
+        return Err(format!("length {} but the header says {total}", buf.len()));
+    }
+    let b = Block {
+        meta: h.meta,
+        payload: buf.slice(h.header_len..),
+    };
+    b.verify().map_err(|e| e.message)?;
+    Ok(b)
 }
 
 /// Encodes a block as one object: the disk record header, then the payload.

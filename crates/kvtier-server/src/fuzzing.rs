@@ -131,3 +131,47 @@ pub fn data_plane_session(input: &[u8]) -> Vec<u8> {
     }
     out
 }
+
+/// Sends one HTTP request made from `input` through the HTTP API's router
+/// (an in-process server with a 16 MiB memory tier): the first byte picks
+/// the method, the bytes up to the first NUL are the path and query, the
+/// rest is the body. Inputs that do not form a URI a client could send are
+/// ignored. Asserts that the answer is not a 5xx (bad paths, namespaces,
+/// keys and queries are the client's error) and comes within 10 s; returns
+/// the status.
+pub fn http_request(input: &[u8]) -> Option<u16> {
+    use tower::ServiceExt;
+    const METHODS: [&str; 6] = ["GET", "PUT", "DELETE", "HEAD", "POST", "PATCH"];
+    let (&m, rest) = input.split_first()?;
+    let (target, body) = match rest.iter().position(|&b| b == 0) {
+        Some(i) => (&rest[..i], &rest[i + 1..]),
+        None => (rest, &[][..]),
+    };
+    let target = std::str::from_utf8(target).ok()?;
+    let uri = format!("/{}", target.trim_start_matches('/'));
+    let req = http::Request::builder()
+        .method(METHODS[m as usize % METHODS.len()])
+        .uri(&uri)
+        .body(axum::body::Body::from(body.to_vec()))
+        .ok()?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let status = rt.block_on(async {
+        let engine = kvtier_core::Engine::new(kvtier_core::EngineConfig {
+            memory_capacity: kvtier_core::ByteSize::mib(16),
+            max_block_size: kvtier_core::ByteSize(FUZZ_MAX_BLOCK),
+            ..Default::default()
+        });
+        let shared = state::Shared::new(std::sync::Arc::new(engine), 8);
+        let answer = crate::http::router(shared).oneshot(req);
+        tokio::time::timeout(std::time::Duration::from_secs(10), answer)
+            .await
+            .expect("the HTTP API answered within 10 s")
+            .expect("the router is infallible")
+            .status()
+    });
+    assert!(!status.is_server_error(), "{uri} -> {status}");
+    Some(status.as_u16())
+}

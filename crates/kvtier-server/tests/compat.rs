@@ -296,3 +296,40 @@ async fn conversation_turns_hit_the_growing_prefix() {
     assert_eq!(t2.bytes_read, 2000);
     server.shutdown().await.unwrap();
 }
+
+#[tokio::test]
+async fn lookups_over_the_block_limit_are_refused() {
+    // As kvtier.v1 refuses more than 65,536 keys: before any block is looked up.
+    let mut cfg = common::test_config();
+    cfg.compat.block_size = 2;
+    let (server, _) = common::start(cfg).await;
+    let mut raw = KvStoreServiceClient::connect(common::raw_endpoint(&server))
+        .await
+        .unwrap()
+        .max_encoding_message_size(64 << 20);
+    let max = kvtier_server::grpc::v1::MAX_KEYS_PER_REQUEST;
+    let lookup = |tokens: usize, hashes: usize| pb::LookupRequest {
+        resource_name: "r".into(),
+        container_name: "c".into(),
+        tokens: vec![5; tokens],
+        precomputed_hashes: vec![9; hashes],
+        ..Default::default()
+    };
+    for (tokens, hashes) in [(2 * (max + 1), 0), (4, max + 1)] {
+        let r = raw
+            .lookup(lookup(tokens, hashes))
+            .await
+            .unwrap()
+            .into_inner();
+        assert!(
+            !r.success && r.error.contains(&format!("the limit is {max}")),
+            "{tokens} tokens, {hashes} hashes: {}",
+            r.error
+        );
+    }
+    // At the limit: answered (nothing stored, so nothing cached).
+    let r = raw.lookup(lookup(2 * max, max)).await.unwrap().into_inner();
+    assert!(r.success, "{}", r.error);
+    assert_eq!(r.cached_blocks, 0);
+    server.shutdown().await.unwrap();
+}

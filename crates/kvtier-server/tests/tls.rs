@@ -219,6 +219,56 @@ async fn client_certificates_are_required_when_client_ca_is_set() {
             .is_err(),
         "a client without a certificate is refused"
     );
+
+    // The data plane and HTTP verify client certificates too: over TLS
+    // without one, a request gets no answer; with one, HTTP answers.
+    let tls = |identity: bool| {
+        ClientTls {
+            ca_pem: pki.ca_pem.clone().into_bytes(),
+            identity: identity.then(|| {
+                (
+                    pki.client_cert.clone().into(),
+                    pki.client_key.clone().into(),
+                )
+            }),
+            domain: None,
+        }
+        .wire("http://127.0.0.1:1")
+        .unwrap()
+    };
+    let ask = |addr: std::net::SocketAddr, identity: bool, request: Vec<u8>| {
+        let tls = tls(identity);
+        async move {
+            let tcp = TcpStream::connect(addr).await.unwrap();
+            let Ok(mut s) = tls.connector.connect(tls.server_name.clone(), tcp).await else {
+                return Vec::new(); // refused in the handshake
+            };
+            let _ = s.write_all(&request).await;
+            let mut out = Vec::new();
+            let _ = tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut out)).await;
+            out
+        }
+    };
+    let get = b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".to_vec();
+    let http = server.http_addr.unwrap();
+    let out = ask(http, true, get.clone()).await;
+    assert!(
+        out.starts_with(b"HTTP/1.1 200"),
+        "{:?}",
+        String::from_utf8_lossy(&out)
+    );
+    let out = ask(http, false, get).await;
+    assert!(
+        out.is_empty(),
+        "HTTP answered a client without a certificate: {:?}",
+        String::from_utf8_lossy(&out)
+    );
+    let frame = common::frame(Kind::Read, 1, &[], &[]);
+    let out = ask(server.data_addr.unwrap(), false, frame).await;
+    assert!(
+        out.is_empty(),
+        "the data plane answered a client without a certificate: {out:?}"
+    );
 }
 
 /// Certificate rotation without a restart: after the files are replaced and

@@ -203,6 +203,40 @@ fn start_up_log_names_listeners_and_tiers_without_colour_codes() {
     );
 }
 
+/// Beyond loopback without tokens: refused with the way out named, or, with
+/// `--insecure`, started with a loud warning.
+#[test]
+fn beyond_loopback_without_auth_is_refused_or_loudly_insecure() {
+    let out = Command::new(BIN)
+        .args([
+            "serve",
+            "--listen",
+            "0.0.0.0:0",
+            "--http-listen",
+            "127.0.0.1:0",
+        ])
+        .env_remove("RUST_LOG")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "started without auth: {text}");
+    assert!(text.contains("refusing to listen on 0.0.0.0"), "{text}");
+    assert!(
+        text.contains("--auth-tokens") && text.contains("--insecure"),
+        "{text}"
+    );
+
+    let (served, log) = serve_logged(&["--listen", "0.0.0.0:0", "--insecure"]);
+    assert!(served.stop().success());
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        text.contains("WARN")
+            && text.contains("INSECURE: listening on")
+            && text.contains("0.0.0.0"),
+        "{text}"
+    );
+}
+
 /// A disk budget larger than the filesystem's free space is called out.
 #[test]
 fn disk_capacity_beyond_free_space_is_warned_about() {

@@ -151,6 +151,14 @@ impl CompatService {
         let ns = self.tenant(&req.resource_name, &req.container_name)?;
         let bs = self.block_size;
         let blocks = req.tokens.len() / bs;
+        // Refused before any block is looked at, as kvtier.v1 does.
+        let max = crate::messages::MAX_KEYS_PER_REQUEST;
+        if blocks > max || req.precomputed_hashes.len() > max {
+            return Err(format!(
+                "{blocks} blocks of tokens and {} precomputed_hashes in one request; the limit is {max}",
+                req.precomputed_hashes.len()
+            ));
+        }
         if !req.precomputed_hashes.is_empty() && req.precomputed_hashes.len() < blocks {
             return Err(format!(
                 "precomputed_hashes has {} entries for {blocks} full blocks",
