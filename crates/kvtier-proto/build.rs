@@ -20,6 +20,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         // Payloads are MB-sized: decode them as `bytes::Bytes` (zero-copy slices of
         // the receive buffer) instead of `Vec<u8>`.
         .bytes(".")
+        // List lengths are checked before decoding (src/bounded.rs).
+        .codec_path("crate::bounded::BoundedCodec")
         .compile_fds(fds)?;
     Ok(())
 }

@@ -16,6 +16,7 @@ pub mod kvstore {
     tonic::include_proto!("kvstore");
 }
 
+pub mod bounded;
 pub mod wire;
 
 /// The encoded `FileDescriptorSet` of every proto above, served by gRPC

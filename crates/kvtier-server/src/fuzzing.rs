@@ -1,20 +1,20 @@
 //! The request-decoding path, as one function fuzzers and property tests drive:
-//! protobuf decode of every request type of both gRPC APIs, then the same
+//! protobuf decode of every request type of both gRPC APIs (with the list
+//! limits checked first, as the servers' codec does), then the same
 //! validation the handlers run. It must never panic, and whatever validation
 //! accepts must satisfy the invariants asserted here (a block that passes has a
 //! payload matching its checksum, a valid key and a size within the limit).
 use crate::messages::block_from_pb;
 use crate::state;
 use kvtier_core::Namespace;
-use kvtier_proto::{kvstore, v1};
-use prost::Message;
+use kvtier_proto::{bounded, kvstore, v1};
 
 /// Largest block accepted by the fuzzed validation.
 pub const FUZZ_MAX_BLOCK: u64 = 1 << 16;
 
 /// Decodes `data` as each request type and validates what decodes.
 pub fn decode_and_validate(data: &[u8]) {
-    if let Ok(req) = v1::WriteRequest::decode(data)
+    if let Ok(req) = bounded::decode::<v1::WriteRequest>(data)
         && let Ok(ns) = Namespace::new(&req.namespace)
     {
         for (i, b) in req.blocks.into_iter().enumerate() {
@@ -31,7 +31,7 @@ pub fn decode_and_validate(data: &[u8]) {
             }
         }
     }
-    if let Ok(req) = v1::LookupRequest::decode(data) {
+    if let Ok(req) = bounded::decode::<v1::LookupRequest>(data) {
         let _ = state::namespace(&req.namespace);
         let _ = state::keys(&req.keys);
         if let Ok(h) = kvtier_core::HashFn::parse(&req.hash) {
@@ -45,15 +45,15 @@ pub fn decode_and_validate(data: &[u8]) {
             }
         }
     }
-    if let Ok(req) = v1::ReadRequest::decode(data) {
+    if let Ok(req) = bounded::decode::<v1::ReadRequest>(data) {
         let _ = state::keys(&req.keys);
     }
-    if let Ok(req) = kvstore::WriteRequest::decode(data) {
+    if let Ok(req) = bounded::decode::<kvstore::WriteRequest>(data) {
         let ns = crate::grpc::compat::tenant_namespace(&req.resource_name, &req.container_name);
         assert!(!ns.as_str().is_empty());
     }
-    let _ = kvstore::LookupRequest::decode(data);
-    let _ = kvstore::ReadRequest::decode(data);
+    let _ = bounded::decode::<kvstore::LookupRequest>(data);
+    let _ = bounded::decode::<kvstore::ReadRequest>(data);
 }
 
 /// Runs the data plane's connection loop (framing, Hello, Read, Write,

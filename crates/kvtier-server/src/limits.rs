@@ -176,12 +176,14 @@ where
         let whole_body = (path.starts_with("/kvtier.v1.KvTier/")
             || path.starts_with("/kvstore.KVStoreService/"))
             && !CLIENT_STREAMING.contains(&path);
+        let factor = charged::charge_factor(path);
         let stall = Box::pin(tokio::time::sleep(limits.read_timeout));
         let req = req.map(move |b| {
             tonic::body::Body::new(ChargedBody {
                 inner: Box::pin(b),
                 limits,
                 held: h,
+                factor,
                 stall,
                 whole_body,
                 waiting: whole_body,

@@ -7,8 +7,9 @@ use kvtier_core::{Block, BlockId, Key, Namespace, TierKind};
 use kvtier_proto::v1 as pb;
 use tonic::Status;
 
-/// Most keys one Lookup / Read / Delete may name.
-pub const MAX_KEYS_PER_REQUEST: usize = 65_536;
+/// Most keys one Lookup / Read / Delete may name (also checked before
+/// decoding, with the token limit: `kvtier_proto::bounded`).
+pub use kvtier_proto::bounded::MAX_KEYS_PER_REQUEST;
 
 /// Wire value of a tier.
 pub fn tier(k: TierKind) -> i32 {

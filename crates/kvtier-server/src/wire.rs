@@ -21,6 +21,7 @@ use crate::state::{self, Shared};
 use crate::timing::Clock;
 use bytes::Bytes;
 use kvtier_core::WriteOutcome;
+use kvtier_proto::bounded;
 use kvtier_proto::v1 as pb;
 use kvtier_proto::wire::{
     HEADER_LEN, Header, Kind, check_lengths, discard, read_exact_bytes, read_payloads_checked,
@@ -253,7 +254,11 @@ pub(crate) async fn connection<S: FrameStream>(
                 within(by, discard(&mut sock, header.data_len.into())).await?;
                 read(&shared, &who, meta, arrived, max_frame).await
             }
-            Kind::Write => match pb::WireWriteRequest::decode(meta) {
+            // List lengths are checked before decoding (kvtier_proto::bounded).
+            Kind::Write => match bounded::check::<pb::WireWriteRequest>(&meta)
+                .map_err(|s| s.message().to_owned())
+                .and_then(|()| pb::WireWriteRequest::decode(meta).map_err(|e| e.to_string()))
+            {
                 Ok(req) => match check_lengths(&req.payload_lengths, header.data_len.into())
                     .map_err(tonic::Status::invalid_argument)
                     .and_then(|()| {
@@ -378,6 +383,7 @@ async fn read_inner(
     max_frame: u64,
     clock: &mut Clock,
 ) -> Result<Reply, tonic::Status> {
+    bounded::check::<pb::WireReadRequest>(&meta)?;
     let req = pb::WireReadRequest::decode(meta)
         .map_err(|e| tonic::Status::invalid_argument(format!("bad read request: {e}")))?;
     let timeout = req.timeout_ms;

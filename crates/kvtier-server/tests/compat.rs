@@ -306,7 +306,7 @@ async fn lookups_over_the_block_limit_are_refused() {
     let mut raw = KvStoreServiceClient::connect(common::raw_endpoint(&server))
         .await
         .unwrap()
-        .max_encoding_message_size(64 << 20);
+        .max_encoding_message_size(256 << 20);
     let max = kvtier_server::grpc::v1::MAX_KEYS_PER_REQUEST;
     let lookup = |tokens: usize, hashes: usize| pb::LookupRequest {
         resource_name: "r".into(),
@@ -315,16 +315,30 @@ async fn lookups_over_the_block_limit_are_refused() {
         precomputed_hashes: vec![9; hashes],
         ..Default::default()
     };
-    for (tokens, hashes) in [(2 * (max + 1), 0), (4, max + 1)] {
-        let r = raw
-            .lookup(lookup(tokens, hashes))
-            .await
-            .unwrap()
-            .into_inner();
+    // More blocks of tokens than the limit: an in-band error, as the seed
+    // service answers.
+    let r = raw
+        .lookup(lookup(2 * (max + 1), 0))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(
+        !r.success && r.error.contains(&format!("the limit is {max}")),
+        "{}",
+        r.error
+    );
+    // Lists longer than any request may carry are refused before decoding:
+    // INVALID_ARGUMENT (kvtier_proto::bounded).
+    let tokens = kvtier_proto::bounded::MAX_TOKENS_PER_REQUEST;
+    for (tokens, hashes, what) in [
+        (4, max + 1, "precomputed_hashes"),
+        (tokens + 1, 0, "tokens"),
+    ] {
+        let e = raw.lookup(lookup(tokens, hashes)).await.unwrap_err();
+        assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e:?}");
         assert!(
-            !r.success && r.error.contains(&format!("the limit is {max}")),
-            "{tokens} tokens, {hashes} hashes: {}",
-            r.error
+            e.message().contains(what) && e.message().contains("the limit is"),
+            "{e:?}"
         );
     }
     // At the limit: answered (nothing stored, so nothing cached).

@@ -447,6 +447,17 @@ async fn requests_over_the_key_limit_are_refused() {
             .await
             .unwrap_err(),
     );
+    // Beyond any request's token limit: refused before decoding.
+    let over = kvtier_proto::bounded::MAX_TOKENS_PER_REQUEST + 1;
+    let e = raw
+        .lookup(lookup(vec![], vec![7u32; over]))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+    assert!(
+        e.message().contains("tokens in one request; the limit is"),
+        "{e:?}"
+    );
     let read = pb::ReadRequest {
         namespace: "n".into(),
         keys: keys(max + 1),

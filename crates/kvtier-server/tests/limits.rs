@@ -501,3 +501,44 @@ async fn shutdown_does_not_wait_for_a_grpc_client_that_stopped_reading() {
     assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
     drop(quiet);
 }
+
+/// A Lookup's token list decodes larger than it arrives (a one-byte varint
+/// becomes a 4-byte `uint32`), so its body is charged for both: 2 MiB of
+/// tokens take 10 MiB of an 8 MiB request memory and are refused, while a
+/// 2 MiB block (charged as it arrives) and a small Lookup are served.
+#[tokio::test]
+async fn a_lookup_is_charged_for_its_decoded_token_list() {
+    let s = server(8 << 20, 100, 60_000, 5_000).await;
+    let mut raw = kvtier_proto::v1::kv_tier_client::KvTierClient::connect(format!(
+        "http://{}",
+        s.grpc_addrs[0]
+    ))
+    .await
+    .unwrap()
+    .max_encoding_message_size(64 << 20);
+    let lookup = |n: usize| pb::LookupRequest {
+        namespace: "n".into(),
+        tokens: vec![7; n],
+        block_size: 128,
+        ..Default::default()
+    };
+    let e = raw.lookup(lookup(2 << 20)).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::ResourceExhausted, "{e:?}");
+    let small = raw.lookup(lookup(1 << 16)).await.unwrap().into_inner();
+    assert_eq!(small.found_blocks, 0);
+    let payload = bytes::Bytes::from(vec![1u8; 2 << 20]);
+    let w = raw
+        .write(pb::WriteRequest {
+            namespace: "n".into(),
+            blocks: vec![pb::Block {
+                key: bytes::Bytes::from_static(b"two-mib"),
+                crc32c: crc32c::crc32c(&payload),
+                payload,
+                ..Default::default()
+            }],
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(w.stored, 1);
+}

@@ -11,10 +11,25 @@ pub(super) const CLIENT_STREAMING: [&str; 2] = [
     "/kvstore.KVStoreService/StreamingRead",
 ];
 
+/// How many bytes of request memory one received byte of a call's body is
+/// charged: 1, except for Lookups, whose token lists decode larger than they
+/// arrive (a one-byte varint becomes a 4-byte `uint32` in kvtier.v1 and an
+/// 8-byte `int64` in kvstore; the lists are reserved at their final size,
+/// `kvtier_proto::bounded`), so the decoded list is charged too.
+pub(super) fn charge_factor(path: &str) -> u64 {
+    match path {
+        "/kvtier.v1.KvTier/Lookup" => 1 + 4,
+        "/kvstore.KVStoreService/Lookup" => 1 + 8,
+        _ => 1,
+    }
+}
+
 pub(super) struct ChargedBody<B> {
     pub(super) inner: std::pin::Pin<Box<B>>,
     pub(super) limits: Limits,
     pub(super) held: Held,
+    /// Bytes charged per byte received ([`charge_factor`]).
+    pub(super) factor: u64,
     /// Fires when the body is late (see [`ChargeLayer`]).
     pub(super) stall: std::pin::Pin<Box<tokio::time::Sleep>>,
     /// `stall` counts from the request's start (unary calls); otherwise it
@@ -41,7 +56,7 @@ where
         match this.inner.as_mut().poll_frame(cx) {
             Poll::Ready(Some(Ok(frame))) => {
                 if let Some(d) = frame.data_ref() {
-                    match this.limits.reserve(d.len() as u64) {
+                    match this.limits.reserve(d.len() as u64 * this.factor) {
                         Ok(r) => this.held.lock().push(r),
                         Err(status) => return Poll::Ready(Some(Err(Box::new(status)))),
                     }
