@@ -312,9 +312,8 @@ pub struct ServerSection {
     /// with RESOURCE_EXHAUSTED before its body is read. 0 = a quarter of the
     /// memory tier, at least 64 MiB.
     pub request_memory: ByteSize,
-    /// The line for the process's RSS: from 32 MiB below it the allocator
-    /// gives the pages it has freed back to the kernel (docs/operations.md,
-    /// notes/024, notes/033).
+    /// The line for the process's RSS: from 32 MiB below it freed pages go
+    /// back to the kernel (docs/operations.md, notes/024, notes/033).
     /// 0 = the memory tier + 10 % + `request_memory` + 64 MiB.
     pub resident_limit: ByteSize,
     /// Open connections per listener (gRPC, HTTP, data plane); more are
