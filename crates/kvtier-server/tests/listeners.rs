@@ -51,3 +51,64 @@ fn numa_flag_expands_listeners_per_node() {
     assert_eq!(l[0].addr.port(), 18085);
     assert!(l[0].cpus.as_ref().is_some_and(|c| !c.is_empty()));
 }
+
+/// `server.max_streams_per_connection` is enforced per HTTP/2 connection
+/// (SETTINGS_MAX_CONCURRENT_STREAMS): with 1, a second call on the same
+/// connection while a client-streaming WriteStream is open is not served
+/// (the server resets it with REFUSED_STREAM, which gRPC clients may retry;
+/// a client that honours the setting waits instead); once the stream ends,
+/// calls go through again.
+#[tokio::test]
+async fn a_connection_carries_at_most_max_streams_per_connection_calls() {
+    use kvtier_proto::v1 as pb;
+    use kvtier_proto::v1::kv_tier_client::KvTierClient;
+    use std::time::Duration;
+    let mut cfg = common::test_config();
+    cfg.server.max_streams_per_connection = 1;
+    let (server, _c) = common::start(cfg).await;
+    let channel = tonic::transport::Endpoint::from_shared(common::raw_endpoint(&server))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut first = KvTierClient::new(channel.clone());
+    let second = KvTierClient::new(channel);
+    // Stream 1: a WriteStream whose request stream stays open.
+    let (tx, rx) = tokio::sync::mpsc::channel::<pb::WriteRequest>(1);
+    let open = tokio::spawn(async move {
+        first
+            .write_stream(tokio_stream::wrappers::ReceiverStream::new(rx))
+            .await
+    });
+    // The second send returns once the first message was taken for the
+    // request body: stream 1's HEADERS are then on the connection, ahead of
+    // anything sent after.
+    for _ in 0..2 {
+        tx.send(pb::WriteRequest {
+            namespace: "s".into(),
+            blocks: vec![],
+        })
+        .await
+        .unwrap();
+    }
+    let stats = || {
+        let mut c = second.clone();
+        async move { c.stats(pb::StatsRequest {}).await }
+    };
+    // Stream 2 is refused, or waits for a free stream; it is not served.
+    match tokio::time::timeout(Duration::from_millis(500), stats()).await {
+        Err(_) => {} // waiting
+        Ok(Err(s)) => assert!(
+            s.code() == tonic::Code::Unavailable && format!("{s:?}").contains("REFUSED_STREAM"),
+            "{s:?}"
+        ),
+        Ok(Ok(_)) => panic!("a second stream was served beside the open one"),
+    }
+    // Once stream 1 ends, a call goes through.
+    drop(tx);
+    open.await.unwrap().expect("the WriteStream ends cleanly");
+    tokio::time::timeout(Duration::from_secs(10), stats())
+        .await
+        .expect("served once the stream was free")
+        .expect("stats");
+}
