@@ -428,5 +428,49 @@ fn serve_and_the_cli_speak_tls() {
         String::from_utf8_lossy(&get.stderr)
     );
     assert_eq!(get.stdout, b"over tls");
+    // `kvtier bench` takes TLS from the same variables, on both transports.
+    let target = s.grpc.replace("http://", "grpc://");
+    let bench = |transport: &str, ca: Option<&str>| {
+        let out = dir
+            .path()
+            .join(format!("bench-{transport}-{}", ca.is_some()));
+        let mut c = Command::new(BIN);
+        c.args(["bench", "--target", &target, "--workload", "read"])
+            .args(["--transport", transport, "--value-size", "65536"])
+            .args([
+                "--concurrency",
+                "1",
+                "--duration",
+                "300ms",
+                "--warmup",
+                "100ms",
+            ])
+            .args(["--retries", "0", "--quiet", "--out"])
+            .arg(&out)
+            .env_remove("KVTIER_TLS_CA");
+        if let Some(ca) = ca {
+            c.env("KVTIER_TLS_CA", ca);
+        }
+        let done = c.output().unwrap();
+        let record = std::fs::read_to_string(out.join("record.json")).ok();
+        (done, record)
+    };
+    for transport in ["grpc", "data-plane"] {
+        let (done, record) = bench(transport, Some(&p("ca.pem")));
+        assert!(
+            done.status.success(),
+            "{}",
+            String::from_utf8_lossy(&done.stderr)
+        );
+        let v: serde_json::Value = serde_json::from_str(&record.expect("record.json")).unwrap();
+        let o = &v["steps"][0]["ops"]["read"];
+        assert!(o["ops"].as_u64().unwrap() > 0, "{transport}: {o}");
+        assert_eq!(o["errors"].as_u64(), Some(0), "{transport}: {o}");
+        let (plain, _) = bench(transport, None);
+        assert!(
+            !plain.status.success(),
+            "{transport}: bench without TLS against a TLS server succeeded"
+        );
+    }
     assert!(s.stop().success());
 }
