@@ -177,14 +177,14 @@ where
             || path.starts_with("/kvstore.KVStoreService/"))
             && !CLIENT_STREAMING.contains(&path);
         let factor = charged::charge_factor(path);
-        let stall = Box::pin(tokio::time::sleep(limits.read_timeout));
         let req = req.map(move |b| {
             tonic::body::Body::new(ChargedBody {
                 inner: Box::pin(b),
                 limits,
                 held: h,
                 factor,
-                stall,
+                stall: None,
+                start: tokio::time::Instant::now(),
                 whole_body,
                 waiting: whole_body,
             })

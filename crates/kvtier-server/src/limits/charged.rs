@@ -30,10 +30,13 @@ pub(super) struct ChargedBody<B> {
     pub(super) held: Held,
     /// Bytes charged per byte received ([`charge_factor`]).
     pub(super) factor: u64,
-    /// Fires when the body is late (see [`ChargeLayer`]).
-    pub(super) stall: std::pin::Pin<Box<tokio::time::Sleep>>,
-    /// `stall` counts from the request's start (unary calls); otherwise it
-    /// is armed when the server starts waiting for more.
+    /// Fires when the body is late (see [`ChargeLayer`]); made the first
+    /// time the body is not ready (most bodies never are: no timer for them).
+    pub(super) stall: Option<std::pin::Pin<Box<tokio::time::Sleep>>>,
+    /// When the request started.
+    pub(super) start: tokio::time::Instant,
+    /// `stall` counts from `start` (unary calls); otherwise it is armed when
+    /// the server starts waiting for more.
     pub(super) whole_body: bool,
     /// Whether `stall` is armed.
     pub(super) waiting: bool,
@@ -68,23 +71,32 @@ where
             }
             Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(e.into()))),
             Poll::Ready(None) => Poll::Ready(None),
-            Poll::Pending if !this.waiting => {
-                // The server asks for more and there is none yet: from now on
-                // it waits on the client.
-                this.waiting = true;
-                let by = tokio::time::Instant::now() + this.limits.read_timeout;
-                this.stall.as_mut().reset(by);
-                let _ = this.stall.as_mut().poll(cx); // registers the wake-up
+            Poll::Pending => {
+                let by = if !this.waiting {
+                    // The server asks for more and there is none yet: from
+                    // now on it waits on the client.
+                    this.waiting = true;
+                    Some(tokio::time::Instant::now() + this.limits.read_timeout)
+                } else if this.stall.is_none() {
+                    Some(this.start + this.limits.read_timeout) // a unary call's whole body
+                } else {
+                    None
+                };
+                match (by, &mut this.stall) {
+                    (Some(by), Some(stall)) => stall.as_mut().reset(by),
+                    (Some(by), None) => this.stall = Some(Box::pin(tokio::time::sleep_until(by))),
+                    (None, _) => {}
+                }
+                let stall = this.stall.as_mut().expect("armed above");
+                if stall.as_mut().poll(cx).is_ready() {
+                    let status = tonic::Status::deadline_exceeded(format!(
+                        "request body not received within {:?} (server.read_timeout)",
+                        this.limits.read_timeout
+                    ));
+                    return Poll::Ready(Some(Err(Box::new(status))));
+                }
                 Poll::Pending
             }
-            Poll::Pending if this.stall.as_mut().poll(cx).is_ready() => {
-                let status = tonic::Status::deadline_exceeded(format!(
-                    "request body not received within {:?} (server.read_timeout)",
-                    this.limits.read_timeout
-                ));
-                Poll::Ready(Some(Err(Box::new(status))))
-            }
-            Poll::Pending => Poll::Pending,
         }
     }
 
