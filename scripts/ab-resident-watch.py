@@ -27,10 +27,7 @@ Same machine, same run, variants alternating within each repeat, fresh
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
-import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -43,15 +40,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "python"))
 
 from kvtier.server import Server  # noqa: E402
+from perfrec import rss_mib, write_record  # noqa: E402
 
 SIZE = 1258291
 
-
-def rss_mib(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
 
 
 def line_mib(tier: int) -> float:
@@ -136,20 +128,14 @@ def main() -> None:
                              "repeats_within_line": sum(r["within_line"] for r in rs)}
         s["writes_s_ratio_after_before"] = round(s["after"]["writes_s_median"] / s["before"]["writes_s_median"], 3)
         summary[case] = s
-    git = lambda *c: subprocess.run(["git", *c], cwd=ROOT, capture_output=True, text=True).stdout.strip()  # noqa: E731
-    record = {
-        "title": "Resident-limit watcher: jemalloc resident at the line (before) vs process RSS from 32 MiB below it (after)",
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "git_commit": git("rev-parse", "HEAD"),
-        "dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
-        "machine": {"host": platform.node(), "cpus": os.cpu_count(), "kernel": platform.release()},
-        "command": "scripts/ab-resident-watch.py " + " ".join(sys.argv[1:]),
-        "binaries": {k: str(v) for k, v in variants.items()},
-        "summary": summary,
-        "rows": rows,
-    }
-    Path(a.out).write_text(json.dumps(record, indent=1) + "\n")
-    print(f"wrote {a.out}")
+    write_record(
+        a.out,
+        "Resident-limit watcher: jemalloc resident at the line (before) vs process RSS from 32 MiB below it (after)",
+        "ab-resident-watch.py",
+        binaries={k: str(v) for k, v in variants.items()},
+        summary=summary,
+        rows=rows,
+    )
 
 
 if __name__ == "__main__":

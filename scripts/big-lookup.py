@@ -13,12 +13,8 @@ to show that the limit itself is served.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
-import os
-import platform
 import statistics
-import subprocess
 import sys
 import threading
 import time
@@ -31,13 +27,8 @@ sys.path.insert(0, str(ROOT / "python"))
 
 from kvtier._proto import load  # noqa: E402
 from kvtier.server import Server  # noqa: E402
+from perfrec import rss_mib, write_record  # noqa: E402
 
-
-def rss_mib(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
 
 
 def one(binary: Path, pb, method: str, body: bytes) -> dict:
@@ -108,20 +99,14 @@ def main() -> None:
                for label in variants}
         for case in cases
     }
-    git = lambda *c: subprocess.run(["git", *c], cwd=ROOT, capture_output=True, text=True).stdout.strip()  # noqa: E731
-    record = {
-        "title": "Oversized Lookups: cost to the server before refusal, before and after list limits were checked before decoding",
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "git_commit": git("rev-parse", "HEAD"),
-        "dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
-        "machine": {"host": platform.node(), "cpus": os.cpu_count(), "kernel": platform.release()},
-        "command": "scripts/big-lookup.py " + " ".join(sys.argv[1:]),
-        "binaries": {k: str(v) for k, v in variants.items()},
-        "summary": summary,
-        "rows": rows,
-    }
-    Path(a.out).write_text(json.dumps(record, indent=1) + "\n")
-    print(f"wrote {a.out}")
+    write_record(
+        a.out,
+        "Oversized Lookups: cost to the server before refusal, before and after list limits were checked before decoding",
+        "big-lookup.py",
+        binaries={k: str(v) for k, v in variants.items()},
+        summary=summary,
+        rows=rows,
+    )
 
 
 if __name__ == "__main__":

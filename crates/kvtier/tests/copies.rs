@@ -4,27 +4,13 @@
 //! from `kvtier bench`. Over the data plane the server copies no payload in
 //! user space, either way (the kernel's socket copy is its only one); the
 //! gRPC path is the positive control that shows the counter sees copies.
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
 
 mod common;
 
 use common::BIN;
 const SIZE: u64 = 1_258_291;
-
-fn interposer(dir: &Path) -> PathBuf {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/tools/memcount.c");
-    let so = dir.join("memcount.so");
-    let st = Command::new("cc")
-        .args(["-O2", "-shared", "-fPIC", "-o"])
-        .arg(&so)
-        .arg(&src)
-        .arg("-ldl")
-        .status()
-        .expect("cc (a C compiler) is needed: apt-get install gcc");
-    assert!(st.success(), "building {}", src.display());
-    so
-}
 
 struct Counted {
     reads: u64,
@@ -88,7 +74,7 @@ fn run(dir: &Path, so: &Path, workload: &str, transport: &str) -> Counted {
 #[test]
 fn the_data_plane_copies_no_payload_in_user_space() {
     let dir = tempfile::tempdir().unwrap();
-    let so = interposer(dir.path());
+    let so = common::interposer("memcount", dir.path());
     // Positive control: gRPC writes copy their payload (decode, then into the tier).
     let g = run(dir.path(), &so, "write", "grpc");
     assert!(g.writes > 10, "{} writes", g.writes);

@@ -19,24 +19,10 @@ use kvtier_client::{Client, ClientConfig, WriteBlock};
 use kvtier_core::Key;
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command};
+use std::process::Child;
 use std::time::{Duration, Instant};
 
 mod common;
-
-fn interposer(dir: &Path) -> PathBuf {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/tools/synclog.c");
-    let so = dir.join("synclog.so");
-    let st = Command::new("cc")
-        .args(["-O2", "-shared", "-fPIC", "-o"])
-        .arg(&so)
-        .arg(&src)
-        .arg("-ldl")
-        .status()
-        .expect("cc (a C compiler) is needed: apt-get install gcc");
-    assert!(st.success(), "building {}", src.display());
-    so
-}
 
 /// One logged call.
 #[derive(Debug, PartialEq)]
@@ -185,7 +171,7 @@ fn syncs_of(calls: &[Call], record: &Path) -> (Option<usize>, Option<usize>, Opt
 #[test]
 fn sync_always_syncs_each_record_and_its_directory_before_the_acknowledgement() {
     let tmp = tempfile::tempdir().unwrap();
-    let so = interposer(tmp.path());
+    let so = common::interposer("synclog", tmp.path());
     let s = Server::start(tmp.path(), &so, "always");
     s.write_each(5, |record| {
         let log = calls(&s.log);
@@ -207,7 +193,7 @@ fn sync_always_syncs_each_record_and_its_directory_before_the_acknowledgement() 
 #[test]
 fn sync_batch_syncs_each_record_and_its_directory_soon_after() {
     let tmp = tempfile::tempdir().unwrap();
-    let so = interposer(tmp.path());
+    let so = common::interposer("synclog", tmp.path());
     let s = Server::start(tmp.path(), &so, "batch");
     s.write_each(5, |record| {
         // disk.batch_interval defaults to 10 ms; allow for a loaded machine.
@@ -229,7 +215,7 @@ fn sync_batch_syncs_each_record_and_its_directory_soon_after() {
 #[test]
 fn sync_never_renames_records_without_syncing_them() {
     let tmp = tempfile::tempdir().unwrap();
-    let so = interposer(tmp.path());
+    let so = common::interposer("synclog", tmp.path());
     let s = Server::start(tmp.path(), &so, "never");
     let mut seen = Vec::new();
     s.write_each(5, |record| seen.push(record.to_path_buf()));

@@ -66,3 +66,20 @@ pub fn scrape_signed(http: &str, prefix: &str, labels: &[&str]) -> f64 {
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum::<f64>()
 }
+
+/// Builds the LD_PRELOAD interposer `tests/tools/{name}.c` into `dir` with
+/// the system C compiler; returns the shared object's path.
+pub fn interposer(name: &str, dir: &std::path::Path) -> std::path::PathBuf {
+    let src =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/tools/{name}.c"));
+    let so = dir.join(format!("{name}.so"));
+    let st = Command::new("cc")
+        .args(["-O2", "-shared", "-fPIC", "-o"])
+        .arg(&so)
+        .arg(&src)
+        .arg("-ldl")
+        .status()
+        .expect("cc (a C compiler) is needed: apt-get install gcc");
+    assert!(st.success(), "building {}", src.display());
+    so
+}
