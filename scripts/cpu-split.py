@@ -1,0 +1,168 @@
+#!/usr/bin/env python3
+"""Where a c=1 write of a 1.2 MB block spends CPU, kvtier against Redis
+(issue 12, notes/035): each side's CPU time per request, measured with
+`perf stat -e task-clock,page-faults` on the server process and on the
+client process, next to the wall time per request.
+
+Placement as notes/027 and 032: the server (kvtier serve, redis-server) on
+CPU 1, the client on CPU 0, every system on the machine's congestion
+control. kvtier is driven by `kvtier bench` (data plane, the client's
+CRC32C before sending, the server's while receiving); Redis by
+`redis-benchmark` (SET of 1.2 MB values, a key range so every SET makes a
+new key), its own reference client. The client figures therefore compare
+two different clients; the server figures compare the servers. Both stores
+are filled to their 2 GiB memory first (unmeasured), so every measured write
+evicts and reuses memory (Redis: `maxmemory 2gb`, `allkeys-lru`, as
+`redis://spawn`). Variants alternate within each repeat; medians are
+compared.
+
+  cargo build --release -p kvtier
+  python3 scripts/cpu-split.py --repeat 5 --out notes/035-cpu-split.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "python"))
+
+from kvtier.server import Server  # noqa: E402
+from perfrec import write_record  # noqa: E402
+
+SIZE = 1258291
+BIN = ROOT / "target/release/kvtier"
+
+
+def perf_attach(pid: int, out: Path) -> subprocess.Popen:
+    return subprocess.Popen(["perf", "stat", "-x", ",", "-e", "task-clock,page-faults", "-p", str(pid),
+                             "-o", str(out)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def perf_read(path: Path) -> dict:
+    out = {}
+    for line in path.read_text().splitlines():
+        f = line.split(",")
+        if len(f) > 2 and f[2] in ("task-clock", "page-faults"):
+            out[f[2]] = float(f[0])
+    return out
+
+
+def stop(p: subprocess.Popen) -> None:
+    p.send_signal(signal.SIGINT)
+    p.wait(timeout=30)
+
+
+def per_request(server: dict, client: dict, ops: int, seconds: float) -> dict:
+    return {
+        "ops": ops,
+        "wall_us": seconds * 1e6 / ops,
+        "server_cpu_us": server["task-clock"] * 1000 / ops,
+        "client_cpu_us": client["task-clock"] * 1000 / ops,
+        "server_page_faults": server["page-faults"] / ops,
+        "client_page_faults": client["page-faults"] / ops,
+    }
+
+
+def kvtier(tmp: Path, duration: float) -> dict:
+    srv = Server.start(BIN, ["--memory-capacity", "2GiB"], cpus={1})
+    try:
+        # Fill the tier first (unmeasured): every measured write then evicts,
+        # as Redis's does at its 2 GiB maxmemory.
+        subprocess.run(["taskset", "-c", "0", str(BIN), "bench", "--target", srv.grpc, "--workload", "write",
+                        "--transport", "data-plane", "--value-size", str(SIZE), "--concurrency", "1",
+                        "--duration", "3s", "--warmup", "0s", "--quiet", "--out", str(tmp / "kv-fill")],
+                       check=True, stdout=subprocess.DEVNULL)
+        sp = perf_attach(srv.pid, tmp / "kv-server.txt")
+        time.sleep(0.3)
+        out = tmp / "kv-bench"
+        shutil.rmtree(out, ignore_errors=True)
+        subprocess.run(["taskset", "-c", "0", "perf", "stat", "-x", ",", "-e", "task-clock,page-faults",
+                        "-o", str(tmp / "kv-client.txt"), "--", str(BIN), "bench", "--target", srv.grpc,
+                        "--workload", "write", "--transport", "data-plane", "--value-size", str(SIZE),
+                        "--concurrency", "1", "--duration", f"{duration}s", "--warmup", "0s",
+                        "--quiet", "--out", str(out)], check=True, stdout=subprocess.DEVNULL)
+        stop(sp)
+    finally:
+        srv.stop()
+    o = json.loads((out / "record.json").read_text())["steps"][0]["ops"]["write"]
+    assert o["errors"] == 0, o
+    return per_request(perf_read(tmp / "kv-server.txt"), perf_read(tmp / "kv-client.txt"),
+                       o["ops"], o["ops"] / o["throughput_ops_s"])
+
+
+def redis(tmp: Path, duration: float, rate_guess: float) -> dict:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    srv = subprocess.Popen(["taskset", "-c", "1", "redis-server", "--port", str(port), "--save", "",
+                            "--appendonly", "no", "--maxmemory", "2gb", "--maxmemory-policy", "allkeys-lru",
+                            "--dir", str(tmp)],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 10
+        while subprocess.run(["redis-cli", "-p", str(port), "ping"], capture_output=True).stdout.strip() != b"PONG":
+            assert time.monotonic() < deadline, "redis-server did not start"
+            time.sleep(0.05)
+        # Fill to maxmemory first (unmeasured): every measured SET then evicts.
+        subprocess.run(["taskset", "-c", "0", "redis-benchmark", "-p", str(port), "-t", "set", "-d", str(SIZE),
+                        "-c", "1", "-n", "2400", "-r", "100000000", "-q"], check=True, stdout=subprocess.DEVNULL)
+        sp = perf_attach(srv.pid, tmp / "r-server.txt")
+        time.sleep(0.3)
+        n = max(500, int(rate_guess * duration))
+        t0 = time.monotonic()
+        subprocess.run(["taskset", "-c", "0", "perf", "stat", "-x", ",", "-e", "task-clock,page-faults",
+                        "-o", str(tmp / "r-client.txt"), "--", "redis-benchmark", "-p", str(port), "-t", "set",
+                        "-d", str(SIZE), "-c", "1", "-n", str(n), "-r", "100000000", "-q"],
+                       check=True, stdout=subprocess.DEVNULL)
+        seconds = time.monotonic() - t0
+        stop(sp)
+        subprocess.run(["redis-cli", "-p", str(port), "flushall"], capture_output=True)
+    finally:
+        srv.terminate()
+        srv.wait()
+    return per_request(perf_read(tmp / "r-server.txt"), perf_read(tmp / "r-client.txt"), n, seconds)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--duration", type=float, default=3.0)
+    ap.add_argument("--out", default=str(ROOT / "notes/035-cpu-split.json"))
+    a = ap.parse_args()
+    for tool in ("perf", "redis-server", "redis-benchmark", "redis-cli"):
+        if not shutil.which(tool):
+            sys.exit(f"{tool} not found on PATH")
+    tmp = Path(tempfile.mkdtemp(prefix="kvtier-cpu-"))
+    rows = []
+    rate = 3000.0
+    for rep in range(1, a.repeat + 1):
+        for system in ("kvtier", "redis"):
+            r = kvtier(tmp, a.duration) if system == "kvtier" else redis(tmp, a.duration, rate)
+            if system == "redis":
+                rate = 1e6 / r["wall_us"]
+            row = {"system": system, "repeat": rep, **{k: round(v, 2) for k, v in r.items()}}
+            print(json.dumps(row), flush=True)
+            rows.append(row)
+    keys = ("wall_us", "server_cpu_us", "client_cpu_us", "server_page_faults", "client_page_faults")
+    summary = {s: {f"{k}_median": statistics.median(r[k] for r in rows if r["system"] == s) for k in keys}
+               for s in ("kvtier", "redis")}
+    summary["kvtier_minus_redis_us"] = {k: round(summary["kvtier"][f"{k}_median"] - summary["redis"][f"{k}_median"], 1)
+                                        for k in ("wall_us", "server_cpu_us", "client_cpu_us")}
+    write_record(a.out, "c=1 writes of 1.2 MB blocks: CPU per request on each side, kvtier vs Redis",
+                 "cpu-split.py", placement={"server_cpu": 1, "client_cpu": 0},
+                 clients={"kvtier": "kvtier bench (data plane)", "redis": "redis-benchmark -t set -r 100000000"},
+                 summary=summary, rows=rows)
+
+
+if __name__ == "__main__":
+    main()
