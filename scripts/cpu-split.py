@@ -16,12 +16,19 @@ evicts and reuses memory (Redis: `maxmemory 2gb`, `allkeys-lru`, as
 `redis://spawn`). Variants alternate within each repeat; medians are
 compared.
 
+With --ablate-crc a third variant runs: kvtier built against a stand-in
+crc32c crate that computes nothing (scripts/cost-split.py's
+`build_without_crc`, notes/032), which removes every CRC32C pass, the
+client's and the server's, and nothing else. It is a measuring instrument,
+not a product: it checks nothing.
+
   cargo build --release -p kvtier
-  python3 scripts/cpu-split.py --repeat 5 --out notes/035-cpu-split.json
+  python3 scripts/cpu-split.py --repeat 5 --ablate-crc --out notes/035-cpu-split.json
 """
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import shutil
 import signal
@@ -73,12 +80,19 @@ def per_request(server: dict, client: dict, ops: int, seconds: float) -> dict:
     }
 
 
-def kvtier(tmp: Path, duration: float) -> dict:
-    srv = Server.start(BIN, ["--memory-capacity", "2GiB"], cpus={1})
+def build_without_crc(work: Path) -> Path:
+    spec = importlib.util.spec_from_file_location("cost_split", ROOT / "scripts/cost-split.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.build_without_crc(work)
+
+
+def kvtier(tmp: Path, duration: float, binary: Path = BIN) -> dict:
+    srv = Server.start(binary, ["--memory-capacity", "2GiB"], cpus={1})
     try:
         # Fill the tier first (unmeasured): every measured write then evicts,
         # as Redis's does at its 2 GiB maxmemory.
-        subprocess.run(["taskset", "-c", "0", str(BIN), "bench", "--target", srv.grpc, "--workload", "write",
+        subprocess.run(["taskset", "-c", "0", str(binary), "bench", "--target", srv.grpc, "--workload", "write",
                         "--transport", "data-plane", "--value-size", str(SIZE), "--concurrency", "1",
                         "--duration", "3s", "--warmup", "0s", "--quiet", "--out", str(tmp / "kv-fill")],
                        check=True, stdout=subprocess.DEVNULL)
@@ -87,7 +101,7 @@ def kvtier(tmp: Path, duration: float) -> dict:
         out = tmp / "kv-bench"
         shutil.rmtree(out, ignore_errors=True)
         subprocess.run(["taskset", "-c", "0", "perf", "stat", "-x", ",", "-e", "task-clock,page-faults",
-                        "-o", str(tmp / "kv-client.txt"), "--", str(BIN), "bench", "--target", srv.grpc,
+                        "-o", str(tmp / "kv-client.txt"), "--", str(binary), "bench", "--target", srv.grpc,
                         "--workload", "write", "--transport", "data-plane", "--value-size", str(SIZE),
                         "--concurrency", "1", "--duration", f"{duration}s", "--warmup", "0s",
                         "--quiet", "--out", str(out)], check=True, stdout=subprocess.DEVNULL)
@@ -138,16 +152,21 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--duration", type=float, default=3.0)
     ap.add_argument("--out", default=str(ROOT / "notes/035-cpu-split.json"))
+    ap.add_argument("--ablate-crc", action="store_true", help="also kvtier with every CRC32C pass stubbed out")
+    ap.add_argument("--work", default=str(ROOT / "out/035-cpu-split"))
     a = ap.parse_args()
     for tool in ("perf", "redis-server", "redis-benchmark", "redis-cli"):
         if not shutil.which(tool):
             sys.exit(f"{tool} not found on PATH")
     tmp = Path(tempfile.mkdtemp(prefix="kvtier-cpu-"))
+    systems = {"kvtier": BIN, "redis": None}
+    if a.ablate_crc:
+        systems["kvtier, no CRC32C"] = build_without_crc(Path(a.work))
     rows = []
     rate = 3000.0
     for rep in range(1, a.repeat + 1):
-        for system in ("kvtier", "redis"):
-            r = kvtier(tmp, a.duration) if system == "kvtier" else redis(tmp, a.duration, rate)
+        for system, binary in systems.items():
+            r = kvtier(tmp, a.duration, binary) if binary else redis(tmp, a.duration, rate)
             if system == "redis":
                 rate = 1e6 / r["wall_us"]
             row = {"system": system, "repeat": rep, **{k: round(v, 2) for k, v in r.items()}}
@@ -155,9 +174,12 @@ def main() -> None:
             rows.append(row)
     keys = ("wall_us", "server_cpu_us", "client_cpu_us", "server_page_faults", "client_page_faults")
     summary = {s: {f"{k}_median": statistics.median(r[k] for r in rows if r["system"] == s) for k in keys}
-               for s in ("kvtier", "redis")}
-    summary["kvtier_minus_redis_us"] = {k: round(summary["kvtier"][f"{k}_median"] - summary["redis"][f"{k}_median"], 1)
-                                        for k in ("wall_us", "server_cpu_us", "client_cpu_us")}
+               for s in systems}
+    for s in systems:
+        if s != "redis":
+            summary[f"{s} minus redis, us"] = {
+                k: round(summary[s][f"{k}_median"] - summary["redis"][f"{k}_median"], 1)
+                for k in ("wall_us", "server_cpu_us", "client_cpu_us")}
     write_record(a.out, "c=1 writes of 1.2 MB blocks: CPU per request on each side, kvtier vs Redis",
                  "cpu-split.py", placement={"server_cpu": 1, "client_cpu": 0},
                  clients={"kvtier": "kvtier bench (data plane)", "redis": "redis-benchmark -t set -r 100000000"},
