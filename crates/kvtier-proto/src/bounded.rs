@@ -108,43 +108,14 @@ pub fn check<T: 'static>(buf: &[u8]) -> Result<(), Status> {
 fn check_fields(buf: &[u8], rules: &[(u32, Rule)]) -> Result<(), Status> {
     let mut counts = [0usize; 4]; // no rule set has more than 4 fields
     debug_assert!(rules.len() <= counts.len());
-    let mut at = 0;
-    while at < buf.len() {
-        let Some(tag) = varint(buf, &mut at) else {
-            return Ok(());
-        };
-        let (field, wire_type) = ((tag >> 3) as u32, tag & 7);
-        let (start, len) = match wire_type {
-            0 => {
-                let s = at;
-                if varint(buf, &mut at).is_none() {
-                    return Ok(());
-                }
-                (s, 0)
-            }
-            1 => (at, 8),
-            5 => (at, 4),
-            2 => match varint(buf, &mut at) {
-                Some(n) if n <= (buf.len() - at) as u64 => (at, n as usize),
-                _ => return Ok(()),
-            },
-            _ => return Ok(()),
-        };
-        if wire_type != 0 {
-            at = start.saturating_add(len);
-            if at > buf.len() {
-                return Ok(());
-            }
-        }
+    for (field, wire_type, body) in fields(buf) {
         let Some(i) = rules.iter().position(|(f, _)| *f == field) else {
             continue;
         };
         match rules[i].1 {
             Rule::Count(name, max) | Rule::Varints(name, max) => {
                 counts[i] += match rules[i].1 {
-                    Rule::Varints(..) if wire_type == 2 => {
-                        buf[start..at].iter().filter(|&&b| b < 0x80).count()
-                    }
+                    Rule::Varints(..) if wire_type == 2 => varints(body),
                     _ => 1,
                 };
                 if counts[i] > max {
@@ -153,11 +124,46 @@ fn check_fields(buf: &[u8], rules: &[(u32, Rule)]) -> Result<(), Status> {
                     )));
                 }
             }
-            Rule::Nested(inner) if wire_type == 2 => check_fields(&buf[start..at], inner)?,
+            Rule::Nested(inner) if wire_type == 2 => check_fields(body, inner)?,
             Rule::Nested(_) => {}
         }
     }
     Ok(())
+}
+
+/// The top-level fields of an encoded message, as (field number, wire type,
+/// the field's bytes after its tag); ends at the first malformed field
+/// (prost's decoder refuses the message then).
+fn fields(buf: &[u8]) -> impl Iterator<Item = (u32, u64, &[u8])> {
+    let mut at = 0;
+    std::iter::from_fn(move || {
+        let tag = varint(buf, &mut at)?;
+        let start = at;
+        let len = match tag & 7 {
+            0 => {
+                varint(buf, &mut at)?;
+                return Some(((tag >> 3) as u32, 0, &buf[start..at]));
+            }
+            1 => 8,
+            5 => 4,
+            2 => {
+                let n = varint(buf, &mut at)?;
+                if n > (buf.len() - at) as u64 {
+                    return None;
+                }
+                n as usize
+            }
+            _ => return None,
+        };
+        let body = buf.get(at..at + len)?;
+        at += len;
+        Some(((tag >> 3) as u32, tag & 7, body))
+    })
+}
+
+/// Elements of a packed run of varints: one per final byte.
+fn varints(run: &[u8]) -> usize {
+    run.iter().filter(|&&b| b < 0x80).count()
 }
 
 /// [`check`], then decodes with the token lists' final size reserved (prost
@@ -187,34 +193,11 @@ fn reserve<T: 'static>(msg: &mut T, buf: &[u8]) {
 
 /// Elements of packed varint field `field` at the top level of `buf`.
 fn packed_len(buf: &[u8], field: u32) -> usize {
-    let mut n = 0;
-    let mut at = 0;
-    while at < buf.len() {
-        let Some(tag) = varint(buf, &mut at) else {
-            break;
-        };
-        match tag & 7 {
-            0 => {
-                if varint(buf, &mut at).is_none() {
-                    break;
-                }
-            }
-            1 => at += 8,
-            5 => at += 4,
-            2 => match varint(buf, &mut at) {
-                Some(len) if len <= (buf.len() - at) as u64 => {
-                    let end = at + len as usize;
-                    if (tag >> 3) as u32 == field {
-                        n += buf[at..end].iter().filter(|&&b| b < 0x80).count();
-                    }
-                    at = end;
-                }
-                _ => break,
-            },
-            _ => break,
-        }
-    }
-    n.min(MAX_TOKENS_PER_REQUEST)
+    fields(buf)
+        .filter(|&(f, wire_type, _)| f == field && wire_type == 2)
+        .map(|(_, _, run)| varints(run))
+        .sum::<usize>()
+        .min(MAX_TOKENS_PER_REQUEST)
 }
 
 /// `tonic_prost::ProstCodec` with [`decode`]'s limits on the way in.

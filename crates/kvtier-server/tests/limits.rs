@@ -274,21 +274,30 @@ async fn idle_and_surplus_http_connections_are_closed() {
     }
 }
 
-#[tokio::test]
-async fn grpc_request_bodies_are_charged_to_the_request_memory() {
-    let s = server(64 << 20, 100, 60_000, 60_000).await;
+/// A client of `s` over gRPC only (no data plane), without retries.
+async fn grpc_client(s: &Server) -> kvtier_client::Client {
     let mut cc = kvtier_client::ClientConfig::new(format!("http://{}", s.grpc_addrs[0]));
     cc.data_plane = false;
     cc.retries = 0;
     cc.timeout = Duration::from_secs(20);
-    let c = kvtier_client::Client::connect(cc).await.unwrap();
-    let block = |k: &str, n: usize| kvtier_client::WriteBlock {
+    kvtier_client::Client::connect(cc).await.unwrap()
+}
+
+/// A block of `n` bytes under key `k`.
+fn block(k: &str, n: usize) -> kvtier_client::WriteBlock {
+    kvtier_client::WriteBlock {
         key: kvtier_core::Key::new(k.as_bytes().to_vec()).unwrap(),
         parent: None,
         token_count: 0,
         payload: bytes::Bytes::from(vec![3u8; n]),
         ttl_ms: 0,
-    };
+    }
+}
+
+#[tokio::test]
+async fn grpc_request_bodies_are_charged_to_the_request_memory() {
+    let s = server(64 << 20, 100, 60_000, 60_000).await;
+    let c = grpc_client(&s).await;
     // Larger than the whole budget: refused while it arrives.
     let e = c
         .write("n", &[block("big", 80 << 20)])
@@ -329,18 +338,7 @@ impl http_body::Body for Stalling {
 async fn a_stalled_grpc_upload_is_cut_and_its_memory_given_back() {
     let s = server(64 << 20, 100, 60_000, 500).await;
     let addr = s.grpc_addrs[0];
-    let mut cc = kvtier_client::ClientConfig::new(format!("http://{addr}"));
-    cc.data_plane = false;
-    cc.retries = 0;
-    cc.timeout = Duration::from_secs(20);
-    let c = kvtier_client::Client::connect(cc).await.unwrap();
-    let block = |k: &str, n: usize| kvtier_client::WriteBlock {
-        key: kvtier_core::Key::new(k.as_bytes().to_vec()).unwrap(),
-        parent: None,
-        token_count: 0,
-        payload: bytes::Bytes::from(vec![3u8; n]),
-        ttl_ms: 0,
-    };
+    let c = grpc_client(&s).await;
     for (path, what) in [
         ("/kvtier.v1.KvTier/Write", "unary"),
         ("/kvtier.v1.KvTier/WriteStream", "client streaming"),
