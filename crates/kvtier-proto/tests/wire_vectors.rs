@@ -149,6 +149,7 @@ fn expected(name: &str) -> Frame {
                 }),
                 payload_lengths: lengths(),
                 timeout_ms: 9000,
+                crc_trailer: false,
             }),
             payloads(),
         ),
