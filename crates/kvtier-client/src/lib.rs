@@ -118,12 +118,7 @@ impl Client {
             wire: None,
         };
         if client.cfg.data_plane {
-            let stats = client.stats().await?;
-            let advertised = stats.data_listen;
-            let crc_trailer = stats
-                .data_features
-                .iter()
-                .any(|f| f == kvtier_proto::wire::CRC_TRAILER);
+            let advertised = client.stats().await?.data_listen;
             if !advertised.is_empty() {
                 let addr = data_plane_addr(&client.cfg.endpoint, &advertised).await?;
                 let n = if client.cfg.data_connections > 0 {
@@ -145,8 +140,7 @@ impl Client {
                         tls,
                     )
                     .await?
-                    .with_max_stripes(client.cfg.read_stripes)
-                    .with_crc_trailer(crc_trailer),
+                    .with_max_stripes(client.cfg.read_stripes),
                 );
             }
         }

@@ -38,19 +38,10 @@ impl WriteBlock {
     /// (the data plane sends payloads outside the message: it passes empty).
     pub(crate) fn to_pb(&self, payload: Bytes) -> pb::Block {
         pb::Block {
-            crc32c: crc32c::crc32c(&self.payload),
-            ..self.to_pb_unchecksummed(payload)
-        }
-    }
-
-    /// The wire form with `crc32c` 0: for a data-plane frame that carries the
-    /// checksum in its trailer (docs/wire.md).
-    pub(crate) fn to_pb_unchecksummed(&self, payload: Bytes) -> pb::Block {
-        pb::Block {
             key: self.key.bytes(),
             parent_key: self.parent.as_ref().map_or_else(Bytes::new, Key::bytes),
             token_count: self.token_count,
-            crc32c: 0,
+            crc32c: crc32c::crc32c(&self.payload),
             payload,
             ttl_ms: self.ttl_ms,
         }

@@ -149,7 +149,6 @@ fn expected(name: &str) -> Frame {
                 }),
                 payload_lengths: lengths(),
                 timeout_ms: 9000,
-                crc_trailer: false,
             }),
             payloads(),
         ),

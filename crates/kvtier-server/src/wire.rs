@@ -24,8 +24,8 @@ use kvtier_core::WriteOutcome;
 use kvtier_proto::bounded;
 use kvtier_proto::v1 as pb;
 use kvtier_proto::wire::{
-    HEADER_LEN, Header, Kind, check_write_lengths, discard, read_crc_trailer, read_exact_bytes,
-    read_payloads_checked, write_all_vectored,
+    HEADER_LEN, Header, Kind, check_lengths, discard, read_exact_bytes, read_payloads_checked,
+    write_all_vectored,
 };
 use prost::Message;
 use std::time::{Duration, Instant};
@@ -259,31 +259,20 @@ pub(crate) async fn connection<S: FrameStream>(
                 .map_err(|s| s.message().to_owned())
                 .and_then(|()| pb::WireWriteRequest::decode(meta).map_err(|e| e.to_string()))
             {
-                Ok(req) => match check_write_lengths(
-                    &req.payload_lengths,
-                    header.data_len.into(),
-                    req.crc_trailer,
-                )
-                .map_err(tonic::Status::invalid_argument)
-                .and_then(|()| {
-                    // Access is checked before a payload byte is read.
-                    let ns = req.request.as_ref().map_or("", |w| w.namespace.as_str());
-                    shared.allow(&who, ns, true)
-                }) {
+                Ok(req) => match check_lengths(&req.payload_lengths, header.data_len.into())
+                    .map_err(tonic::Status::invalid_argument)
+                    .and_then(|()| {
+                        // Access is checked before a payload byte is read.
+                        let ns = req.request.as_ref().map_or("", |w| w.namespace.as_str());
+                        shared.allow(&who, ns, true)
+                    }) {
                     Ok(()) => {
                         // Checksummed as the bytes arrive (verified against the
-                        // request's crc32c values, or its trailer's, before
-                        // anything is stored).
+                        // request's crc32c values before anything is stored).
                         let payloads =
                             within(by, read_payloads_checked(&mut sock, &req.payload_lengths))
                                 .await?;
-                        let trailer = if req.crc_trailer {
-                            let n = req.payload_lengths.len();
-                            Some(within(by, read_crc_trailer(&mut sock, n)).await?)
-                        } else {
-                            None
-                        };
-                        write(&shared, req, payloads, trailer, arrived).await
+                        write(&shared, req, payloads, arrived).await
                     }
                     Err(status) => {
                         within(by, discard(&mut sock, header.data_len.into())).await?;
@@ -448,7 +437,6 @@ async fn write(
     shared: &Shared,
     req: pb::WireWriteRequest,
     payloads: Vec<(Bytes, u32)>,
-    trailer: Option<Vec<u32>>,
     arrived: Instant,
 ) -> Reply {
     shared
@@ -457,7 +445,7 @@ async fn write(
             Some(arrived),
             Err,
             state::result_code,
-            async |clock| write_inner(shared, req, payloads, trailer, arrived, clock).await,
+            async |clock| write_inner(shared, req, payloads, arrived, clock).await,
         )
         .await
         .unwrap_or_else(status_reply)
@@ -467,7 +455,6 @@ async fn write_inner(
     shared: &Shared,
     req: pb::WireWriteRequest,
     payloads: Vec<(Bytes, u32)>,
-    trailer: Option<Vec<u32>>,
     arrived: Instant,
     clock: &mut Clock,
 ) -> Result<Reply, tonic::Status> {
@@ -491,14 +478,6 @@ async fn write_inner(
         .zip(payloads)
         .enumerate()
         .map(|(i, (mut b, (payload, crc)))| {
-            if let Some(t) = &trailer {
-                if b.crc32c != 0 {
-                    return Err(tonic::Status::invalid_argument(format!(
-                        "block {i}: this frame carries its checksums in a trailer (crc_trailer), so the block's crc32c must be 0"
-                    )));
-                }
-                b.crc32c = t[i];
-            }
             b.payload = payload;
             block_from_pb_checked(&ns, i, b, max, crc)
         })

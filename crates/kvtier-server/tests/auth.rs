@@ -198,7 +198,6 @@ async fn the_data_plane_without_hello_is_refused_before_the_payload() {
         }),
         payload_lengths: vec![64 << 20],
         timeout_ms: 0,
-        crc_trailer: false,
     });
     let mut f = common::frame(kvtier_proto::wire::Kind::Write, 9, &meta, &[]);
     // Patch the header's data length (the payload is never sent).

@@ -21,7 +21,6 @@ fn write_header(ns: &str, payload: u32, id: u64) -> Vec<u8> {
         }),
         payload_lengths: vec![u64::from(payload)],
         timeout_ms: 0,
-        crc_trailer: false,
     });
     let mut f = common::frame(Kind::Write, id, &meta, &[]);
     f[20..24].copy_from_slice(&payload.to_le_bytes());
@@ -100,7 +99,6 @@ async fn stalled_uploads_cannot_hold_more_than_the_request_memory() {
         }),
         payload_lengths: vec![payload.len() as u64],
         timeout_ms: 0,
-        crc_trailer: false,
     });
     let mut ok = TcpStream::connect(addr).await.unwrap();
     ok.write_all(&common::frame(Kind::Write, 3, &meta, &payload))

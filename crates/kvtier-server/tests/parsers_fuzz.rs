@@ -47,7 +47,6 @@ proptest! {
                     key: key.clone().into(), crc32c: crc32c::crc32c(&payload), ..Default::default() }] }),
                 payload_lengths: vec![payload.len() as u64],
                 timeout_ms: 0,
-                crc_trailer: false,
             }.encode_to_vec(),
             3 => pb::WireHello { token: "t".into() }.encode_to_vec(),
             _ => key.clone(),

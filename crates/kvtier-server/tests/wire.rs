@@ -140,7 +140,6 @@ async fn malformed_frames_get_error_frames() {
         }),
         payload_lengths: vec![10],
         timeout_ms: 0,
-        crc_trailer: false,
     }
     .encode_to_vec();
     let mut frame = Header {
@@ -168,7 +167,6 @@ async fn malformed_frames_get_error_frames() {
         }),
         payload_lengths: vec![4],
         timeout_ms: 0,
-        crc_trailer: false,
     }
     .encode_to_vec();
     let mut frame = Header {
@@ -233,108 +231,8 @@ fn write_meta(blocks: &[(&[u8], &[u8], u32)], lengths: Option<Vec<u64>>) -> Vec<
         payload_lengths: lengths
             .unwrap_or_else(|| blocks.iter().map(|(_, p, _)| p.len() as u64).collect()),
         timeout_ms: 0,
-        crc_trailer: false,
     }
     .encode_to_vec()
-}
-
-/// [`write_meta`] of a frame whose checksums follow the payloads.
-fn trailer_meta(blocks: &[(&[u8], &[u8], u32)]) -> Vec<u8> {
-    let mut m = pb::WireWriteRequest::decode(&write_meta(blocks, None)[..]).unwrap();
-    m.crc_trailer = true;
-    m.encode_to_vec()
-}
-
-/// The payloads, then a trailer of `crcs` (u32 little-endian each).
-fn with_trailer(payloads: &[Vec<u8>], crcs: &[u32]) -> Vec<u8> {
-    let mut d = payloads.concat();
-    crcs.iter()
-        .for_each(|c| d.extend_from_slice(&c.to_le_bytes()));
-    d
-}
-
-#[tokio::test]
-async fn a_crc_trailer_is_verified_like_a_checksum_in_the_metadata() {
-    let (server, c) = common::start(common::test_config()).await;
-    // The server offers the trailer and the client's writes use it (every
-    // client write in these tests goes that way).
-    let features = c.stats().await.unwrap().data_features;
-    assert_eq!(features, vec![kvtier_proto::wire::CRC_TRAILER.to_string()]);
-    assert!(c.data_plane().unwrap().crc_trailer());
-    // Payloads across several of the sender's chunks, one empty, one small.
-    let p: Vec<Vec<u8>> = vec![
-        (0..(3 * kvtier_proto::wire::TRAILER_CHUNK + 17) as u32)
-            .map(|i| (i % 251) as u8)
-            .collect(),
-        vec![],
-        b"third".to_vec(),
-    ];
-    let keys: [&[u8]; 3] = [b"t0", b"t1", b"t2"];
-    let crcs: Vec<u32> = p.iter().map(|p| crc32c::crc32c(p)).collect();
-    let zero: Vec<(&[u8], &[u8], u32)> =
-        keys.iter().zip(&p).map(|(k, p)| (*k, &p[..], 0)).collect();
-    let all: Vec<Key> = keys.iter().map(|k| Key::new(&k[..]).unwrap()).collect();
-    let mut raw = Raw::connect(server.data_addr.unwrap()).await;
-    // A wrong trailer value: DATA_LOSS naming the block, nothing stored.
-    let mut bad = crcs.clone();
-    bad[2] ^= 1;
-    let (h, m) = raw
-        .send(
-            Kind::Write,
-            1,
-            &trailer_meta(&zero),
-            &with_trailer(&p, &bad),
-        )
-        .await;
-    let e = error_of(h, m, Some(1));
-    assert_eq!(e.code, Code::DataLoss as i32, "{}", e.message);
-    assert!(e.message.contains("blocks[2]"), "{}", e.message);
-    assert_eq!(c.lookup("n", &all, None).await.unwrap().found, 0);
-    // A checksum in the metadata as well as the trailer: refused, not guessed.
-    let both: Vec<_> = zero
-        .iter()
-        .zip(&crcs)
-        .map(|(&(k, p, _), &c)| (k, p, c))
-        .collect();
-    let (h, m) = raw
-        .send(
-            Kind::Write,
-            2,
-            &trailer_meta(&both),
-            &with_trailer(&p, &crcs),
-        )
-        .await;
-    let e = error_of(h, m, Some(2));
-    assert_eq!(e.code, Code::InvalidArgument as i32, "{}", e.message);
-    assert!(e.message.contains("must be 0"), "{}", e.message);
-    // A data section without the trailer it announces: refused, drained.
-    let (h, m) = raw
-        .send(Kind::Write, 3, &trailer_meta(&zero), &p.concat())
-        .await;
-    let e = error_of(h, m, Some(3));
-    assert!(e.message.contains("add up"), "{}", e.message);
-    let (h, m) = raw.send(Kind::Write, 4, &trailer_meta(&zero), b"ab").await;
-    let e = error_of(h, m, Some(4));
-    assert!(e.message.contains("CRC trailer"), "{}", e.message);
-    assert_eq!(c.lookup("n", &all, None).await.unwrap().found, 0);
-    // The connection is still in step: the right trailer stores all three,
-    // and they read back verified.
-    let (h, m) = raw
-        .send(
-            Kind::Write,
-            5,
-            &trailer_meta(&zero),
-            &with_trailer(&p, &crcs),
-        )
-        .await;
-    assert_eq!((h.kind, h.request_id), (Kind::WriteReply, 5));
-    assert_eq!(pb::WriteResponse::decode(m).unwrap().stored, 3);
-    let r = c.read("n", &all, 0).await.unwrap();
-    assert_eq!(r.blocks.len(), 3);
-    for (b, want) in r.blocks.iter().zip(&p) {
-        assert_eq!(&b.payload[..], &want[..]);
-    }
-    server.shutdown().await.unwrap();
 }
 
 #[tokio::test]

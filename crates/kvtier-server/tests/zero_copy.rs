@@ -63,7 +63,6 @@ fn a_data_plane_read_allocates_far_less_than_its_payload() {
             }),
             payload_lengths: vec![PAYLOAD as u64],
             timeout_ms: 0,
-            crc_trailer: false,
         }
         .encode_to_vec();
         common::frame(Kind::Write, id, &meta, &payload)

@@ -7,8 +7,8 @@ use bytes::Bytes;
 use kvtier_core::Key;
 use kvtier_proto::v1 as pb;
 use kvtier_proto::wire::{
-    HEADER_LEN, Header, Kind, check_lengths, read_exact_bytes, read_payloads_checked, trailer_len,
-    write_all_vectored, write_with_crc_trailer,
+    HEADER_LEN, Header, Kind, check_lengths, read_exact_bytes, read_payloads_checked,
+    write_all_vectored,
 };
 use parking_lot::Mutex;
 use prost::Message;
@@ -42,9 +42,6 @@ pub struct WireClient {
     pool: usize,
     /// Most stripes one read is split into (1: never split).
     max_stripes: usize,
-    /// Writes carry their checksums in a trailer, computed while sending
-    /// (the server offers `crc-trailer`; docs/wire.md).
-    crc_trailer: bool,
 }
 
 fn transport(e: impl std::fmt::Display, addr: SocketAddr) -> ClientError {
@@ -109,24 +106,7 @@ impl WireClient {
             tls,
             pool: n,
             max_stripes: MAX_STRIPES,
-            crc_trailer: false,
         })
-    }
-
-    /// Sends each write's checksums after its payloads, computed chunk by
-    /// chunk while they are sent, instead of in a pass over every payload
-    /// before the first byte leaves (notes/036). Only for a server whose
-    /// `StatsResponse.data_features` lists
-    /// [`CRC_TRAILER`](kvtier_proto::wire::CRC_TRAILER): another server
-    /// refuses such a write with `INVALID_ARGUMENT`.
-    pub fn with_crc_trailer(mut self, on: bool) -> Self {
-        self.crc_trailer = on;
-        self
-    }
-
-    /// Whether writes carry their checksums in a trailer.
-    pub fn crc_trailer(&self) -> bool {
-        self.crc_trailer
     }
 
     /// Splits long reads over at most `n` connections (1: never; the default
@@ -160,19 +140,6 @@ impl WireClient {
         data: &[Bytes],
         deadline: Instant,
     ) -> Result<Frame> {
-        self.call_with(kind, meta, data, false, deadline).await
-    }
-
-    /// [`WireClient::call`], with `data`'s checksums in a trailer when
-    /// `trailer` is set.
-    async fn call_with(
-        &self,
-        kind: Kind,
-        meta: Vec<u8>,
-        data: &[Bytes],
-        trailer: bool,
-        deadline: Instant,
-    ) -> Result<Frame> {
         let r = tokio::time::timeout_at(deadline.into(), async {
             let _slot = self.slots.acquire().await.expect("never closed");
             let conn = self.idle.lock().pop();
@@ -189,7 +156,7 @@ impl WireClient {
                 }
             };
             let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-            match exchange(&mut sock, kind, id, meta, data, trailer).await {
+            match exchange(&mut sock, kind, id, meta, data).await {
                 Ok(f) => {
                     self.idle.lock().push(sock);
                     Ok(f)
@@ -362,25 +329,17 @@ impl WireClient {
             )));
         }
         let deadline = Instant::now() + self.timeout;
-        let trailer = self.crc_trailer;
         let req = pb::WireWriteRequest {
             request: Some(pb::WriteRequest {
                 namespace: ns.to_string(),
-                blocks: blocks
-                    .iter()
-                    .map(|b| match trailer {
-                        true => b.to_pb_unchecksummed(Bytes::new()),
-                        false => b.to_pb(Bytes::new()),
-                    })
-                    .collect(),
+                blocks: blocks.iter().map(|b| b.to_pb(Bytes::new())).collect(),
             }),
             payload_lengths: blocks.iter().map(|b| b.payload.len() as u64).collect(),
             timeout_ms: server_timeout_ms(deadline),
-            crc_trailer: trailer,
         };
         let data: Vec<Bytes> = blocks.iter().map(|b| b.payload.clone()).collect();
         let f = self
-            .call_with(Kind::Write, req.encode_to_vec(), &data, trailer, deadline)
+            .call(Kind::Write, req.encode_to_vec(), &data, deadline)
             .await?;
         expect(f.header.kind, Kind::WriteReply, &f.meta)?;
         let r = pb::WriteResponse::decode(f.meta).map_err(|e| transport(e, self.addr))?;
@@ -488,7 +447,7 @@ async fn dial(
             token: token.to_string(),
         }
         .encode_to_vec();
-        let f = exchange(&mut s, Kind::Hello, 0, hello, &[], false)
+        let f = exchange(&mut s, Kind::Hello, 0, hello, &[])
             .await
             .map_err(|e| transport(e, addr))?;
         match f.header.kind {
@@ -524,28 +483,19 @@ async fn exchange<S: AsyncRead + AsyncWrite + Unpin>(
     id: u64,
     meta: Vec<u8>,
     data: &[Bytes],
-    trailer: bool,
 ) -> std::io::Result<Frame> {
     let invalid = |e: String| std::io::Error::new(std::io::ErrorKind::InvalidData, e);
-    let mut data_len = data.iter().map(|b| b.len() as u64).sum::<u64>();
-    if trailer {
-        data_len += trailer_len(data.len());
-    }
+    let data_len: usize = data.iter().map(Bytes::len).sum();
     let header = Header {
         kind,
         request_id: id,
         meta_len: meta.len() as u32,
-        data_len: u32::try_from(data_len)
-            .map_err(|_| invalid(format!("{data_len} bytes in one frame")))?,
+        data_len: data_len as u32,
     }
     .encode();
-    if trailer {
-        write_with_crc_trailer(sock, &[&header, &meta], data).await?;
-    } else {
-        let mut parts: Vec<&[u8]> = vec![&header, &meta];
-        parts.extend(data.iter().map(|b| &b[..]));
-        write_all_vectored(sock, &parts).await?;
-    }
+    let mut parts: Vec<&[u8]> = vec![&header, &meta];
+    parts.extend(data.iter().map(|b| &b[..]));
+    write_all_vectored(sock, &parts).await?;
     let mut raw = [0u8; HEADER_LEN];
     sock.read_exact(&mut raw).await?;
     let h = Header::decode(&raw).map_err(invalid)?;

@@ -375,10 +375,6 @@ impl KvTier for V1Service {
                     .map(|a| a.to_string())
                     .unwrap_or_default(),
                 cluster_self: this.shared.cluster_self.clone(),
-                data_features: match this.shared.data_addr.get() {
-                    Some(_) => vec![kvtier_proto::wire::CRC_TRAILER.to_string()],
-                    None => Vec::new(),
-                },
                 timing: Some(clock.finish()),
             })
         })
