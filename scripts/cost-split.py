@@ -101,23 +101,73 @@ NULL_CRC32C = {
 }
 
 
-def build_without_crc(work: Path) -> Path:
-    """kvtier built with every CRC32C computing nothing (see the module
-    docstring); returns the binary's path under `work`."""
+MEMO_CRC32C = """
+/// Measurement stand-in (scripts/cpu-split.py --client-crc-free, notes/036):
+/// the one-shot checksum of the buffer this thread checksummed last, at the
+/// same address and length, is returned without being computed again.
+/// `kvtier bench` writes one payload buffer over and over, so its client's
+/// checksum before each write costs nothing; the receivers' checksums as the
+/// bytes arrive (`crc32c_append`, chunk by chunk) are computed as shipped.
+/// Only valid where a buffer is never changed in place: a measuring
+/// instrument, not a product.
+pub fn crc32c(data: &[u8]) -> u32 {
+    thread_local!(static LAST: core::cell::Cell<(usize, usize, u32)> = core::cell::Cell::new((0, 0, 0)));
+    LAST.with(|last| {
+        let (ptr, len, crc) = last.get();
+        if ptr == data.as_ptr() as usize && len == data.len() && len > 0 {
+            return crc;
+        }
+        let crc = crc32c_append(0, data);
+        last.set((data.as_ptr() as usize, data.len(), crc));
+        crc
+    })
+}
+"""
+
+
+def crc32c_version() -> str:
+    return (ROOT / "Cargo.lock").read_text().split('name = "crc32c"\nversion = "', 1)[1].split('"', 1)[0]
+
+
+def stand_in_crate(work: Path, variant: str) -> Path:
+    """The crc32c crate a measuring build is patched with: `null` computes
+    nothing; `client-write-free` is the real crate (from cargo's registry
+    cache) with MEMO_CRC32C's `crc32c`."""
+    version = crc32c_version()
+    crate = (work / f"crc32c-{variant}").resolve()
+    shutil.rmtree(crate, ignore_errors=True)
+    if variant == "null":
+        crate.mkdir(parents=True)
+        for name, text in NULL_CRC32C.items():
+            (crate / name).write_text(text.replace("{version}", version))
+        return crate
+    assert variant == "client-write-free", variant
+    registry = Path(os.environ.get("CARGO_HOME", Path.home() / ".cargo")) / "registry/src"
+    sources = sorted(registry.glob(f"*/crc32c-{version}"))
+    if not sources:
+        sys.exit(f"crc32c {version}'s source is not in {registry}: run `cargo fetch` first")
+    shutil.copytree(sources[0], crate)
+    lib = crate / "src/lib.rs"
+    text = lib.read_text()
+    one_shot = "#[inline]\npub fn crc32c(data: &[u8]) -> u32 {\n    crc32c_append(0, data)\n}\n"
+    assert one_shot in text, f"crc32c {version}'s crc32c() is not the one this script replaces"
+    lib.write_text(text.replace(one_shot, MEMO_CRC32C))
+    return crate
+
+
+def build_with_crc32c(work: Path, variant: str) -> Path:
+    """kvtier built against a stand-in crc32c crate (`stand_in_crate`);
+    returns the binary's path under `work`."""
     lock_file = ROOT / "Cargo.lock"
     lock = lock_file.read_text()
-    version = lock.split('name = "crc32c"\nversion = "', 1)[1].split('"', 1)[0]
-    crate = (work / "crc32c-null").resolve()
-    crate.mkdir(parents=True, exist_ok=True)
-    for name, text in NULL_CRC32C.items():
-        (crate / name).write_text(text.replace("{version}", version))
+    crate = stand_in_crate(work, variant)
     # Patched from the command line: the crates that use crc32c get builds of
     # their own beside the normal ones (their dependency differs), so nothing
     # of the normal build is replaced but the binary's final copy, and
     # Cargo.lock, which the patch rewrites: both are put back.
     ours = work / "kvtier-with-crc"
     shutil.copy2(BIN, ours)
-    binary = work / "kvtier-no-crc"
+    binary = work / f"kvtier-crc32c-{variant}"
     try:
         subprocess.run(["cargo", "build", "--release", "-q", "-p", "kvtier",
                         "--config", f'patch.crates-io.crc32c.path="{crate}"'], cwd=ROOT, check=True)
@@ -128,8 +178,14 @@ def build_without_crc(work: Path) -> Path:
         # the link, never write through it into the stand-in build's file.
         BIN.unlink(missing_ok=True)
         shutil.copy2(ours, BIN)
-    print(f"built {binary}: CRC32C stubbed out", flush=True)
+    print(f"built {binary}: crc32c stand-in {variant}", flush=True)
     return binary
+
+
+def build_without_crc(work: Path) -> Path:
+    """kvtier built with every CRC32C computing nothing (see the module
+    docstring); returns the binary's path under `work`."""
+    return build_with_crc32c(work, "null")
 
 
 def baselines(a: argparse.Namespace) -> dict:

@@ -43,8 +43,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "python"))
 
-from kvtier.server import Server  # noqa: E402
-from perfrec import write_record  # noqa: E402
+from kvtier.server import Server
+from perfrec import rss_mib, write_record
 
 SIZE = 1258291
 BIN = ROOT / "target/release/kvtier"
@@ -80,44 +80,94 @@ def per_request(server: dict, client: dict, ops: int, seconds: float) -> dict:
     }
 
 
-def build_without_crc(work: Path) -> Path:
+def build_with_crc32c(work: Path, variant: str) -> Path:
+    """kvtier against a stand-in crc32c crate (scripts/cost-split.py):
+    `null` (no checksum anywhere) or `client-write-free`."""
     spec = importlib.util.spec_from_file_location("cost_split", ROOT / "scripts/cost-split.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    return mod.build_without_crc(work)
+    return mod.build_with_crc32c(work, variant)
 
 
-def kvtier(tmp: Path, duration: float, binary: Path = BIN) -> dict:
+def kvtier(tmp: Path, duration: float, binary: Path = BIN, workload: str = "write") -> dict:
     srv = Server.start(binary, ["--memory-capacity", "2GiB"], cpus={1})
     try:
-        # Fill the tier first (unmeasured): every measured write then evicts,
-        # as Redis's does at its 2 GiB maxmemory.
-        subprocess.run(["taskset", "-c", "0", str(binary), "bench", "--target", srv.grpc, "--workload", "write",
-                        "--transport", "data-plane", "--value-size", str(SIZE), "--concurrency", "1",
-                        "--duration", "3s", "--warmup", "0s", "--quiet", "--out", str(tmp / "kv-fill")],
-                       check=True, stdout=subprocess.DEVNULL)
+        if workload == "write":
+            # Fill the tier first (unmeasured): every measured write then
+            # evicts, as Redis's does at its 2 GiB maxmemory. Reads hit the
+            # 64 blocks the bench preloads (its own first step, measured:
+            # ~1 % of a run's server CPU).
+            # Until the process holds the whole 2 GiB: on a slow day 3 s of
+            # first-touch writes do not fill it, and the measured run would
+            # then pay page faults Redis's (filled) run does not.
+            for _ in range(8):
+                subprocess.run(["taskset", "-c", "0", str(binary), "bench", "--target", srv.grpc, "--workload",
+                                "write", "--transport", "data-plane", "--value-size", str(SIZE), "--concurrency",
+                                "1", "--duration", "3s", "--warmup", "0s", "--quiet", "--out", str(tmp / "kv-fill")],
+                               check=True, stdout=subprocess.DEVNULL)
+                if rss_mib(srv.pid) >= 2048:
+                    break
+            else:
+                sys.exit(f"kvtier's resident memory stayed at {rss_mib(srv.pid):.0f} MiB after 24 s of filling")
         sp = perf_attach(srv.pid, tmp / "kv-server.txt")
         time.sleep(0.3)
         out = tmp / "kv-bench"
         shutil.rmtree(out, ignore_errors=True)
         subprocess.run(["taskset", "-c", "0", "perf", "stat", "-x", ",", "-e", "task-clock,page-faults",
                         "-o", str(tmp / "kv-client.txt"), "--", str(binary), "bench", "--target", srv.grpc,
-                        "--workload", "write", "--transport", "data-plane", "--value-size", str(SIZE),
+                        "--workload", workload, "--transport", "data-plane", "--value-size", str(SIZE),
                         "--concurrency", "1", "--duration", f"{duration}s", "--warmup", "0s",
                         "--quiet", "--out", str(out)], check=True, stdout=subprocess.DEVNULL)
         stop(sp)
     finally:
         srv.stop()
-    o = json.loads((out / "record.json").read_text())["steps"][0]["ops"]["write"]
+    o = json.loads((out / "record.json").read_text())["steps"][0]["ops"][workload]
     assert o["errors"] == 0, o
     return per_request(perf_read(tmp / "kv-server.txt"), perf_read(tmp / "kv-client.txt"),
                        o["ops"], o["ops"] / o["throughput_ops_s"])
 
 
-def redis(tmp: Path, duration: float, rate_guess: float) -> dict:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+        return s.getsockname()[1]
+
+
+def build_floor(work: Path) -> Path:
+    """scripts/tcp-floor.c, compiled: one buffer each side, no framing, no store."""
+    work.mkdir(parents=True, exist_ok=True)
+    exe = work / "tcp-floor"
+    subprocess.run(["cc", "-O2", "-Wall", "-o", str(exe), str(ROOT / "scripts/tcp-floor.c")], check=True)
+    return exe
+
+
+def floor(tmp: Path, duration: float, exe: Path, workload: str) -> dict:
+    port = free_port()
+    srv = subprocess.Popen(["taskset", "-c", "1", str(exe), "serve", str(port), str(SIZE)])
+    try:
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                assert time.monotonic() < deadline, "tcp-floor did not start"
+                time.sleep(0.02)
+        sp = perf_attach(srv.pid, tmp / "f-server.txt")
+        time.sleep(0.3)
+        out = subprocess.run(["taskset", "-c", "0", "perf", "stat", "-x", ",", "-e", "task-clock,page-faults",
+                              "-o", str(tmp / "f-client.txt"), "--", str(exe), "client", str(port), str(SIZE),
+                              workload, str(duration)], check=True, capture_output=True, text=True).stdout
+        stop(sp)
+    finally:
+        srv.kill()
+        srv.wait()
+    ops, seconds = out.split()
+    return per_request(perf_read(tmp / "f-server.txt"), perf_read(tmp / "f-client.txt"), int(ops), float(seconds))
+
+
+def redis(tmp: Path, duration: float, rate_guess: float, workload: str = "write") -> dict:
+    port = free_port()
     srv = subprocess.Popen(["taskset", "-c", "1", "redis-server", "--port", str(port), "--save", "",
                             "--appendonly", "no", "--maxmemory", "2gb", "--maxmemory-policy", "allkeys-lru",
                             "--dir", str(tmp)],
@@ -127,16 +177,22 @@ def redis(tmp: Path, duration: float, rate_guess: float) -> dict:
         while subprocess.run(["redis-cli", "-p", str(port), "ping"], capture_output=True).stdout.strip() != b"PONG":
             assert time.monotonic() < deadline, "redis-server did not start"
             time.sleep(0.05)
-        # Fill to maxmemory first (unmeasured): every measured SET then evicts.
+        if workload == "write":
+            # Fill to maxmemory first (unmeasured): every measured SET then evicts.
+            fill = ["-n", "2400", "-r", "100000000"]
+        else:
+            # The one key redis-benchmark's GET asks for ("key:__rand_int__" without -r).
+            fill = ["-n", "1"]
         subprocess.run(["taskset", "-c", "0", "redis-benchmark", "-p", str(port), "-t", "set", "-d", str(SIZE),
-                        "-c", "1", "-n", "2400", "-r", "100000000", "-q"], check=True, stdout=subprocess.DEVNULL)
+                        "-c", "1", *fill, "-q"], check=True, stdout=subprocess.DEVNULL)
         sp = perf_attach(srv.pid, tmp / "r-server.txt")
         time.sleep(0.3)
         n = max(500, int(rate_guess * duration))
         t0 = time.monotonic()
         subprocess.run(["taskset", "-c", "0", "perf", "stat", "-x", ",", "-e", "task-clock,page-faults",
-                        "-o", str(tmp / "r-client.txt"), "--", "redis-benchmark", "-p", str(port), "-t", "set",
-                        "-d", str(SIZE), "-c", "1", "-n", str(n), "-r", "100000000", "-q"],
+                        "-o", str(tmp / "r-client.txt"), "--", "redis-benchmark", "-p", str(port),
+                        *(["-t", "set", "-r", "100000000"] if workload == "write" else ["-t", "get"]),
+                        "-d", str(SIZE), "-c", "1", "-n", str(n), "-q"],
                        check=True, stdout=subprocess.DEVNULL)
         seconds = time.monotonic() - t0
         stop(sp)
@@ -152,38 +208,74 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--duration", type=float, default=3.0)
     ap.add_argument("--out", default=str(ROOT / "notes/035-cpu-split.json"))
+    ap.add_argument("--workload", default="write", help="write, read, or both: write,read")
     ap.add_argument("--ablate-crc", action="store_true", help="also kvtier with every CRC32C pass stubbed out")
+    ap.add_argument("--client-crc-free", action="store_true",
+                    help="also kvtier whose client's checksum before each write costs nothing (a memoising "
+                         "crc32c; every receiver's checksum as shipped)")
+    ap.add_argument("--floor", action="store_true",
+                    help="also scripts/tcp-floor.c: one loopback TCP connection, one buffer each side, nothing else")
+    ap.add_argument("--binary", action="append", default=[], metavar="NAME=PATH",
+                    help="also this kvtier binary, named NAME in the record (repeatable)")
     ap.add_argument("--work", default=str(ROOT / "out/035-cpu-split"))
     a = ap.parse_args()
-    for tool in ("perf", "redis-server", "redis-benchmark", "redis-cli"):
+    for tool in ("perf", "redis-server", "redis-benchmark", "redis-cli") + (("cc",) if a.floor else ()):
         if not shutil.which(tool):
             sys.exit(f"{tool} not found on PATH")
+    workloads = a.workload.split(",")
+    if not set(workloads) <= {"read", "write"}:
+        sys.exit(f"--workload: read and/or write, not {a.workload}")
     tmp = Path(tempfile.mkdtemp(prefix="kvtier-cpu-"))
-    systems = {"kvtier": BIN, "redis": None}
+    systems: dict = {"kvtier": BIN, "redis": None}
+    for spec in a.binary:
+        name, _, path = spec.partition("=")
+        if not path or not Path(path).is_file():
+            sys.exit(f"--binary {spec}: expected NAME=PATH to a kvtier binary")
+        systems[name] = Path(path)
+    if a.client_crc_free:
+        systems["kvtier, client's write CRC free"] = build_with_crc32c(Path(a.work), "client-write-free")
     if a.ablate_crc:
-        systems["kvtier, no CRC32C"] = build_without_crc(Path(a.work))
+        systems["kvtier, no CRC32C"] = build_with_crc32c(Path(a.work), "null")
+    if a.floor:
+        systems["tcp floor"] = build_floor(Path(a.work))
     rows = []
-    rate = 3000.0
+    rate = {"write": 3000.0, "read": 3000.0}
     for rep in range(1, a.repeat + 1):
-        for system, binary in systems.items():
-            r = kvtier(tmp, a.duration, binary) if binary else redis(tmp, a.duration, rate)
-            if system == "redis":
-                rate = 1e6 / r["wall_us"]
-            row = {"system": system, "repeat": rep, **{k: round(v, 2) for k, v in r.items()}}
-            print(json.dumps(row), flush=True)
-            rows.append(row)
+        for workload in workloads:
+            for system, binary in systems.items():
+                if system == "redis":
+                    r = redis(tmp, a.duration, rate[workload], workload)
+                    rate[workload] = 1e6 / r["wall_us"]
+                elif system == "tcp floor":
+                    r = floor(tmp, a.duration, binary, workload)
+                else:
+                    r = kvtier(tmp, a.duration, binary, workload)
+                row = {"workload": workload, "system": system, "repeat": rep,
+                       **{k: round(v, 2) for k, v in r.items()}}
+                print(json.dumps(row), flush=True)
+                rows.append(row)
     keys = ("wall_us", "server_cpu_us", "client_cpu_us", "server_page_faults", "client_page_faults")
-    summary = {s: {f"{k}_median": statistics.median(r[k] for r in rows if r["system"] == s) for k in keys}
+    summary: dict = {}
+    for workload in workloads:
+        mine = [r for r in rows if r["workload"] == workload]
+        med = {s: {f"{k}_median": statistics.median(r[k] for r in mine if r["system"] == s) for k in keys}
                for s in systems}
-    for s in systems:
-        if s != "redis":
-            summary[f"{s} minus redis, us"] = {
-                k: round(summary[s][f"{k}_median"] - summary["redis"][f"{k}_median"], 1)
-                for k in ("wall_us", "server_cpu_us", "client_cpu_us")}
-    write_record(a.out, "c=1 writes of 1.2 MB blocks: CPU per request on each side, kvtier vs Redis",
+        for s in systems:
+            if s != "redis":
+                med[f"{s} minus redis, us"] = {
+                    k: round(med[s][f"{k}_median"] - med["redis"][f"{k}_median"], 1)
+                    for k in ("wall_us", "server_cpu_us", "client_cpu_us")}
+                med[f"{s} ops/s over redis's"] = round(med["redis"]["wall_us_median"] / med[s]["wall_us_median"], 3)
+        # Record shape of notes/035 (writes only) kept: the summary is per
+        # system there, per workload and system when several ran.
+        summary.update(med if workloads == ["write"] else {workload: med})
+    what = " and ".join(f"{w}s" for w in workloads)
+    write_record(a.out, f"c=1 {what} of 1.2 MB blocks: CPU per request on each side, kvtier vs Redis",
                  "cpu-split.py", placement={"server_cpu": 1, "client_cpu": 0},
-                 clients={"kvtier": "kvtier bench (data plane)", "redis": "redis-benchmark -t set -r 100000000"},
-                 summary=summary, rows=rows)
+                 clients={"kvtier": "kvtier bench (data plane)",
+                          "redis": "redis-benchmark -t set -r 100000000 (writes), -t get (reads)",
+                          **({"tcp floor": "scripts/tcp-floor.c client"} if a.floor else {})},
+                 binaries={k: str(v) for k, v in systems.items() if v is not None}, summary=summary, rows=rows)
 
 
 if __name__ == "__main__":

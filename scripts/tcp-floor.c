@@ -1,0 +1,120 @@
+/* The floor of a 1.2 MB request over one loopback TCP connection (issue 12,
+ * notes/036): what any TCP key-value store, kvtier or Redis, must at least
+ * spend to move one block and a reply, with nothing else done.
+ *
+ *   tcp-floor serve PORT SIZE
+ *   tcp-floor client PORT SIZE read|write SECONDS
+ *
+ * The client sends a 1-byte opcode ('R' or 'W'). A write sends SIZE bytes
+ * after it and waits for a 1-byte acknowledgement; a read waits for SIZE
+ * bytes. Both sides reuse one buffer allocated and touched up front: no
+ * framing, no allocation, no page faults, no checksum, no store, one copy on
+ * each side (the kernel's), the sockets at the system's defaults. The client
+ * prints "<ops> <seconds>". The server serves one connection at a time, in
+ * one thread, until killed.
+ */
+#define _GNU_SOURCE
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+static void die(const char *what) {
+    perror(what);
+    exit(1);
+}
+
+/* 1 when n bytes were read, 0 when the peer closed first. */
+static int read_full(int fd, char *buf, size_t n) {
+    while (n > 0) {
+        ssize_t got = read(fd, buf, n);
+        if (got == 0) return 0;
+        if (got < 0) die("read");
+        buf += got;
+        n -= (size_t)got;
+    }
+    return 1;
+}
+
+static void write_full(int fd, const char *buf, size_t n) {
+    while (n > 0) {
+        ssize_t put = write(fd, buf, n);
+        if (put <= 0) die("write");
+        buf += put;
+        n -= (size_t)put;
+    }
+}
+
+static double now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec + t.tv_nsec / 1e9;
+}
+
+static void serve(int port, size_t size, char *buf) {
+    int one = 1, ls = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(port)};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    setsockopt(ls, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    if (bind(ls, (struct sockaddr *)&a, sizeof a) || listen(ls, 4)) die("listen");
+    for (;;) {
+        int c = accept(ls, NULL, NULL);
+        if (c < 0) die("accept");
+        setsockopt(c, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+        char op;
+        while (read_full(c, &op, 1)) {
+            if (op == 'W') {
+                if (!read_full(c, buf, size)) break;
+                write_full(c, "k", 1);
+            } else {
+                write_full(c, buf, size);
+            }
+        }
+        close(c);
+    }
+}
+
+static void client(int port, size_t size, char *buf, char op, double seconds) {
+    int one = 1, c = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(port)};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (connect(c, (struct sockaddr *)&a, sizeof a)) die("connect");
+    setsockopt(c, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    long ops = 0;
+    double t0 = now(), t;
+    char ack;
+    do {
+        if (op == 'W') {
+            write_full(c, "W", 1);
+            write_full(c, buf, size);
+            if (!read_full(c, &ack, 1)) die("server closed");
+        } else {
+            write_full(c, "R", 1);
+            if (!read_full(c, buf, size)) die("server closed");
+        }
+        ops++;
+        t = now();
+    } while (t - t0 < seconds);
+    printf("%ld %.6f\n", ops, t - t0);
+}
+
+int main(int argc, char **argv) {
+    if (argc < 4) {
+        fprintf(stderr, "usage: tcp-floor serve PORT SIZE | client PORT SIZE read|write SECONDS\n");
+        return 2;
+    }
+    int port = atoi(argv[2]);
+    size_t size = strtoul(argv[3], NULL, 10);
+    char *buf = malloc(size);
+    if (!buf) die("malloc");
+    memset(buf, 'x', size);
+    if (!strcmp(argv[1], "serve")) serve(port, size, buf);
+    else if (argc == 6) client(port, size, buf, argv[4][0] == 'w' ? 'W' : 'R', atof(argv[5]));
+    else return 2;
+    return 0;
+}
