@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Where a c=1 write of a 1.2 MB block spends CPU, kvtier against Redis
-(issue 12, notes/035): each side's CPU time per request, measured with
+"""Where a c=1 write (or read) of a 1.2 MB block spends CPU, kvtier against
+Redis (issue 12, notes/035, notes/036): each side's CPU time per request, measured with
 `perf stat -e task-clock,page-faults` on the server process and on the
 client process, next to the wall time per request.
 
@@ -22,8 +22,26 @@ crc32c crate that computes nothing (scripts/cost-split.py's
 client's and the server's, and nothing else. It is a measuring instrument,
 not a product: it checks nothing.
 
+With --client-crc-free, kvtier built against a crc32c whose one-shot
+`crc32c()` memoises the buffer it saw last (the bench writes one payload
+over and over): the client's checksum before each write costs nothing, every
+receiver's checksum as the bytes arrive is computed as shipped. It bounds
+what any scheme that takes the client's pass off the request's path (a CRC
+trailer, another core) can gain.
+
+With --floor, scripts/tcp-floor.c runs the same requests with nothing but
+the transfer: one loopback TCP connection, one buffer on each side, a 1-byte
+opcode and acknowledgement. No TCP store can beat it with this placement.
+
+--workload read measures GETs (Redis: redis-benchmark on its one key, and
+kvtier bench's own Redis client, the other half of issue 12's rule 2; kvtier:
+its 64 preloaded blocks). --binary NAME=PATH adds any other kvtier binary.
+`--table RECORD` prints a record's tables (notes/036).
+
   cargo build --release -p kvtier
   python3 scripts/cpu-split.py --repeat 5 --ablate-crc --out notes/035-cpu-split.json
+  python3 scripts/cpu-split.py --repeat 5 --workload write,read --floor --ablate-crc --client-crc-free \
+      --out notes/036-write-floor.json
 """
 from __future__ import annotations
 
@@ -203,7 +221,60 @@ def redis(tmp: Path, duration: float, rate_guess: float, workload: str = "write"
     return per_request(perf_read(tmp / "r-server.txt"), perf_read(tmp / "r-client.txt"), n, seconds)
 
 
+def redis_bench_client(tmp: Path, duration: float, binary: Path) -> dict:
+    """Redis GETs driven by kvtier bench's own Redis client, the other half of
+    issue 12's rule 2 (the Redis denominator is the better of this and
+    redis-benchmark). The bench drives a kvtier server beside it in the same
+    run; only Redis's wall time per request is taken, no CPU."""
+    srv = Server.start(binary, ["--memory-capacity", "2GiB"], cpus={1})
+    try:
+        out = tmp / "rb-bench"
+        shutil.rmtree(out, ignore_errors=True)
+        subprocess.run(["taskset", "-c", "0", str(binary), "bench", "--target", srv.grpc, "--workload", "read",
+                        "--transport", "data-plane", "--value-size", str(SIZE), "--concurrency", "1",
+                        "--duration", f"{duration}s", "--warmup", "0s", "--peer", "redis://spawn",
+                        "--peer-cpus", "1", "--quiet", "--out", str(out)], check=True, stdout=subprocess.DEVNULL)
+    finally:
+        srv.stop()
+    o = json.loads((out / "record.json").read_text())["peers"][0]["steps"][0]["ops"]["get"]
+    assert o["errors"] == 0, o
+    return {"ops": o["ops"], "wall_us": 1e6 / o["throughput_ops_s"]}
+
+
+def table(record: dict) -> str:
+    """Markdown of a record: per workload, each system's medians, its ops/s
+    over the best Redis number (the better of redis-benchmark and, where it
+    ran, kvtier bench's client) and over the TCP floor, and every repeat."""
+    out = []
+    for workload in dict.fromkeys(r["workload"] for r in record["rows"]):
+        rows = [r for r in record["rows"] if r["workload"] == workload]
+        systems = list(dict.fromkeys(r["system"] for r in rows))
+
+        def med(system: str, key: str) -> float | None:
+            vals = [r[key] for r in rows if r["system"] == system and key in r]
+            return statistics.median(vals) if vals else None
+
+        redis_best = min(med(s, "wall_us") for s in systems if s.startswith("redis"))
+        floor = med("tcp floor", "wall_us")
+        out += [f"### {workload}s, c=1, 1.2 MB (µs per request, medians of {max(r['repeat'] for r in rows)})", "",
+                "| system | wall | ops/s | server CPU | client CPU | ops/s over Redis's best | wall over the TCP floor's |"
+                " per-repeat wall |", "|---|---|---|---|---|---|---|---|"]
+        for s in systems:
+            wall = med(s, "wall_us")
+            cpu = [med(s, k) for k in ("server_cpu_us", "client_cpu_us")]
+            reps = ", ".join(f"{r['wall_us']:.0f}" for r in rows if r["system"] == s)
+            out.append(f"| {s} | {wall:.1f} | {1e6 / wall:,.0f} | "
+                       + " | ".join("–" if c is None else f"{c:.1f}" for c in cpu)
+                       + f" | {redis_best / wall:.2f}× | " + ("–" if floor is None else f"{wall / floor:.2f}×")
+                       + f" | {reps} |")
+        out.append("")
+    return "\n".join(out)
+
+
 def main() -> None:
+    if sys.argv[1:2] == ["--table"]:
+        print(table(json.loads(Path(sys.argv[2]).read_text())))
+        return
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--duration", type=float, default=3.0)
@@ -238,6 +309,8 @@ def main() -> None:
         systems["kvtier, no CRC32C"] = build_with_crc32c(Path(a.work), "null")
     if a.floor:
         systems["tcp floor"] = build_floor(Path(a.work))
+    if "read" in workloads:
+        systems["redis, kvtier bench's client"] = BIN
     rows = []
     rate = {"write": 3000.0, "read": 3000.0}
     for rep in range(1, a.repeat + 1):
@@ -248,6 +321,10 @@ def main() -> None:
                     rate[workload] = 1e6 / r["wall_us"]
                 elif system == "tcp floor":
                     r = floor(tmp, a.duration, binary, workload)
+                elif system == "redis, kvtier bench's client":
+                    if workload != "read":
+                        continue
+                    r = redis_bench_client(tmp, a.duration, binary)
                 else:
                     r = kvtier(tmp, a.duration, binary, workload)
                 row = {"workload": workload, "system": system, "repeat": rep,
@@ -258,10 +335,14 @@ def main() -> None:
     summary: dict = {}
     for workload in workloads:
         mine = [r for r in rows if r["workload"] == workload]
-        med = {s: {f"{k}_median": statistics.median(r[k] for r in mine if r["system"] == s) for k in keys}
-               for s in systems}
-        for s in systems:
-            if s != "redis":
+        ran = [s for s in systems if any(r["system"] == s for r in mine)]
+        med = {s: {f"{k}_median": statistics.median(r[k] for r in mine if r["system"] == s)
+                   for k in keys if all(k in r for r in mine if r["system"] == s)}
+               for s in ran}
+        for s in ran:
+            if s != "redis" and "server_cpu_us_median" not in med[s]:
+                med[f"{s} ops/s over redis's"] = round(med["redis"]["wall_us_median"] / med[s]["wall_us_median"], 3)
+            elif s != "redis":
                 med[f"{s} minus redis, us"] = {
                     k: round(med[s][f"{k}_median"] - med["redis"][f"{k}_median"], 1)
                     for k in ("wall_us", "server_cpu_us", "client_cpu_us")}
