@@ -194,7 +194,7 @@ def baselines(a: argparse.Namespace) -> dict:
     subprocess.run(["taskset", "-c", a.server_cpu, "cargo", "bench", "-q", "-p", "kvtier-core", "--bench", "engine",
                     "--", "--noplot", "baseline/"], cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
     out = {}
-    for name in ("crc32c_1.2MB", "crc32c_folded_1.2MB", "memcpy_1.2MB"):
+    for name in ("crc32c_1.2MB", "crc32c_1.2MB_uncached", "crc32c_folded_1.2MB", "memcpy_1.2MB"):
         est = json.loads((ROOT / "target/criterion/baseline" / name / "new/estimates.json").read_text())
         out[name] = {"median_us": est["median"]["point_estimate"] / 1000,
                      "bytes": 1_200_000}

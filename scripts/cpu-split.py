@@ -98,13 +98,17 @@ def per_request(server: dict, client: dict, ops: int, seconds: float) -> dict:
     }
 
 
-def build_with_crc32c(work: Path, variant: str) -> Path:
-    """kvtier against a stand-in crc32c crate (scripts/cost-split.py):
-    `null` (no checksum anywhere) or `client-write-free`."""
+def cost_split():
     spec = importlib.util.spec_from_file_location("cost_split", ROOT / "scripts/cost-split.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    return mod.build_with_crc32c(work, variant)
+    return mod
+
+
+def build_with_crc32c(work: Path, variant: str) -> Path:
+    """kvtier against a stand-in crc32c crate (scripts/cost-split.py):
+    `null` (no checksum anywhere) or `client-write-free`."""
+    return cost_split().build_with_crc32c(work, variant)
 
 
 def kvtier(tmp: Path, duration: float, binary: Path = BIN, workload: str = "write") -> dict:
@@ -288,6 +292,9 @@ def main() -> None:
                     help="also scripts/tcp-floor.c: one loopback TCP connection, one buffer each side, nothing else")
     ap.add_argument("--binary", action="append", default=[], metavar="NAME=PATH",
                     help="also this kvtier binary, named NAME in the record (repeatable)")
+    ap.add_argument("--baselines", action="store_true",
+                    help="also the engine's criterion baselines on CPU 1: CRC32C of 1.2 MB from the cache and not, "
+                         "memcpy (scripts/cost-split.py)")
     ap.add_argument("--work", default=str(ROOT / "out/035-cpu-split"))
     a = ap.parse_args()
     for tool in ("perf", "redis-server", "redis-benchmark", "redis-cli") + (("cc",) if a.floor else ()):
@@ -333,7 +340,7 @@ def main() -> None:
                 rows.append(row)
     keys = ("wall_us", "server_cpu_us", "client_cpu_us", "server_page_faults", "client_page_faults")
     summary: dict = {}
-    for workload in workloads:
+    for workload in workloads if rows else []:
         mine = [r for r in rows if r["workload"] == workload]
         ran = [s for s in systems if any(r["system"] == s for r in mine)]
         med = {s: {f"{k}_median": statistics.median(r[k] for r in mine if r["system"] == s)
@@ -356,7 +363,8 @@ def main() -> None:
                  clients={"kvtier": "kvtier bench (data plane)",
                           "redis": "redis-benchmark -t set -r 100000000 (writes), -t get (reads)",
                           **({"tcp floor": "scripts/tcp-floor.c client"} if a.floor else {})},
-                 binaries={k: str(v) for k, v in systems.items() if v is not None}, summary=summary, rows=rows)
+                 binaries={k: str(v) for k, v in systems.items() if v is not None}, summary=summary, rows=rows,
+                 **({"baselines": cost_split().baselines(argparse.Namespace(server_cpu="1"))} if a.baselines else {}))
 
 
 if __name__ == "__main__":

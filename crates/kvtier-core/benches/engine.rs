@@ -119,7 +119,8 @@ fn blocks(c: &mut Criterion, name: &str, size: usize, cap: ByteSize) {
 }
 
 /// Baselines measured in the same run: what a copying store pays per 1.2 MB
-/// block (memcpy), what checksum verification costs (crc32c, two implementations), and the floor for
+/// block (memcpy), what checksum verification costs (crc32c, two implementations; from the cache and
+/// not), and the floor for
 /// a small-value read (a plain mutex-guarded HashMap lookup).
 fn bench_baselines(c: &mut Criterion) {
     let mut g = c.benchmark_group("baseline");
@@ -137,6 +138,17 @@ fn bench_baselines(c: &mut Criterion) {
     });
     g.bench_function("crc32c_1.2MB", |b| {
         b.iter(|| crc32c::crc32c(std::hint::black_box(&src)))
+    });
+    // The same CRC over a block that is not in the cache, as a client's pass
+    // over a payload it wrote long ago (or a receiver's over a buffer the
+    // cache has lost): 64 distinct blocks, 77 MB, taken in turn (notes/036).
+    let cold: Vec<Vec<u8>> = (0..64u8).map(|i| vec![i; 1_200_000]).collect();
+    let mut next = 0usize;
+    g.bench_function("crc32c_1.2MB_uncached", |b| {
+        b.iter(|| {
+            next = (next + 1) % cold.len();
+            crc32c::crc32c(std::hint::black_box(&cold[next]))
+        })
     });
     // The same CRC by carry-less-multiply folding (crc-fast, SIMD; the
     // alternative issue 12 names): kept only if it beats the one above.
