@@ -7,6 +7,7 @@ import datetime
 import json
 import os
 import platform
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -34,7 +35,7 @@ def write_record(out: str | Path, title: str, script: str, **fields) -> None:
         "git_commit": git("rev-parse", "HEAD"),
         "dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
         "machine": {"host": platform.node(), "cpus": os.cpu_count(), "kernel": platform.release()},
-        "command": f"scripts/{script} " + " ".join(sys.argv[1:]),
+        "command": shlex.join([f"scripts/{script}", *sys.argv[1:]]),
         **fields,
     }
     Path(out).write_text(json.dumps(record, indent=1) + "\n")
