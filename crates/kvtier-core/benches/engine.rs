@@ -119,9 +119,9 @@ fn blocks(c: &mut Criterion, name: &str, size: usize, cap: ByteSize) {
 }
 
 /// Baselines measured in the same run: what a copying store pays per 1.2 MB
-/// block (memcpy), what checksum verification costs (crc32c, two implementations; from the cache and
-/// not), and the floor for
-/// a small-value read (a plain mutex-guarded HashMap lookup).
+/// block (memcpy), what checksum verification costs (crc32c, two
+/// implementations; from the cache and not), and the floor for a small-value
+/// read (a plain mutex-guarded HashMap lookup).
 fn bench_baselines(c: &mut Criterion) {
     let mut g = c.benchmark_group("baseline");
     g.sample_size(20)
