@@ -8,7 +8,6 @@ use kvtier_core::Key;
 use kvtier_proto::v1 as pb;
 use kvtier_proto::wire::{
     HEADER_LEN, Header, Kind, check_lengths, read_exact_bytes, read_payloads_checked,
-    write_all_vectored,
 };
 use parking_lot::Mutex;
 use prost::Message;
@@ -16,11 +15,12 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite};
+use tokio::io::AsyncReadExt;
 use tokio::net::TcpStream;
 use tokio::sync::Semaphore;
 
 mod conn;
+pub mod splice;
 
 pub use conn::{Conn, WireTls};
 
@@ -434,7 +434,7 @@ async fn dial(
         tracing::debug!(congestion = cc, error = %e, "data plane: congestion control refused");
     }
     let mut s = match tls {
-        None => Conn::Plain(tcp),
+        None => Conn::Plain(tcp, splice::Splicer::default()),
         Some(t) => Conn::Tls(Box::new(
             t.connector
                 .connect(t.server_name.clone(), tcp)
@@ -477,8 +477,8 @@ struct Frame {
     payloads: Vec<(Bytes, u32)>,
 }
 
-async fn exchange<S: AsyncRead + AsyncWrite + Unpin>(
-    sock: &mut S,
+async fn exchange(
+    sock: &mut Conn,
     kind: Kind,
     id: u64,
     meta: Vec<u8>,
@@ -493,9 +493,7 @@ async fn exchange<S: AsyncRead + AsyncWrite + Unpin>(
         data_len: data_len as u32,
     }
     .encode();
-    let mut parts: Vec<&[u8]> = vec![&header, &meta];
-    parts.extend(data.iter().map(|b| &b[..]));
-    write_all_vectored(sock, &parts).await?;
+    sock.send_frame(&[&header, &meta], data).await?;
     let mut raw = [0u8; HEADER_LEN];
     sock.read_exact(&mut raw).await?;
     let h = Header::decode(&raw).map_err(invalid)?;
