@@ -1,9 +1,6 @@
 //! A data-plane connection, plain TCP or TLS, as one stream type the
 //! framing code reads and writes without caring which.
 
-use super::splice::Splicer;
-use bytes::Bytes;
-use kvtier_proto::wire::write_all_vectored;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
@@ -21,8 +18,8 @@ pub struct WireTls {
 
 /// A data-plane connection, plain or TLS.
 pub enum Conn {
-    /// Plain TCP; large payloads are spliced, not copied (`super::splice`).
-    Plain(TcpStream, Splicer),
+    /// Plain TCP.
+    Plain(TcpStream),
     /// TLS over TCP.
     Tls(Box<tokio_rustls::client::TlsStream<TcpStream>>),
 }
@@ -31,29 +28,8 @@ impl Conn {
     /// The TCP socket underneath.
     pub fn tcp(&self) -> &TcpStream {
         match self {
-            Conn::Plain(s, _) => s,
+            Conn::Plain(s) => s,
             Conn::Tls(s) => s.get_ref().0,
-        }
-    }
-
-    /// Sends one frame: `head` (header and metadata, written) and then the
-    /// payloads, which a plain connection splices from the caller's memory
-    /// when they are large. The caller keeps `data` alive, unchanged, until
-    /// the peer has answered (`super::splice`).
-    pub async fn send_frame(&mut self, head: &[&[u8]], data: &[Bytes]) -> std::io::Result<()> {
-        match self {
-            Conn::Plain(s, sp) if data.iter().any(|d| d.len() >= super::splice::SPLICE_MIN) => {
-                write_all_vectored(s, head).await?;
-                for (i, d) in data.iter().enumerate() {
-                    sp.send(s, d, i + 1 < data.len()).await?;
-                }
-                Ok(())
-            }
-            _ => {
-                let mut parts: Vec<&[u8]> = head.to_vec();
-                parts.extend(data.iter().map(|b| &b[..]));
-                write_all_vectored(self, &parts).await
-            }
         }
     }
 }
@@ -65,7 +41,7 @@ impl AsyncRead for Conn {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<std::io::Result<()>> {
         match self.get_mut() {
-            Conn::Plain(s, _) => Pin::new(s).poll_read(cx, buf),
+            Conn::Plain(s) => Pin::new(s).poll_read(cx, buf),
             Conn::Tls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
         }
     }
@@ -78,7 +54,7 @@ impl AsyncWrite for Conn {
         buf: &[u8],
     ) -> Poll<std::io::Result<usize>> {
         match self.get_mut() {
-            Conn::Plain(s, _) => Pin::new(s).poll_write(cx, buf),
+            Conn::Plain(s) => Pin::new(s).poll_write(cx, buf),
             Conn::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
         }
     }
@@ -88,25 +64,25 @@ impl AsyncWrite for Conn {
         bufs: &[std::io::IoSlice<'_>],
     ) -> Poll<std::io::Result<usize>> {
         match self.get_mut() {
-            Conn::Plain(s, _) => Pin::new(s).poll_write_vectored(cx, bufs),
+            Conn::Plain(s) => Pin::new(s).poll_write_vectored(cx, bufs),
             Conn::Tls(s) => Pin::new(s.as_mut()).poll_write_vectored(cx, bufs),
         }
     }
     fn is_write_vectored(&self) -> bool {
         match self {
-            Conn::Plain(s, _) => s.is_write_vectored(),
+            Conn::Plain(s) => s.is_write_vectored(),
             Conn::Tls(s) => s.is_write_vectored(),
         }
     }
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
         match self.get_mut() {
-            Conn::Plain(s, _) => Pin::new(s).poll_flush(cx),
+            Conn::Plain(s) => Pin::new(s).poll_flush(cx),
             Conn::Tls(s) => Pin::new(s.as_mut()).poll_flush(cx),
         }
     }
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
         match self.get_mut() {
-            Conn::Plain(s, _) => Pin::new(s).poll_shutdown(cx),
+            Conn::Plain(s) => Pin::new(s).poll_shutdown(cx),
             Conn::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
         }
     }

@@ -8,6 +8,7 @@ use kvtier_core::Key;
 use kvtier_proto::v1 as pb;
 use kvtier_proto::wire::{
     HEADER_LEN, Header, Kind, check_lengths, read_exact_bytes, read_payloads_checked,
+    write_all_vectored,
 };
 use parking_lot::Mutex;
 use prost::Message;
@@ -15,12 +16,11 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
-use tokio::io::AsyncReadExt;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite};
 use tokio::net::TcpStream;
 use tokio::sync::Semaphore;
 
 mod conn;
-pub mod splice;
 
 pub use conn::{Conn, WireTls};
 
@@ -434,7 +434,7 @@ async fn dial(
         tracing::debug!(congestion = cc, error = %e, "data plane: congestion control refused");
     }
     let mut s = match tls {
-        None => Conn::Plain(tcp, splice::Splicer::default()),
+        None => Conn::Plain(tcp),
         Some(t) => Conn::Tls(Box::new(
             t.connector
                 .connect(t.server_name.clone(), tcp)
@@ -477,8 +477,8 @@ struct Frame {
     payloads: Vec<(Bytes, u32)>,
 }
 
-async fn exchange(
-    sock: &mut Conn,
+async fn exchange<S: AsyncRead + AsyncWrite + Unpin>(
+    sock: &mut S,
     kind: Kind,
     id: u64,
     meta: Vec<u8>,
@@ -493,7 +493,9 @@ async fn exchange(
         data_len: data_len as u32,
     }
     .encode();
-    sock.send_frame(&[&header, &meta], data).await?;
+    let mut parts: Vec<&[u8]> = vec![&header, &meta];
+    parts.extend(data.iter().map(|b| &b[..]));
+    write_all_vectored(sock, &parts).await?;
     let mut raw = [0u8; HEADER_LEN];
     sock.read_exact(&mut raw).await?;
     let h = Header::decode(&raw).map_err(invalid)?;
