@@ -289,6 +289,9 @@ def main() -> None:
                          "crc32c; every receiver's checksum as shipped)")
     ap.add_argument("--floor", action="store_true",
                     help="also scripts/tcp-floor.c: one loopback TCP connection, one buffer each side, nothing else")
+    ap.add_argument("--floor-splice", action="store_true",
+                    help="also the floor whose client sends by vmsplice + splice, without the kernel's copy "
+                         "(writes only; notes/037)")
     ap.add_argument("--binary", action="append", default=[], metavar="NAME=PATH",
                     help="also this kvtier binary, named NAME in the record (repeatable)")
     ap.add_argument("--baselines", action="store_true",
@@ -296,7 +299,7 @@ def main() -> None:
                          "memcpy (scripts/cost-split.py)")
     ap.add_argument("--work", default=str(ROOT / "out/035-cpu-split"))
     a = ap.parse_args()
-    for tool in ("perf", "redis-server", "redis-benchmark", "redis-cli") + (("cc",) if a.floor else ()):
+    for tool in ("perf", "redis-server", "redis-benchmark", "redis-cli") + (("cc",) if a.floor or a.floor_splice else ()):
         if not shutil.which(tool):
             sys.exit(f"{tool} not found on PATH")
     workloads = a.workload.split(",")
@@ -315,6 +318,8 @@ def main() -> None:
         systems["kvtier, no CRC32C"] = build_with_crc32c(Path(a.work), "null")
     if a.floor:
         systems["tcp floor"] = build_floor(Path(a.work))
+    if a.floor_splice:
+        systems["tcp floor, spliced send"] = build_floor(Path(a.work))
     if "read" in workloads:
         systems["redis, kvtier bench's client"] = BIN
     rows = []
@@ -327,6 +332,10 @@ def main() -> None:
                     rate[workload] = 1e6 / r["wall_us"]
                 elif system == "tcp floor":
                     r = floor(tmp, a.duration, binary, workload)
+                elif system == "tcp floor, spliced send":
+                    if workload != "write":
+                        continue
+                    r = floor(tmp, a.duration, binary, "write-splice")
                 elif system == "redis, kvtier bench's client":
                     if workload != "read":
                         continue
@@ -361,7 +370,9 @@ def main() -> None:
                  "cpu-split.py", placement={"server_cpu": 1, "client_cpu": 0},
                  clients={"kvtier": "kvtier bench (data plane)",
                           "redis": "redis-benchmark -t set -r 100000000 (writes), -t get (reads)",
-                          **({"tcp floor": "scripts/tcp-floor.c client"} if a.floor else {})},
+                          **({"tcp floor": "scripts/tcp-floor.c client"} if a.floor else {}),
+                          **({"tcp floor, spliced send": "scripts/tcp-floor.c client (write-splice)"}
+                             if a.floor_splice else {})},
                  binaries={k: str(v) for k, v in systems.items() if v is not None}, summary=summary, rows=rows,
                  **({"baselines": cost_split().baselines(argparse.Namespace(server_cpu="1"))} if a.baselines else {}))
 

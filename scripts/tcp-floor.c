@@ -3,7 +3,7 @@
  * spend to move one block and a reply, with nothing else done.
  *
  *   tcp-floor serve PORT SIZE
- *   tcp-floor client PORT SIZE read|write SECONDS
+ *   tcp-floor client PORT SIZE read|write|write-splice SECONDS
  *
  * The client sends a 1-byte opcode ('R' or 'W'). A write sends SIZE bytes
  * after it and waits for a 1-byte acknowledgement; a read waits for SIZE
@@ -12,9 +12,16 @@
  * each side (the kernel's), the sockets at the system's defaults. The client
  * prints "<ops> <seconds>". The server serves one connection at a time, in
  * one thread, until killed.
+ *
+ * write-splice sends the block without the kernel's copy on the client:
+ * vmsplice(2) maps the buffer's pages into a pipe (made 1 MiB) and splice(2)
+ * moves them into the socket, so the server's read is the only copy
+ * (notes/037). The buffer is never changed, so the pages may be referenced
+ * by the socket for as long as it likes.
  */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <stdio.h>
@@ -22,6 +29,7 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <time.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 static void die(const char *what) {
@@ -47,6 +55,23 @@ static void write_full(int fd, const char *buf, size_t n) {
         if (put <= 0) die("write");
         buf += put;
         n -= (size_t)put;
+    }
+}
+
+/* The block through a pipe: vmsplice its pages, splice them to the socket. */
+static void splice_full(int fd, int pipe_rd, int pipe_wr, const char *buf, size_t n) {
+    while (n > 0) {
+        struct iovec v = {(void *)buf, n};
+        ssize_t in = vmsplice(pipe_wr, &v, 1, 0);
+        if (in <= 0) die("vmsplice");
+        for (ssize_t left = in; left > 0;) {
+            /* More of the block follows this pipeful: do not push yet. */
+            ssize_t out = splice(pipe_rd, NULL, fd, NULL, (size_t)left, (size_t)in < n ? SPLICE_F_MORE : 0);
+            if (out <= 0) die("splice");
+            left -= out;
+        }
+        buf += in;
+        n -= (size_t)in;
     }
 }
 
@@ -80,6 +105,10 @@ static void serve(int port, size_t size, char *buf) {
 }
 
 static void client(int port, size_t size, char *buf, char op, double seconds) {
+    int p[2] = {-1, -1};
+    if (op == 'S') {
+        if (pipe(p) || fcntl(p[1], F_SETPIPE_SZ, 1 << 20) < 0) die("pipe");
+    }
     int one = 1, c = socket(AF_INET, SOCK_STREAM, 0);
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(port)};
     a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
@@ -89,9 +118,10 @@ static void client(int port, size_t size, char *buf, char op, double seconds) {
     double t0 = now(), t;
     char ack;
     do {
-        if (op == 'W') {
+        if (op == 'W' || op == 'S') {
             write_full(c, "W", 1);
-            write_full(c, buf, size);
+            if (op == 'S') splice_full(c, p[0], p[1], buf, size);
+            else write_full(c, buf, size);
             if (!read_full(c, &ack, 1)) die("server closed");
         } else {
             write_full(c, "R", 1);
@@ -105,7 +135,7 @@ static void client(int port, size_t size, char *buf, char op, double seconds) {
 
 int main(int argc, char **argv) {
     if (argc < 4) {
-        fprintf(stderr, "usage: tcp-floor serve PORT SIZE | client PORT SIZE read|write SECONDS\n");
+        fprintf(stderr, "usage: tcp-floor serve PORT SIZE | client PORT SIZE read|write|write-splice SECONDS\n");
         return 2;
     }
     int port = atoi(argv[2]);
@@ -114,7 +144,9 @@ int main(int argc, char **argv) {
     if (!buf) die("malloc");
     memset(buf, 'x', size);
     if (!strcmp(argv[1], "serve")) serve(port, size, buf);
-    else if (argc == 6) client(port, size, buf, argv[4][0] == 'w' ? 'W' : 'R', atof(argv[5]));
+    else if (argc == 6) client(port, size, buf,
+                             !strcmp(argv[4], "write-splice") ? 'S' : argv[4][0] == 'w' ? 'W' : 'R',
+                             atof(argv[5]));
     else return 2;
     return 0;
 }
