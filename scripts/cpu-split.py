@@ -316,10 +316,11 @@ def main() -> None:
         systems["kvtier, client's write CRC free"] = build_with_crc32c(Path(a.work), "client-write-free")
     if a.ablate_crc:
         systems["kvtier, no CRC32C"] = build_with_crc32c(Path(a.work), "null")
+    floor_exe = build_floor(Path(a.work)) if a.floor or a.floor_splice else None
     if a.floor:
-        systems["tcp floor"] = build_floor(Path(a.work))
+        systems["tcp floor"] = floor_exe
     if a.floor_splice:
-        systems["tcp floor, spliced send"] = build_floor(Path(a.work))
+        systems["tcp floor, spliced send"] = floor_exe
     if "read" in workloads:
         systems["redis, kvtier bench's client"] = BIN
     rows = []

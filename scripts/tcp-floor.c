@@ -1,6 +1,7 @@
 /* The floor of a 1.2 MB request over one loopback TCP connection (issue 12,
- * notes/036): what any TCP key-value store, kvtier or Redis, must at least
- * spend to move one block and a reply, with nothing else done.
+ * notes/036): what any TCP key-value store whose sender copies, kvtier or
+ * Redis, must at least spend to move one block and a reply, with nothing
+ * else done (a sender that splices spends less: write-splice, notes/037).
  *
  *   tcp-floor serve PORT SIZE
  *   tcp-floor client PORT SIZE read|write|write-splice SECONDS
@@ -28,8 +29,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
-#include <time.h>
 #include <sys/uio.h>
+#include <time.h>
 #include <unistd.h>
 
 static void die(const char *what) {
