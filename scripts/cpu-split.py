@@ -31,7 +31,10 @@ trailer, another core) can gain.
 
 With --floor, scripts/tcp-floor.c runs the same requests with nothing but
 the transfer: one loopback TCP connection, one buffer on each side, a 1-byte
-opcode and acknowledgement. No TCP store can beat it with this placement.
+opcode and acknowledgement. No TCP store whose sender copies can beat it
+with this placement. --floor-splice adds the floor whose sender splices;
+--floor-buffers 64 makes the floor's server take 64 buffers in turn, as
+kvtier reads 64 blocks (notes/039).
 
 --workload read measures GETs (Redis: redis-benchmark on its one key, and
 kvtier bench's own Redis client, the other half of issue 12's rule 2; kvtier:
@@ -162,9 +165,9 @@ def build_floor(work: Path) -> Path:
     return exe
 
 
-def floor(tmp: Path, duration: float, exe: Path, workload: str) -> dict:
+def floor(tmp: Path, duration: float, exe: Path, workload: str, buffers: int = 1) -> dict:
     port = free_port()
-    srv = subprocess.Popen(["taskset", "-c", "1", str(exe), "serve", str(port), str(SIZE)])
+    srv = subprocess.Popen(["taskset", "-c", "1", str(exe), "serve", str(port), str(SIZE), str(buffers)])
     try:
         deadline = time.monotonic() + 10
         while True:
@@ -290,8 +293,11 @@ def main() -> None:
     ap.add_argument("--floor", action="store_true",
                     help="also scripts/tcp-floor.c: one loopback TCP connection, one buffer each side, nothing else")
     ap.add_argument("--floor-splice", action="store_true",
-                    help="also the floor whose client sends by vmsplice + splice, without the kernel's copy "
-                         "(writes only; notes/037)")
+                    help="also the floor whose sender (the client of a write, the server of a read) sends by "
+                         "vmsplice + splice, without the kernel's copy (notes/037, 039)")
+    ap.add_argument("--floor-buffers", type=int, default=1, metavar="N",
+                    help="the floor's server takes N buffers in turn, one per request (default 1; 64 touches as "
+                         "much memory as kvtier's 64 preloaded blocks, notes/039)")
     ap.add_argument("--binary", action="append", default=[], metavar="NAME=PATH",
                     help="also this kvtier binary, named NAME in the record (repeatable)")
     ap.add_argument("--baselines", action="store_true",
@@ -332,11 +338,9 @@ def main() -> None:
                     r = redis(tmp, a.duration, rate[workload], workload)
                     rate[workload] = 1e6 / r["wall_us"]
                 elif system == "tcp floor":
-                    r = floor(tmp, a.duration, binary, workload)
+                    r = floor(tmp, a.duration, binary, workload, a.floor_buffers)
                 elif system == "tcp floor, spliced send":
-                    if workload != "write":
-                        continue
-                    r = floor(tmp, a.duration, binary, "write-splice")
+                    r = floor(tmp, a.duration, binary, f"{workload}-splice", a.floor_buffers)
                 elif system == "redis, kvtier bench's client":
                     if workload != "read":
                         continue
@@ -372,8 +376,9 @@ def main() -> None:
                  clients={"kvtier": "kvtier bench (data plane)",
                           "redis": "redis-benchmark -t set -r 100000000 (writes), -t get (reads)",
                           **({"tcp floor": "scripts/tcp-floor.c client"} if a.floor else {}),
-                          **({"tcp floor, spliced send": "scripts/tcp-floor.c client (write-splice)"}
+                          **({"tcp floor, spliced send": "scripts/tcp-floor.c client (write-splice, read-splice)"}
                              if a.floor_splice else {})},
+                 floor_buffers=a.floor_buffers,
                  binaries={k: str(v) for k, v in systems.items() if v is not None}, summary=summary, rows=rows,
                  **({"baselines": cost_split().baselines(argparse.Namespace(server_cpu="1"))} if a.baselines else {}))
 

@@ -3,8 +3,8 @@
  * Redis, must at least spend to move one block and a reply, with nothing
  * else done (a sender that splices spends less: write-splice, notes/037).
  *
- *   tcp-floor serve PORT SIZE
- *   tcp-floor client PORT SIZE read|write|write-splice SECONDS
+ *   tcp-floor serve PORT SIZE [BUFFERS]
+ *   tcp-floor client PORT SIZE read|write|write-splice|read-splice SECONDS
  *
  * The client sends a 1-byte opcode ('R' or 'W'). A write sends SIZE bytes
  * after it and waits for a 1-byte acknowledgement; a read waits for SIZE
@@ -18,7 +18,13 @@
  * vmsplice(2) maps the buffer's pages into a pipe (made 1 MiB) and splice(2)
  * moves them into the socket, so the server's read is the only copy
  * (notes/037). The buffer is never changed, so the pages may be referenced
- * by the socket for as long as it likes.
+ * by the socket for as long as it likes. read-splice is the same on the
+ * server's side: the reply is spliced, and the client's read is the only
+ * copy (notes/039).
+ *
+ * BUFFERS (default 1): the server takes its buffers in turn, one per
+ * request, so with 64 of them it touches 64 × SIZE bytes as a store reading
+ * 64 different blocks does, more than the cache holds (notes/039).
  */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
@@ -82,7 +88,8 @@ static double now(void) {
     return t.tv_sec + t.tv_nsec / 1e9;
 }
 
-static void serve(int port, size_t size, char *buf) {
+static void serve(int port, size_t size, char **bufs, int nbufs) {
+    int turn = 0, p[2] = {-1, -1};
     int one = 1, ls = socket(AF_INET, SOCK_STREAM, 0);
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(port)};
     a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
@@ -94,14 +101,24 @@ static void serve(int port, size_t size, char *buf) {
         setsockopt(c, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
         char op;
         while (read_full(c, &op, 1)) {
+            char *buf = bufs[turn++ % nbufs];
             if (op == 'W') {
                 if (!read_full(c, buf, size)) break;
                 write_full(c, "k", 1);
+            } else if (op == 'P') {
+                if (p[0] < 0 && (pipe(p) || fcntl(p[1], F_SETPIPE_SZ, 1 << 20) < 0)) die("pipe");
+                splice_full(c, p[0], p[1], buf, size);
             } else {
                 write_full(c, buf, size);
             }
         }
         close(c);
+        /* A connection that ended mid-reply may leave bytes in the pipe. */
+        if (p[0] >= 0) {
+            close(p[0]);
+            close(p[1]);
+            p[0] = p[1] = -1;
+        }
     }
 }
 
@@ -125,7 +142,7 @@ static void client(int port, size_t size, char *buf, char op, double seconds) {
             else write_full(c, buf, size);
             if (!read_full(c, &ack, 1)) die("server closed");
         } else {
-            write_full(c, "R", 1);
+            write_full(c, op == 'P' ? "P" : "R", 1);
             if (!read_full(c, buf, size)) die("server closed");
         }
         ops++;
@@ -136,17 +153,25 @@ static void client(int port, size_t size, char *buf, char op, double seconds) {
 
 int main(int argc, char **argv) {
     if (argc < 4) {
-        fprintf(stderr, "usage: tcp-floor serve PORT SIZE | client PORT SIZE read|write|write-splice SECONDS\n");
+        fprintf(stderr, "usage: tcp-floor serve PORT SIZE [BUFFERS] | client PORT SIZE read|write|write-splice|read-splice SECONDS\n");
         return 2;
     }
     int port = atoi(argv[2]);
     size_t size = strtoul(argv[3], NULL, 10);
-    char *buf = malloc(size);
-    if (!buf) die("malloc");
-    memset(buf, 'x', size);
-    if (!strcmp(argv[1], "serve")) serve(port, size, buf);
-    else if (argc == 6) client(port, size, buf,
-                             !strcmp(argv[4], "write-splice") ? 'S' : argv[4][0] == 'w' ? 'W' : 'R',
+    int nbufs = !strcmp(argv[1], "serve") && argc == 5 ? atoi(argv[4]) : 1;
+    if (nbufs < 1) return 2;
+    char **bufs = malloc(sizeof *bufs * (size_t)nbufs);
+    if (!bufs) die("malloc");
+    for (int i = 0; i < nbufs; i++) {
+        if (!(bufs[i] = malloc(size))) die("malloc");
+        memset(bufs[i], 'x', size);
+    }
+    if (!strcmp(argv[1], "serve")) serve(port, size, bufs, nbufs);
+    else if (argc == 6) client(port, size, bufs[0],
+                             !strcmp(argv[4], "write-splice")  ? 'S'
+                             : !strcmp(argv[4], "read-splice") ? 'P'
+                             : argv[4][0] == 'w'               ? 'W'
+                                                               : 'R',
                              atof(argv[5]));
     else return 2;
     return 0;

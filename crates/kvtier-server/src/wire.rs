@@ -17,6 +17,7 @@
 use crate::auth::Principal;
 use crate::messages::block_from_pb_checked;
 use crate::rx_stamp::{self, FrameStream};
+use crate::splice::Splicer;
 use crate::state::{self, Shared};
 use crate::timing::Clock;
 use bytes::Bytes;
@@ -29,7 +30,6 @@ use kvtier_proto::wire::{
 };
 use prost::Message;
 use std::time::{Duration, Instant};
-use tokio::io::AsyncWrite;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
@@ -41,6 +41,7 @@ pub async fn serve(
     tls: Option<crate::tls::Acceptor>,
     shared: Shared,
     max_frame: u64,
+    splice: bool,
     stop: watch::Receiver<bool>,
 ) -> anyhow::Result<()> {
     rx_stamp::enable(&listener);
@@ -66,12 +67,17 @@ pub async fn serve(
                 let tls = tls.clone();
                 tokio::spawn(async move {
                     let _slot = slot;
+                    // Replies are spliced on plain TCP only: TLS encrypts
+                    // into its own buffers.
                     let r = match tls {
-                        None => connection(sock, shared, max_frame, stop).await,
+                        None => {
+                            let sp = if splice { Splicer::default() } else { Splicer::disabled() };
+                            connection(sock, shared, max_frame, sp, stop).await
+                        }
                         Some(acceptor) => {
                             let hs = tokio::time::timeout(shared.limits.read_timeout, acceptor.accept(sock)).await;
                             match hs {
-                                Ok(Ok(s)) => connection(s, shared, max_frame, stop).await,
+                                Ok(Ok(s)) => connection(s, shared, max_frame, Splicer::disabled(), stop).await,
                                 Ok(Err(e)) => Err(e.into()),
                                 Err(_) => Err(anyhow::anyhow!("TLS handshake timed out")),
                             }
@@ -135,6 +141,7 @@ pub(crate) async fn connection<S: FrameStream>(
     mut sock: S,
     shared: Shared,
     max_frame: u64,
+    mut sp: Splicer,
     mut stop: watch::Receiver<bool>,
 ) -> anyhow::Result<()> {
     // Who is on this connection: anyone when authentication is off, else
@@ -161,7 +168,13 @@ pub(crate) async fn connection<S: FrameStream>(
         let header = match Header::decode(&raw) {
             Ok(h) => h,
             Err(e) => {
-                write_reply(&mut sock, 0, error_reply(tonic::Code::InvalidArgument, e)).await?;
+                write_reply(
+                    &mut sock,
+                    &mut sp,
+                    0,
+                    error_reply(tonic::Code::InvalidArgument, e),
+                )
+                .await?;
                 return Ok(());
             }
         };
@@ -172,6 +185,7 @@ pub(crate) async fn connection<S: FrameStream>(
             );
             write_reply(
                 &mut sock,
+                &mut sp,
                 header.request_id,
                 error_reply(tonic::Code::InvalidArgument, msg),
             )
@@ -196,7 +210,7 @@ pub(crate) async fn connection<S: FrameStream>(
                     "resource_exhausted",
                     &Clock::start(Some(arrived)),
                 );
-                write_reply(&mut sock, header.request_id, status_reply(status)).await?;
+                write_reply(&mut sock, &mut sp, header.request_id, status_reply(status)).await?;
                 return Ok(());
             }
         };
@@ -216,13 +230,13 @@ pub(crate) async fn connection<S: FrameStream>(
                         data: Vec::new(),
                         hold: None,
                     };
-                    write_reply(&mut sock, header.request_id, reply).await?;
+                    write_reply(&mut sock, &mut sp, header.request_id, reply).await?;
                     continue;
                 }
                 Err(d) => {
                     shared.metrics.observe_denied(&d);
                     let r = error_reply(d.status().code(), d.message());
-                    write_reply(&mut sock, header.request_id, r).await?;
+                    write_reply(&mut sock, &mut sp, header.request_id, r).await?;
                     return Ok(());
                 }
             }
@@ -235,6 +249,7 @@ pub(crate) async fn connection<S: FrameStream>(
             shared.metrics.observe_denied(&d);
             write_reply(
                 &mut sock,
+                &mut sp,
                 header.request_id,
                 error_reply(d.status().code(), d.message()),
             )
@@ -246,7 +261,7 @@ pub(crate) async fn connection<S: FrameStream>(
         if matches!(header.kind, Kind::Read | Kind::Write) && shared.admission.too_late(waited) {
             within(by, discard(&mut sock, header.data_len.into())).await?;
             let status = shared.shed(crate::admission::Refused::Late);
-            write_reply(&mut sock, header.request_id, status_reply(status)).await?;
+            write_reply(&mut sock, &mut sp, header.request_id, status_reply(status)).await?;
             continue;
         }
         let reply = match header.kind {
@@ -293,7 +308,7 @@ pub(crate) async fn connection<S: FrameStream>(
                 )
             }
         };
-        write_reply(&mut sock, header.request_id, reply).await?;
+        write_reply(&mut sock, &mut sp, header.request_id, reply).await?;
     }
 }
 
@@ -311,9 +326,12 @@ async fn within<T>(
 }
 
 /// Header + meta + payloads with vectored writes: the payloads go from the
-/// store's buffers to the socket without a user-space copy.
-async fn write_reply<S: AsyncWrite + Unpin>(
+/// store's buffers to the socket without a user-space copy. On plain TCP,
+/// payloads the kernel may borrow (`kvtier_proto::pages::lend`) are spliced
+/// instead, without the kernel's copy either (`crate::splice`).
+async fn write_reply<S: FrameStream>(
     sock: &mut S,
+    sp: &mut Splicer,
     request_id: u64,
     r: Reply,
 ) -> std::io::Result<()> {
@@ -325,11 +343,39 @@ async fn write_reply<S: AsyncWrite + Unpin>(
         data_len: data_len as u32,
     }
     .encode();
+    if sp.enabled()
+        && data_len >= kvtier_proto::pages::LEND_MIN
+        && let Some(tcp) = sock.plain_tcp()
+    {
+        return splice_reply(tcp, sp, &header, &r.meta, &r.data).await;
+    }
     let mut parts: Vec<&[u8]> = Vec::with_capacity(2 + r.data.len());
     parts.push(&header);
     parts.push(&r.meta);
     parts.extend(r.data.iter().map(|b| &b[..]));
     write_all_vectored(sock, &parts).await
+}
+
+/// A reply whose payloads are spliced where they may be lent and written
+/// where not, in order. Runs of written parts go out in one vectored write.
+async fn splice_reply(
+    tcp: &mut tokio::net::TcpStream,
+    sp: &mut Splicer,
+    header: &[u8],
+    meta: &[u8],
+    data: &[Bytes],
+) -> std::io::Result<()> {
+    let mut pending: Vec<&[u8]> = vec![header, meta];
+    for (i, d) in data.iter().enumerate() {
+        if kvtier_proto::pages::lend(d) {
+            write_all_vectored(tcp, &pending).await?;
+            pending.clear();
+            sp.send(tcp, d, i + 1 < data.len()).await?;
+        } else {
+            pending.push(d);
+        }
+    }
+    write_all_vectored(tcp, &pending).await
 }
 
 fn status_reply(s: tonic::Status) -> Reply {
