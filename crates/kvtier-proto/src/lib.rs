@@ -17,7 +17,6 @@ pub mod kvstore {
 }
 
 pub mod bounded;
-pub mod pages;
 pub mod wire;
 
 /// The encoded `FileDescriptorSet` of every proto above, served by gRPC

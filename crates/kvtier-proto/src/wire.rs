@@ -152,24 +152,19 @@ pub async fn read_payloads_checked<R: tokio::io::AsyncRead + Unpin>(
     r: &mut R,
     lengths: &[u64],
 ) -> std::io::Result<Vec<(Bytes, u32)>> {
+    use tokio::io::AsyncReadExt;
     let invalid = |m: &str| std::io::Error::new(std::io::ErrorKind::InvalidData, m.to_string());
     let total = lengths
         .iter()
         .try_fold(0u64, |a, &l| a.checked_add(l))
         .and_then(|t| usize::try_from(t).ok())
         .ok_or_else(|| invalid("payload lengths overflow"))?;
-    // Large data sections go into page-owned memory the server may later
-    // lend to the kernel when it sends them (`crate::pages`).
-    let mut buf = if total >= crate::pages::LEND_MIN {
-        RxBuf::Pages(crate::pages::Pages::with_capacity(total))
-    } else {
-        RxBuf::Heap(BytesMut::with_capacity(total))
-    };
+    let mut buf = BytesMut::with_capacity(total);
     let mut crcs = Vec::with_capacity(lengths.len());
     // Segment being checksummed: its index, where it starts in `buf`, its running CRC.
     let (mut seg, mut seg_start, mut crc) = (0usize, 0usize, 0u32);
     let mut done = 0usize; // bytes of `buf` already checksummed
-    let mut advance = |buf: &[u8], crcs: &mut Vec<u32>| {
+    let mut advance = |buf: &BytesMut, crcs: &mut Vec<u32>| {
         while seg < lengths.len() {
             let seg_end = seg_start + lengths[seg] as usize;
             let upto = seg_end.min(buf.len());
@@ -182,63 +177,16 @@ pub async fn read_payloads_checked<R: tokio::io::AsyncRead + Unpin>(
             (seg, seg_start, crc) = (seg + 1, seg_end, 0);
         }
     };
-    advance(buf.filled(), &mut crcs); // zero-length leading payloads
-    while buf.filled().len() < total {
-        let want = total - buf.filled().len();
-        if buf.read_some(r, want).await? == 0 {
+    advance(&buf, &mut crcs); // zero-length leading payloads
+    while buf.len() < total {
+        let want = total - buf.len();
+        if r.read_buf(&mut (&mut buf).limit(want)).await? == 0 {
             return Err(std::io::ErrorKind::UnexpectedEof.into());
         }
-        advance(buf.filled(), &mut crcs);
+        advance(&buf, &mut crcs);
     }
     let payloads = split_payloads(buf.freeze(), lengths).map_err(|e| invalid(&e))?;
     Ok(payloads.into_iter().zip(crcs).collect())
-}
-
-/// Where a data section is read: the heap for small ones, page-owned memory
-/// for large ones.
-enum RxBuf {
-    Heap(BytesMut),
-    Pages(crate::pages::Pages),
-}
-
-impl RxBuf {
-    fn filled(&self) -> &[u8] {
-        match self {
-            RxBuf::Heap(b) => b,
-            RxBuf::Pages(p) => p.filled(),
-        }
-    }
-
-    /// Reads up to `want` more bytes (uninitialised memory, no memset first).
-    async fn read_some<R: tokio::io::AsyncRead + Unpin>(
-        &mut self,
-        r: &mut R,
-        want: usize,
-    ) -> std::io::Result<usize> {
-        use tokio::io::AsyncReadExt;
-        match self {
-            RxBuf::Heap(b) => r.read_buf(&mut b.limit(want)).await,
-            RxBuf::Pages(p) => {
-                std::future::poll_fn(|cx| {
-                    let spare = &mut p.spare()[..want];
-                    let mut rb = tokio::io::ReadBuf::uninit(spare);
-                    std::task::ready!(std::pin::Pin::new(&mut *r).poll_read(cx, &mut rb))?;
-                    let n = rb.filled().len();
-                    // SAFETY: `poll_read` initialised the `n` bytes it filled.
-                    unsafe { p.advance(n) };
-                    std::task::Poll::Ready(Ok(n))
-                })
-                .await
-            }
-        }
-    }
-
-    fn freeze(self) -> Bytes {
-        match self {
-            RxBuf::Heap(b) => b.freeze(),
-            RxBuf::Pages(p) => p.freeze(),
-        }
-    }
 }
 
 /// Reads and drops `n` bytes (the data section of a frame that is answered

@@ -279,12 +279,6 @@ pub struct ServerSection {
     /// kernel must allow the name for unprivileged processes
     /// (`net.ipv4.tcp_allowed_congestion_control`; "reno" always is).
     pub data_tcp_congestion: String,
-    /// Send large blocks read over the plain-TCP data plane by reference
-    /// (`vmsplice` + `splice`) instead of copying them into the socket
-    /// (docs/wire.md, notes/039). Only blocks that arrived over the data
-    /// plane qualify; their memory is given back to the kernel rather than
-    /// reused once sent this way. Default true; false copies every reply.
-    pub data_splice: bool,
     /// How each front (gRPC, HTTP, data plane) limits the requests it
     /// serves at once: "static" (`max_inflight`, then a queue bounded by
     /// `max_queued` and `queue_timeout`) or "adaptive" (a limit that follows
@@ -347,7 +341,6 @@ impl Default for ServerSection {
             http_listen: "127.0.0.1:8080".into(),
             data_listen: "auto".into(),
             data_tcp_congestion: String::new(),
-            data_splice: true,
             concurrency_limit: crate::admission::Mode::Static,
             max_inflight: 1024,
             max_queued: 1024,

@@ -89,7 +89,6 @@ pub fn data_plane_session(input: &[u8]) -> Vec<u8> {
             server_end,
             shared,
             FUZZ_MAX_BLOCK * 4,
-            crate::splice::Splicer::disabled(),
             stop,
         ));
         let input = input.to_vec();

@@ -27,7 +27,6 @@ pub mod numa;
 pub mod object;
 pub mod read;
 pub mod rx_stamp;
-pub mod splice;
 pub mod state;
 pub mod status;
 pub mod timing;
@@ -319,7 +318,6 @@ impl Fronts<'_> {
             tls.map(|t| t.acceptor()),
             shared.for_front("data", &cfg.server),
             cfg.server.max_message_size.bytes(),
-            cfg.server.data_splice,
             stop_rx.clone(),
         ));
         tracing::info!(%addr, "data plane listening (Read/Write payloads, docs/wire.md)");

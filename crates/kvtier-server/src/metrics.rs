@@ -510,16 +510,6 @@ impl Collector for EngineCollector {
             ),
         ];
         let mut engine_counters = engine_counters.to_vec();
-        engine_counters.push((
-            "wire_spliced_bytes",
-            "Data-plane reply bytes sent by reference (vmsplice + splice) instead of copied (server.data_splice)",
-            crate::splice::spliced_bytes(),
-        ));
-        engine_counters.push((
-            "wire_retired_bytes",
-            "Memory of blocks sent by reference, given back to the kernel instead of reused when freed",
-            kvtier_proto::pages::retired_bytes(),
-        ));
         if let Some(a) = alloc {
             engine_counters.push((
                 "allocator_purges",

@@ -47,22 +47,12 @@ pub trait FrameStream: AsyncRead + AsyncWrite + Unpin + Send {
     ) -> impl Future<Output = io::Result<Option<SystemTime>>> + Send + 'a {
         async move { self.read_exact(raw).await.map(|_| None) }
     }
-
-    /// The plain TCP socket this stream is, when it is one (replies may then
-    /// be spliced into it, `crate::splice`).
-    fn plain_tcp(&mut self) -> Option<&mut TcpStream> {
-        None
-    }
 }
 
 impl FrameStream for tokio_rustls::server::TlsStream<TcpStream> {}
 impl FrameStream for tokio::io::DuplexStream {}
 
 impl FrameStream for TcpStream {
-    fn plain_tcp(&mut self) -> Option<&mut TcpStream> {
-        Some(self)
-    }
-
     async fn read_header(&mut self, raw: &mut [u8; HEADER_LEN]) -> io::Result<Option<SystemTime>> {
         let mut buf = tokio::io::ReadBuf::new(raw);
         let mut first = None;

@@ -17,7 +17,6 @@
 use crate::auth::Principal;
 use crate::messages::block_from_pb_checked;
 use crate::rx_stamp::{self, FrameStream};
-use crate::splice::Splicer;
 use crate::state::{self, Shared};
 use crate::timing::Clock;
 use bytes::Bytes;
@@ -30,6 +29,7 @@ use kvtier_proto::wire::{
 };
 use prost::Message;
 use std::time::{Duration, Instant};
+use tokio::io::AsyncWrite;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
@@ -41,7 +41,6 @@ pub async fn serve(
     tls: Option<crate::tls::Acceptor>,
     shared: Shared,
     max_frame: u64,
-    splice: bool,
     stop: watch::Receiver<bool>,
 ) -> anyhow::Result<()> {
     rx_stamp::enable(&listener);
@@ -67,17 +66,12 @@ pub async fn serve(
                 let tls = tls.clone();
                 tokio::spawn(async move {
                     let _slot = slot;
-                    // Replies are spliced on plain TCP only: TLS encrypts
-                    // into its own buffers.
                     let r = match tls {
-                        None => {
-                            let sp = if splice { Splicer::default() } else { Splicer::disabled() };
-                            connection(sock, shared, max_frame, sp, stop).await
-                        }
+                        None => connection(sock, shared, max_frame, stop).await,
                         Some(acceptor) => {
                             let hs = tokio::time::timeout(shared.limits.read_timeout, acceptor.accept(sock)).await;
                             match hs {
-                                Ok(Ok(s)) => connection(s, shared, max_frame, Splicer::disabled(), stop).await,
+                                Ok(Ok(s)) => connection(s, shared, max_frame, stop).await,
                                 Ok(Err(e)) => Err(e.into()),
                                 Err(_) => Err(anyhow::anyhow!("TLS handshake timed out")),
                             }
@@ -141,7 +135,6 @@ pub(crate) async fn connection<S: FrameStream>(
     mut sock: S,
     shared: Shared,
     max_frame: u64,
-    mut sp: Splicer,
     mut stop: watch::Receiver<bool>,
 ) -> anyhow::Result<()> {
     // Who is on this connection: anyone when authentication is off, else
@@ -168,13 +161,7 @@ pub(crate) async fn connection<S: FrameStream>(
         let header = match Header::decode(&raw) {
             Ok(h) => h,
             Err(e) => {
-                write_reply(
-                    &mut sock,
-                    &mut sp,
-                    0,
-                    error_reply(tonic::Code::InvalidArgument, e),
-                )
-                .await?;
+                write_reply(&mut sock, 0, error_reply(tonic::Code::InvalidArgument, e)).await?;
                 return Ok(());
             }
         };
@@ -185,7 +172,6 @@ pub(crate) async fn connection<S: FrameStream>(
             );
             write_reply(
                 &mut sock,
-                &mut sp,
                 header.request_id,
                 error_reply(tonic::Code::InvalidArgument, msg),
             )
@@ -210,7 +196,7 @@ pub(crate) async fn connection<S: FrameStream>(
                     "resource_exhausted",
                     &Clock::start(Some(arrived)),
                 );
-                write_reply(&mut sock, &mut sp, header.request_id, status_reply(status)).await?;
+                write_reply(&mut sock, header.request_id, status_reply(status)).await?;
                 return Ok(());
             }
         };
@@ -230,13 +216,13 @@ pub(crate) async fn connection<S: FrameStream>(
                         data: Vec::new(),
                         hold: None,
                     };
-                    write_reply(&mut sock, &mut sp, header.request_id, reply).await?;
+                    write_reply(&mut sock, header.request_id, reply).await?;
                     continue;
                 }
                 Err(d) => {
                     shared.metrics.observe_denied(&d);
                     let r = error_reply(d.status().code(), d.message());
-                    write_reply(&mut sock, &mut sp, header.request_id, r).await?;
+                    write_reply(&mut sock, header.request_id, r).await?;
                     return Ok(());
                 }
             }
@@ -249,7 +235,6 @@ pub(crate) async fn connection<S: FrameStream>(
             shared.metrics.observe_denied(&d);
             write_reply(
                 &mut sock,
-                &mut sp,
                 header.request_id,
                 error_reply(d.status().code(), d.message()),
             )
@@ -261,7 +246,7 @@ pub(crate) async fn connection<S: FrameStream>(
         if matches!(header.kind, Kind::Read | Kind::Write) && shared.admission.too_late(waited) {
             within(by, discard(&mut sock, header.data_len.into())).await?;
             let status = shared.shed(crate::admission::Refused::Late);
-            write_reply(&mut sock, &mut sp, header.request_id, status_reply(status)).await?;
+            write_reply(&mut sock, header.request_id, status_reply(status)).await?;
             continue;
         }
         let reply = match header.kind {
@@ -308,7 +293,7 @@ pub(crate) async fn connection<S: FrameStream>(
                 )
             }
         };
-        write_reply(&mut sock, &mut sp, header.request_id, reply).await?;
+        write_reply(&mut sock, header.request_id, reply).await?;
     }
 }
 
@@ -326,12 +311,9 @@ async fn within<T>(
 }
 
 /// Header + meta + payloads with vectored writes: the payloads go from the
-/// store's buffers to the socket without a user-space copy. On plain TCP,
-/// payloads the kernel may borrow (`kvtier_proto::pages::lend`) are spliced
-/// instead, without the kernel's copy either (`crate::splice`).
-async fn write_reply<S: FrameStream>(
+/// store's buffers to the socket without a user-space copy.
+async fn write_reply<S: AsyncWrite + Unpin>(
     sock: &mut S,
-    sp: &mut Splicer,
     request_id: u64,
     r: Reply,
 ) -> std::io::Result<()> {
@@ -343,39 +325,11 @@ async fn write_reply<S: FrameStream>(
         data_len: data_len as u32,
     }
     .encode();
-    if sp.enabled()
-        && data_len >= kvtier_proto::pages::LEND_MIN
-        && let Some(tcp) = sock.plain_tcp()
-    {
-        return splice_reply(tcp, sp, &header, &r.meta, &r.data).await;
-    }
     let mut parts: Vec<&[u8]> = Vec::with_capacity(2 + r.data.len());
     parts.push(&header);
     parts.push(&r.meta);
     parts.extend(r.data.iter().map(|b| &b[..]));
     write_all_vectored(sock, &parts).await
-}
-
-/// A reply whose payloads are spliced where they may be lent and written
-/// where not, in order. Runs of written parts go out in one vectored write.
-async fn splice_reply(
-    tcp: &mut tokio::net::TcpStream,
-    sp: &mut Splicer,
-    header: &[u8],
-    meta: &[u8],
-    data: &[Bytes],
-) -> std::io::Result<()> {
-    let mut pending: Vec<&[u8]> = vec![header, meta];
-    for (i, d) in data.iter().enumerate() {
-        if kvtier_proto::pages::lend(d) {
-            write_all_vectored(tcp, &pending).await?;
-            pending.clear();
-            sp.send(tcp, d, i + 1 < data.len()).await?;
-        } else {
-            pending.push(d);
-        }
-    }
-    write_all_vectored(tcp, &pending).await
 }
 
 fn status_reply(s: tonic::Status) -> Reply {

@@ -458,15 +458,6 @@ async fn large_reads_are_split_into_replies_and_reassembled() {
         .parse()
         .unwrap();
     assert_eq!(out, (3 + 1 + 8 + 8) as f64 * 1e6, "{m}");
-    // Blocks that arrived over the data plane went back out by reference
-    // (server.data_splice, notes/039), and their bytes were checked above.
-    let spliced: f64 = m
-        .lines()
-        .find_map(|l| l.strip_prefix("kvtier_wire_spliced_bytes_total "))
-        .expect("spliced bytes metric")
-        .parse()
-        .unwrap();
-    assert!(spliced >= (3 + 1 + 8 + 8) as f64 * 1e6, "{m}");
     server.shutdown().await.unwrap();
 }
 

@@ -23,9 +23,6 @@ pub struct ServeArgs {
     /// TCP congestion control of data-plane connections, "" = system default [server.data_tcp_congestion, default: the system default].
     #[arg(long)]
     data_tcp_congestion: Option<String>,
-    /// Send large data-plane replies by reference (vmsplice + splice) instead of copying them [server.data_splice, default true].
-    #[arg(long)]
-    data_splice: Option<bool>,
     /// One gRPC listener per NUMA node (port + node), pinned to its CPUs [server.numa, default false].
     #[arg(long)]
     numa: bool,
@@ -121,9 +118,6 @@ impl ServeArgs {
         }
         if let Some(v) = &self.data_tcp_congestion {
             cfg.server.data_tcp_congestion = v.clone();
-        }
-        if let Some(v) = self.data_splice {
-            cfg.server.data_splice = v;
         }
         if let Some(v) = &self.http_listen {
             cfg.server.http_listen = v.clone();
