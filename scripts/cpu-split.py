@@ -33,8 +33,8 @@ With --floor, scripts/tcp-floor.c runs the same requests with nothing but
 the transfer: one loopback TCP connection, one buffer on each side, a 1-byte
 opcode and acknowledgement. No TCP store whose sender copies can beat it
 with this placement. --floor-splice adds the floor whose sender splices;
---floor-buffers 64 makes the floor's server take 64 buffers in turn, as
-kvtier reads 64 blocks (notes/039).
+--floor-buffers 64 makes the floor's server take one of 64 buffers per
+request at random, as kvtier bench reads one of 64 blocks (notes/039).
 
 --workload read measures GETs (Redis: redis-benchmark on its one key, and
 kvtier bench's own Redis client, the other half of issue 12's rule 2; kvtier:
@@ -296,8 +296,8 @@ def main() -> None:
                     help="also the floor whose sender (the client of a write, the server of a read) sends by "
                          "vmsplice + splice, without the kernel's copy (notes/037, 039)")
     ap.add_argument("--floor-buffers", type=int, default=1, metavar="N",
-                    help="the floor's server takes N buffers in turn, one per request (default 1; 64 touches as "
-                         "much memory as kvtier's 64 preloaded blocks, notes/039)")
+                    help="the floor's server takes one of N buffers per request, at random (default 1; 64 touches "
+                         "as much memory as kvtier's reads of its 64 preloaded blocks, in the same way, notes/039)")
     ap.add_argument("--binary", action="append", default=[], metavar="NAME=PATH",
                     help="also this kvtier binary, named NAME in the record (repeatable)")
     ap.add_argument("--baselines", action="store_true",

@@ -22,9 +22,10 @@
  * server's side: the reply is spliced, and the client's read is the only
  * copy (notes/039).
  *
- * BUFFERS (default 1): the server takes its buffers in turn, one per
- * request, so with 64 of them it touches 64 × SIZE bytes as a store reading
- * 64 different blocks does, more than the cache holds (notes/039).
+ * BUFFERS (default 1): the server takes one of its buffers per request, at
+ * random (uniformly, as kvtier bench picks one of its 64 preloaded blocks),
+ * so with 64 of them it touches 64 × SIZE bytes as a store reading 64
+ * blocks does, more than the cache holds (notes/039).
  */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
@@ -88,8 +89,17 @@ static double now(void) {
     return t.tv_sec + t.tv_nsec / 1e9;
 }
 
+/* splitmix64, as kvtier bench's `mix`. */
+static unsigned long long mix(unsigned long long x) {
+    x += 0x9E3779B97F4A7C15ULL;
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBULL;
+    return x ^ (x >> 31);
+}
+
 static void serve(int port, size_t size, char **bufs, int nbufs) {
-    int turn = 0, p[2] = {-1, -1};
+    unsigned long long turn = 0;
+    int p[2] = {-1, -1};
     int one = 1, ls = socket(AF_INET, SOCK_STREAM, 0);
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(port)};
     a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
@@ -101,7 +111,7 @@ static void serve(int port, size_t size, char **bufs, int nbufs) {
         setsockopt(c, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
         char op;
         while (read_full(c, &op, 1)) {
-            char *buf = bufs[turn++ % nbufs];
+            char *buf = bufs[mix(turn++) % (unsigned long long)nbufs];
             if (op == 'W') {
                 if (!read_full(c, buf, size)) break;
                 write_full(c, "k", 1);
