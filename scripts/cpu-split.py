@@ -31,8 +31,9 @@ trailer, another core) can gain.
 
 With --floor, scripts/tcp-floor.c runs the same requests with nothing but
 the transfer: one loopback TCP connection, one buffer on each side, a 1-byte
-opcode and acknowledgement. No TCP store whose sender copies can beat it
-with this placement. --floor-splice adds the floor whose sender splices;
+opcode and acknowledgement. With one buffer, always in the cache, no TCP
+store whose sender copies can beat it with this placement on a block that is
+in the cache; on cold memory it is no bound (notes/039). --floor-splice adds the floor whose sender splices;
 --floor-buffers 64 makes the floor's server take one of 64 buffers per
 request at random, as kvtier bench reads one of 64 blocks (notes/039).
 
