@@ -33,9 +33,10 @@ With --floor, scripts/tcp-floor.c runs the same requests with nothing but
 the transfer: one loopback TCP connection, one buffer on each side, a 1-byte
 opcode and acknowledgement. With one buffer, always in the cache, no TCP
 store whose sender copies can beat it with this placement on a block that is
-in the cache; on cold memory it is no bound (notes/039). --floor-splice adds the floor whose sender splices;
---floor-buffers 64 makes the floor's server take one of 64 buffers per
-request at random, as kvtier bench reads one of 64 blocks (notes/039).
+in the cache; on cold memory it is no bound (notes/039). --floor-splice adds
+the floor whose sender splices; --floor-buffers 64 makes the floor's server
+take one of 64 buffers per request at random, as kvtier bench reads one of 64
+blocks (notes/039).
 
 --workload read measures GETs (Redis: redis-benchmark on its one key, and
 kvtier bench's own Redis client, the other half of issue 12's rule 2; kvtier:

@@ -8,9 +8,10 @@
  *   tcp-floor serve PORT SIZE [BUFFERS]
  *   tcp-floor client PORT SIZE read|write|write-splice|read-splice SECONDS
  *
- * The client sends a 1-byte opcode ('R' or 'W'). A write sends SIZE bytes
- * after it and waits for a 1-byte acknowledgement; a read waits for SIZE
- * bytes. Both sides reuse one buffer allocated and touched up front: no
+ * The client sends a 1-byte opcode ('R', 'W', or 'P' for read-splice). A
+ * write sends SIZE bytes after it and waits for a 1-byte acknowledgement; a
+ * read waits for SIZE bytes. Each side reuses buffers allocated and touched
+ * up front (one, unless the server is given BUFFERS): no
  * framing, no allocation, no page faults, no checksum, no store, one copy on
  * each side (the kernel's), the sockets at the system's defaults. The client
  * prints "<ops> <seconds>". The server serves one connection at a time, in
@@ -163,28 +164,35 @@ static void client(int port, size_t size, char *buf, char op, double seconds) {
     printf("%ld %.6f\n", ops, t - t0);
 }
 
+static int usage(void) {
+    fprintf(stderr, "usage: tcp-floor serve PORT SIZE [BUFFERS] | client PORT SIZE read|write|write-splice|read-splice SECONDS\n");
+    return 2;
+}
+
+/* The client's opcode for a mode name; 0 for an unknown one. */
+static char opcode(const char *mode) {
+    static const struct { const char *name; char op; } modes[] = {
+        {"read", 'R'}, {"write", 'W'}, {"write-splice", 'S'}, {"read-splice", 'P'}};
+    for (size_t i = 0; i < sizeof modes / sizeof *modes; i++)
+        if (!strcmp(mode, modes[i].name)) return modes[i].op;
+    return 0;
+}
+
 int main(int argc, char **argv) {
-    if (argc < 4) {
-        fprintf(stderr, "usage: tcp-floor serve PORT SIZE [BUFFERS] | client PORT SIZE read|write|write-splice|read-splice SECONDS\n");
-        return 2;
-    }
+    int serving = argc >= 4 && !strcmp(argv[1], "serve");
+    char op = argc == 6 && !strcmp(argv[1], "client") ? opcode(argv[4]) : 0;
+    if ((!serving || argc > 5) && !op) return usage();
     int port = atoi(argv[2]);
     size_t size = strtoul(argv[3], NULL, 10);
-    int nbufs = !strcmp(argv[1], "serve") && argc == 5 ? atoi(argv[4]) : 1;
-    if (nbufs < 1) return 2;
+    int nbufs = serving && argc == 5 ? atoi(argv[4]) : 1;
+    if (nbufs < 1 || size == 0) return usage();
     char **bufs = malloc(sizeof *bufs * (size_t)nbufs);
     if (!bufs) die("malloc");
     for (int i = 0; i < nbufs; i++) {
         if (!(bufs[i] = malloc(size))) die("malloc");
         memset(bufs[i], 'x', size);
     }
-    if (!strcmp(argv[1], "serve")) serve(port, size, bufs, nbufs);
-    else if (argc == 6) client(port, size, bufs[0],
-                             !strcmp(argv[4], "write-splice")  ? 'S'
-                             : !strcmp(argv[4], "read-splice") ? 'P'
-                             : argv[4][0] == 'w'               ? 'W'
-                                                               : 'R',
-                             atof(argv[5]));
-    else return 2;
+    if (serving) serve(port, size, bufs, nbufs);
+    else client(port, size, bufs[0], op, atof(argv[5]));
     return 0;
 }
