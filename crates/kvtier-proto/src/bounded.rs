@@ -40,7 +40,9 @@ enum Rule {
     /// At most this many elements of a repeated varint field, packed (one
     /// element per final byte of the run) or not (one per tag).
     Varints(&'static str, usize),
-    /// A sub-message checked with these rules.
+    /// A singular sub-message checked with these rules. prost merges every
+    /// occurrence of a singular message field into one message, so its
+    /// lists are counted across all occurrences, not per occurrence.
     Nested(&'static [(u32, Rule)]),
 }
 
@@ -95,54 +97,84 @@ fn varint(buf: &[u8], at: &mut usize) -> Option<u64> {
     None
 }
 
-/// Refuses `buf` (an encoded `T`) if a list in it is longer than its limit.
-/// Malformed input passes: prost's decoder then refuses it with its own
-/// error. Costs one pass over the bytes, no allocation.
+/// Refuses `buf` (an encoded `T`) if a list in it is longer than its limit,
+/// or if the walk cannot account for every byte of it: a malformed field,
+/// or a protobuf group (wire types 3 and 4; deprecated, used by no kvtier
+/// message), after which prost would go on decoding fields this walk never
+/// counted. Costs one pass over the bytes; allocates only a counter per
+/// nested message.
 pub fn check<T: 'static>(buf: &[u8]) -> Result<(), Status> {
     match rules::<T>() {
-        Some(r) => check_fields(buf, r),
+        Some(r) => check_fields(buf, r, &mut Counts::default()),
         None => Ok(()),
     }
 }
 
-fn check_fields(buf: &[u8], rules: &[(u32, Rule)]) -> Result<(), Status> {
-    let mut counts = [0usize; 4]; // no rule set has more than 4 fields
-    debug_assert!(rules.len() <= counts.len());
-    for (field, wire_type, body) in fields(buf) {
+/// Elements counted so far per rule of one rule set, and the counts of the
+/// singular sub-messages under it (kept across their occurrences).
+#[derive(Default)]
+struct Counts {
+    n: [usize; 4], // no rule set has more than 4 fields
+    nested: [Option<Box<Counts>>; 4],
+}
+
+fn check_fields(buf: &[u8], rules: &[(u32, Rule)], counts: &mut Counts) -> Result<(), Status> {
+    debug_assert!(rules.len() <= counts.n.len());
+    let mut fields = Fields { buf, at: 0 };
+    for (field, wire_type, body) in fields.by_ref() {
         let Some(i) = rules.iter().position(|(f, _)| *f == field) else {
             continue;
         };
         match rules[i].1 {
             Rule::Count(name, max) | Rule::Varints(name, max) => {
-                counts[i] += match rules[i].1 {
+                counts.n[i] += match rules[i].1 {
                     Rule::Varints(..) if wire_type == 2 => varints(body),
                     _ => 1,
                 };
-                if counts[i] > max {
+                if counts.n[i] > max {
                     return Err(Status::invalid_argument(format!(
                         "more than {max} {name} in one request; the limit is {max}"
                     )));
                 }
             }
-            Rule::Nested(inner) if wire_type == 2 => check_fields(body, inner)?,
+            Rule::Nested(inner) if wire_type == 2 => {
+                check_fields(body, inner, counts.nested[i].get_or_insert_default())?
+            }
             Rule::Nested(_) => {}
         }
+    }
+    if fields.at < buf.len() {
+        return Err(Status::invalid_argument(format!(
+            "malformed protobuf message: field at byte {} cannot be parsed \
+             (groups are not accepted)",
+            fields.at
+        )));
     }
     Ok(())
 }
 
 /// The top-level fields of an encoded message, as (field number, wire type,
-/// the field's bytes after its tag); ends at the first malformed field
-/// (prost's decoder refuses the message then).
-fn fields(buf: &[u8]) -> impl Iterator<Item = (u32, u64, &[u8])> {
-    let mut at = 0;
-    std::iter::from_fn(move || {
+/// the field's bytes after its tag); ends at the first field that is
+/// malformed or a group, leaving `at` at its tag.
+struct Fields<'a> {
+    buf: &'a [u8],
+    at: usize,
+}
+
+impl<'a> Iterator for Fields<'a> {
+    type Item = (u32, u64, &'a [u8]);
+
+    fn next(&mut self) -> Option<Self::Item> {
+        let buf = self.buf;
+        let mut at = self.at;
         let tag = varint(buf, &mut at)?;
+        let field = u32::try_from(tag >> 3).ok().filter(|&f| f != 0)?;
         let start = at;
         let len = match tag & 7 {
             0 => {
                 varint(buf, &mut at)?;
-                return Some(((tag >> 3) as u32, 0, &buf[start..at]));
+                self.at = at;
+                return Some((field, 0, &buf[start..at]));
             }
             1 => 8,
             5 => 4,
@@ -156,9 +188,9 @@ fn fields(buf: &[u8]) -> impl Iterator<Item = (u32, u64, &[u8])> {
             _ => return None,
         };
         let body = buf.get(at..at + len)?;
-        at += len;
-        Some(((tag >> 3) as u32, tag & 7, body))
-    })
+        self.at = at + len;
+        Some((field, tag & 7, body))
+    }
 }
 
 /// Elements of a packed run of varints: one per final byte.
@@ -169,10 +201,13 @@ fn varints(run: &[u8]) -> usize {
 /// [`check`], then decodes with the token lists' final size reserved (prost
 /// would grow them by doubling).
 pub fn decode<T: Message + Default + 'static>(mut buf: impl Buf) -> Result<T, Status> {
-    let bytes = buf.chunk();
-    if bytes.len() == buf.remaining() {
-        check::<T>(bytes)?;
+    if rules::<T>().is_some() && buf.chunk().len() < buf.remaining() {
+        // Not contiguous (tonic's buffers are, the data plane's slices
+        // are): check a contiguous copy rather than skip the check.
+        let whole = buf.copy_to_bytes(buf.remaining());
+        return decode::<T>(whole);
     }
+    check::<T>(buf.chunk())?;
     let mut msg = T::default();
     reserve(&mut msg, buf.chunk());
     msg.merge(&mut buf)
@@ -193,7 +228,7 @@ fn reserve<T: 'static>(msg: &mut T, buf: &[u8]) {
 
 /// Elements of packed varint field `field` at the top level of `buf`.
 fn packed_len(buf: &[u8], field: u32) -> usize {
-    fields(buf)
+    (Fields { buf, at: 0 })
         .filter(|&(f, wire_type, _)| f == field && wire_type == 2)
         .map(|(_, _, run)| varints(run))
         .sum::<usize>()
@@ -302,17 +337,101 @@ mod tests {
     }
 
     #[test]
-    fn malformed_input_is_left_to_the_decoder() {
+    fn malformed_input_is_refused_before_decoding() {
         for bad in [
             &[0xff_u8; 12][..],
             &[0x1a, 0xff, 0xff, 0xff, 0x0f, 1][..],
             &[0x0a][..],
+            &[0x00, 0x00][..], // field number 0
         ] {
-            assert!(check::<v1::LookupRequest>(bad).is_ok());
+            let e = check::<v1::LookupRequest>(bad).unwrap_err();
+            assert_eq!(e.code(), tonic::Code::InvalidArgument);
+            assert!(e.message().contains("malformed"), "{e:?}");
             assert!(decode::<v1::LookupRequest>(bad).is_err());
         }
         // Types without rules decode as prost does.
         let s = v1::StatsRequest {}.encode_to_vec();
         assert!(decode::<v1::StatsRequest>(&s[..]).is_ok());
+    }
+
+    /// An empty group (field 15) followed by `n` empty blocks: prost skips
+    /// the unknown group and decodes every block after it.
+    fn write_after_group(n: usize) -> Vec<u8> {
+        let mut b = vec![0x7b, 0x7c];
+        for _ in 0..n {
+            b.extend_from_slice(&[0x12, 0x00]);
+        }
+        b
+    }
+
+    #[test]
+    fn a_group_does_not_hide_the_fields_after_it() {
+        let n = MAX_KEYS_PER_REQUEST + 1;
+        let bytes = write_after_group(n);
+        // What the check guards against: prost decodes all of them.
+        let mut raw = v1::WriteRequest::default();
+        raw.merge(&bytes[..]).unwrap();
+        assert_eq!(raw.blocks.len(), n);
+        let e = check::<v1::WriteRequest>(&bytes).unwrap_err();
+        assert_eq!(e.code(), tonic::Code::InvalidArgument);
+        assert!(e.message().contains("groups"), "{e:?}");
+        assert!(decode::<v1::WriteRequest>(&bytes[..]).is_err());
+        // A group is refused even where the rest is within its limits.
+        assert!(check::<v1::WriteRequest>(&write_after_group(1)).is_err());
+    }
+
+    #[test]
+    fn repeated_occurrences_of_a_sub_message_count_together() {
+        // Two `request` fields of a WireReadRequest, each at the limit:
+        // prost merges them into one request of twice the limit.
+        let half = v1::ReadRequest {
+            namespace: "n".into(),
+            keys: vec![bytes::Bytes::from_static(b"k"); MAX_KEYS_PER_REQUEST],
+            lease_id: 0,
+        }
+        .encode_to_vec();
+        let mut twice = Vec::new();
+        prost::encoding::bytes::encode(1, &half, &mut twice);
+        prost::encoding::bytes::encode(1, &half, &mut twice);
+        let merged = v1::WireReadRequest::decode(&twice[..]).unwrap();
+        assert_eq!(
+            merged.request.unwrap().keys.len(),
+            2 * MAX_KEYS_PER_REQUEST
+        );
+        let e = check::<v1::WireReadRequest>(&twice).unwrap_err();
+        assert!(e.message().contains("keys"), "{e:?}");
+        // One occurrence at the limit passes.
+        let mut once = Vec::new();
+        prost::encoding::bytes::encode(1, &half, &mut once);
+        assert!(check::<v1::WireReadRequest>(&once).is_ok());
+        // The seed's chunk, the same way.
+        let tokens = v1_tokens(MAX_TOKENS_PER_CHUNK);
+        let mut chunk = Vec::new();
+        prost::encoding::bytes::encode(5, &tokens, &mut chunk);
+        let mut write = Vec::new();
+        prost::encoding::bytes::encode(3, &chunk, &mut write);
+        assert!(check::<kvstore::WriteRequest>(&write).is_ok());
+        prost::encoding::bytes::encode(3, &chunk, &mut write);
+        let e = check::<kvstore::WriteRequest>(&write).unwrap_err();
+        assert!(e.message().contains("tokens"), "{e:?}");
+    }
+
+    /// A packed run of `n` one-byte varints.
+    fn v1_tokens(n: usize) -> Vec<u8> {
+        vec![1; n]
+    }
+
+    #[test]
+    fn a_split_buffer_is_checked_too() {
+        let bytes = write_after_group(3);
+        let split = (&bytes[..3]).chain(&bytes[3..]);
+        assert!(decode::<v1::WriteRequest>(split).is_err());
+        let ok = v1::WriteRequest {
+            namespace: "n".into(),
+            ..Default::default()
+        }
+        .encode_to_vec();
+        let split = (&ok[..2]).chain(&ok[2..]);
+        assert_eq!(decode::<v1::WriteRequest>(split).unwrap().namespace, "n");
     }
 }
