@@ -47,9 +47,23 @@ struct Slot<V, D> {
     pinned_until: Option<Instant>,
     /// Position in `expiry`, if the block has a deadline.
     expiry: Option<(D, u64)>,
+    /// Its parent is itself or one of its resident descendants (a cycle no
+    /// honest chain hash makes: a buggy or hostile writer's). The link to
+    /// the parent is left out of the index, so the chain stays a tree and
+    /// its blocks stay evictable; otherwise no block of the cycle would
+    /// ever be a leaf and the cycle would hold its bytes for good.
+    detached: bool,
 }
 
-impl<V, D> Slot<V, D> {
+impl<V: Node, D> Slot<V, D> {
+    /// The parent this slot is linked to (or waits for as an orphan).
+    fn linked_parent(&self) -> Option<&Key> {
+        if self.detached {
+            None
+        } else {
+            self.value.parent()
+        }
+    }
     fn is_leaf(&self) -> bool {
         self.children.is_empty()
     }
@@ -155,7 +169,11 @@ impl<V: Node, D: Ord + Copy> ChainIndex<V, D> {
         if let Some(k) = expiry {
             self.expiry.insert(k, id.clone());
         }
-        if let Some(parent) = value.parent() {
+        let children = self.orphans.remove(&id).unwrap_or_default();
+        let detached = value
+            .parent()
+            .is_some_and(|p| self.closes_a_cycle(&id, p, !children.is_empty()));
+        if let Some(parent) = value.parent().filter(|_| !detached) {
             let pid = BlockId::new(id.namespace.clone(), parent.clone());
             match self.map.get_mut(&pid) {
                 Some(p) => {
@@ -171,15 +189,39 @@ impl<V: Node, D: Ord + Copy> ChainIndex<V, D> {
             cost: value.cost(),
             value,
             tick,
-            children: self.orphans.remove(&id).unwrap_or_default(),
+            children,
             pinned_until: None,
             expiry,
+            detached,
         };
         if slot.is_leaf() {
             self.leaves.insert(tick, id.clone());
         }
         self.bytes += slot.cost;
         self.map.insert(id, slot);
+    }
+
+    /// Whether linking `id` (about to be inserted, with resident children iff
+    /// `has_children`) under `parent` would close a cycle: `parent` is `id`
+    /// itself or one of its resident descendants. Walks up from `parent`
+    /// (the index is a forest, so the walk ends); only blocks inserted after
+    /// their children, which are rare, pay for it.
+    fn closes_a_cycle(&self, id: &BlockId, parent: &Key, has_children: bool) -> bool {
+        if *parent == id.key {
+            return true;
+        }
+        if !has_children {
+            return false;
+        }
+        let mut cur = BlockId::new(id.namespace.clone(), parent.clone());
+        while let Some(s) = self.map.get(&cur) {
+            match s.linked_parent() {
+                Some(p) if *p == id.key => return true,
+                Some(p) => cur = BlockId::new(id.namespace.clone(), p.clone()),
+                None => return false,
+            }
+        }
+        false
     }
 
     /// Protects `id` from eviction (the parent of a write in flight); counted,
@@ -310,7 +352,7 @@ impl<V: Node, D: Ord + Copy> ChainIndex<V, D> {
             }
             // Children pushed above are removed after us; unlink from our
             // parent only if the parent stays (it is not part of this cascade).
-            if let Some(p) = s.value.parent() {
+            if let Some(p) = s.linked_parent() {
                 let pid = BlockId::new(cur.namespace.clone(), p.clone());
                 if let Some(ps) = self.map.get_mut(&pid) {
                     ps.children.retain(|k| k != &cur.key);
@@ -362,11 +404,22 @@ impl<V: Node, D: Ord + Copy> ChainIndex<V, D> {
             for c in &s.children {
                 let cid = BlockId::new(id.namespace.clone(), c.clone());
                 match self.map.get(&cid) {
-                    Some(ch) if ch.value.parent() == Some(&id.key) => {}
+                    Some(ch) if ch.linked_parent() == Some(&id.key) => {}
                     _ => return Err(format!("{id:?} lists non-resident child {c:?}")),
                 }
             }
-            if let Some(p) = s.value.parent() {
+            if s.detached {
+                let p = s.value.parent().ok_or(format!("{id:?}: detached, no parent"))?;
+                let pid = BlockId::new(id.namespace.clone(), p.clone());
+                let linked = self
+                    .map
+                    .get(&pid)
+                    .is_some_and(|ps| ps.children.contains(&id.key));
+                if linked || self.orphans.get(&pid).is_some_and(|o| o.contains(&id.key)) {
+                    return Err(format!("{id:?}: detached but linked"));
+                }
+            }
+            if let Some(p) = s.linked_parent() {
                 let pid = BlockId::new(id.namespace.clone(), p.clone());
                 let linked = self
                     .map
@@ -653,5 +706,45 @@ mod tests {
         assert_eq!(ix.counters.expirations, 2);
         assert_eq!(ix.len(), 0);
         ix.check_invariants().unwrap();
+    }
+
+    /// Blocks whose parent links form a cycle (no chain hash makes one, a
+    /// hostile or buggy writer can): every one of them is still evicted when
+    /// space is needed, in any insertion order, and removals terminate.
+    #[test]
+    fn cycles_stay_evictable() {
+        // The parent's position of each block: a self-parent, a 2-cycle and
+        // a 3-cycle (its links close through orphans in some orders).
+        let cycles: [&[u8]; 3] = [&[0], &[1, 0], &[2, 0, 1]];
+        for (c, links) in cycles.iter().enumerate() {
+            let n = links.len();
+            // Every rotation of the insertion order.
+            for start in 0..n {
+                let mut ix: ChainIndex<V, u64> = ChainIndex::default();
+                for i in 0..n {
+                    let pos = (start + i) % n;
+                    let parent = Some(key(c as u8, links[pos]));
+                    ix.insert(id(c as u8, pos as u8), V { cost: 1, parent }, None);
+                    ix.check_invariants().unwrap();
+                }
+                let gone = ix.evict_until(|b| b == 0, None, Instant::now());
+                assert_eq!(
+                    gone.map(|g| g.len()).map_err(|g| g.len()),
+                    Ok(n),
+                    "cycle {c} inserted from {start}"
+                );
+                assert_eq!(ix.len(), 0);
+                ix.check_invariants().unwrap();
+                // Removal of any member ends, and takes the ones below it.
+                for i in 0..n {
+                    let pos = (start + i) % n;
+                    let parent = Some(key(c as u8, links[pos]));
+                    ix.insert(id(c as u8, pos as u8), V { cost: 1, parent }, None);
+                }
+                let removed = ix.remove_cascade(&id(c as u8, start as u8));
+                assert!(!removed.is_empty());
+                ix.check_invariants().unwrap();
+            }
+        }
     }
 }

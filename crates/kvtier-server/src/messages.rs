@@ -92,6 +92,12 @@ pub fn block_from_pb_checked(
                 .map_err(|e| to_status(e.context(format!("{at}: parent_key"))))?,
         )
     };
+    if parent.as_ref() == Some(&key) {
+        return Err(Status::invalid_argument(format!(
+            "{at}: parent_key equals key: a block cannot be its own parent \
+             (the first block of a chain has an empty parent_key)"
+        )));
+    }
     let mut block = Block::with_computed_checksum(
         BlockId::new(ns.clone(), key),
         parent,
@@ -142,5 +148,20 @@ mod tests {
         );
         let parent = block.meta.parent.as_ref().unwrap();
         assert!(!within(parent.as_bytes(), &whole), "parent shares it");
+    }
+
+    #[test]
+    fn a_block_that_is_its_own_parent_is_refused() {
+        let b = pb::Block {
+            key: Bytes::from_static(b"k1"),
+            parent_key: Bytes::from_static(b"k1"),
+            payload: Bytes::from_static(b"x"),
+            crc32c: crc32c::crc32c(b"x"),
+            ..Default::default()
+        };
+        let ns = Namespace::new("n").unwrap();
+        let e = block_from_pb(&ns, 3, b, 1 << 20).unwrap_err();
+        assert_eq!(e.code(), tonic::Code::InvalidArgument);
+        assert!(e.message().contains("blocks[3]: parent_key equals key"), "{e:?}");
     }
 }
