@@ -146,12 +146,22 @@ impl MemoryTier {
                 PutOutcome::Stored,
                 evicted.into_iter().map(|(_, b)| b).collect(),
             )),
-            Err(_) => {
-                // What was evicted on the way stays evicted (and is not
-                // demoted: the put failed, and those leaves were least
-                // recently used anyway).
+            Err(evicted) => {
+                // A failed put changes nothing: its block leaves, and what
+                // was evicted for it comes back (it fitted before, so it
+                // fits again). Dropping it instead would lose blocks that,
+                // under disk write-back, exist nowhere else.
                 let pinned = g.pinned_bytes(now);
                 g.remove_cascade(&id);
+                g.counters.evictions -= evicted.len() as u64;
+                for (bid, b) in evicted.into_iter().rev() {
+                    let expires_at = b
+                        .meta
+                        .expires_unix_ms
+                        .map(|exp| now + Duration::from_millis(exp.saturating_sub(unix_ms())));
+                    g.insert(bid, b, expires_at);
+                }
+                debug_assert!(g.bytes() <= capacity);
                 let why = if pinned > capacity / 2 {
                     format!("{pinned} of {capacity} bytes are pinned by leases")
                 } else {

@@ -21,7 +21,7 @@ impl Engine {
             disk: self.disk.clone(),
             policy: self.policy,
             leases: self.leases.clone(),
-            counters: Counters::default(),
+            counters: Arc::default(),
             writing: self.writing.clone(),
             object: None,
             peers: None,

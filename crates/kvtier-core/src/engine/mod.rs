@@ -71,7 +71,8 @@ pub struct Engine {
     policy: WritePolicy,
     /// Shared with the local twin: one pin budget per node.
     leases: Arc<LeaseTable>,
-    counters: Counters,
+    /// Shared with demotion tasks (see [`Engine::demote`]).
+    counters: Arc<Counters>,
     /// Blocks whose write-through to the disk tier is in progress (with a count
     /// of concurrent writers): memory may evict them before that write lands,
     /// and demoting them then would write the same record twice (and report
@@ -131,7 +132,7 @@ impl EngineBuilder {
             disk,
             policy,
             leases,
-            counters: Counters::default(),
+            counters: Arc::default(),
             writing: Default::default(),
             object: self.object.map(|(t, o)| ObjectLink::new(t, o)),
             peers: self.peers,

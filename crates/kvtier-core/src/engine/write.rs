@@ -204,30 +204,45 @@ impl Engine {
     /// Writes blocks evicted from memory to the disk tier unless it holds them
     /// already (under write-through it normally does). Best effort: failures
     /// are counted and logged.
+    ///
+    /// Runs in a task of its own, awaited here: the blocks have already left
+    /// memory, and under write-back the disk copy is the only one. A caller
+    /// that is dropped half way (a client's gRPC deadline, a read's timeout)
+    /// must not leave the rest of them written nowhere.
     pub(super) async fn demote(&self, evicted: Vec<Block>, timing: &mut StorageTiming) {
         let Some(disk) = &self.disk else { return };
-        let now = crate::clock::unix_ms();
-        for b in evicted {
-            // `writing` before `has`: a write-through that is no longer in
-            // flight has committed (or failed), so `has` is then current.
-            if b.expired_at(now)
-                || self.writing.lock().contains_key(&b.meta.id)
-                || disk.has(&b.meta.id)
-            {
-                continue;
-            }
-            let t0 = Instant::now();
-            let r = disk.put_with(b, Overwrite::Never).await;
-            timing.add(TierKind::Disk, t0.elapsed());
-            match r {
-                Ok(_) => self.counters.demotions.fetch_add(1, Ordering::Relaxed),
-                Err(e) => {
-                    tracing::warn!(error = %e, "demotion to the disk tier failed; block dropped");
-                    self.counters
-                        .demotion_failures
-                        .fetch_add(1, Ordering::Relaxed)
+        if evicted.is_empty() {
+            return;
+        }
+        let (disk, writing, counters) = (disk.clone(), self.writing.clone(), self.counters.clone());
+        let task = tokio::spawn(async move {
+            let mut spent = std::time::Duration::ZERO;
+            let now = crate::clock::unix_ms();
+            for b in evicted {
+                // `writing` before `has`: a write-through that is no longer in
+                // flight has committed (or failed), so `has` is then current.
+                if b.expired_at(now)
+                    || writing.lock().contains_key(&b.meta.id)
+                    || disk.has(&b.meta.id)
+                {
+                    continue;
                 }
-            };
+                let t0 = Instant::now();
+                let r = disk.put_with(b, Overwrite::Never).await;
+                spent += t0.elapsed();
+                match r {
+                    Ok(_) => counters.demotions.fetch_add(1, Ordering::Relaxed),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "demotion to the disk tier failed; block dropped");
+                        counters.demotion_failures.fetch_add(1, Ordering::Relaxed)
+                    }
+                };
+            }
+            spent
+        });
+        match task.await {
+            Ok(spent) => timing.add(TierKind::Disk, spent),
+            Err(e) => tracing::error!(error = %e, "demotion task failed"),
         }
     }
 }
