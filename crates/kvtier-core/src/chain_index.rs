@@ -409,7 +409,10 @@ impl<V: Node, D: Ord + Copy> ChainIndex<V, D> {
                 }
             }
             if s.detached {
-                let p = s.value.parent().ok_or(format!("{id:?}: detached, no parent"))?;
+                let p = s
+                    .value
+                    .parent()
+                    .ok_or(format!("{id:?}: detached, no parent"))?;
                 let pid = BlockId::new(id.namespace.clone(), p.clone());
                 let linked = self
                     .map

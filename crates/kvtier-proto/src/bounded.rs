@@ -394,10 +394,7 @@ mod tests {
         prost::encoding::bytes::encode(1, &half, &mut twice);
         prost::encoding::bytes::encode(1, &half, &mut twice);
         let merged = v1::WireReadRequest::decode(&twice[..]).unwrap();
-        assert_eq!(
-            merged.request.unwrap().keys.len(),
-            2 * MAX_KEYS_PER_REQUEST
-        );
+        assert_eq!(merged.request.unwrap().keys.len(), 2 * MAX_KEYS_PER_REQUEST);
         let e = check::<v1::WireReadRequest>(&twice).unwrap_err();
         assert!(e.message().contains("keys"), "{e:?}");
         // One occurrence at the limit passes.

@@ -162,6 +162,9 @@ mod tests {
         let ns = Namespace::new("n").unwrap();
         let e = block_from_pb(&ns, 3, b, 1 << 20).unwrap_err();
         assert_eq!(e.code(), tonic::Code::InvalidArgument);
-        assert!(e.message().contains("blocks[3]: parent_key equals key"), "{e:?}");
+        assert!(
+            e.message().contains("blocks[3]: parent_key equals key"),
+            "{e:?}"
+        );
     }
 }
