@@ -3,7 +3,7 @@
 //!
 //! | method | path | success | errors |
 //! |---|---|---|---|
-//! | PUT | `/v1/kv/{namespace}/{key}?ttl_ms=N` | 204 | 400, 413, 507 (JSON body) |
+//! | PUT | `/v1/kv/{namespace}/{key}?ttl_ms=N` | 204 | 400 (also for an unknown query parameter), 413, 507 (JSON body) |
 //! | GET | `/v1/kv/{namespace}/{key}` | 200 + bytes | 404 (JSON body) |
 //! | DELETE | `/v1/kv/{namespace}/{key}` | 204 | 404 |
 //! | GET | `/healthz` | 200 | |
@@ -181,7 +181,10 @@ fn id(ns: &str, key: &str) -> Result<BlockId, Response> {
     Ok(BlockId::new(ns, key))
 }
 
+/// The query of a PUT; an unknown parameter (a typo such as `ttl=5`) is a 400
+/// naming it rather than silently ignored.
 #[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
 struct PutParams {
     ttl_ms: Option<u64>,
 }
@@ -339,12 +342,21 @@ async fn metrics(State(s): State<Shared>) -> Response {
         .into_response()
 }
 
-async fn not_found() -> Response {
-    error(
-        StatusCode::NOT_FOUND,
-        "no_route",
-        "no such endpoint; see /v1/kv/{namespace}/{key}, /healthz, /metrics",
-    )
+async fn not_found(uri: axum::http::Uri) -> Response {
+    // `/v1/kv/acme/llama/k`: a namespace (or key) with a '/' in it must be
+    // sent percent-encoded, as one path segment each.
+    let nested = uri
+        .path()
+        .strip_prefix("/v1/kv/")
+        .is_some_and(|rest| rest.split('/').count() > 2);
+    let message = if nested {
+        "no such endpoint: /v1/kv/ takes exactly two path segments, {namespace}/{key}; \
+         percent-encode a '/' inside a namespace or key as %2F (namespace acme/llama: \
+         /v1/kv/acme%2Fllama/{key})"
+    } else {
+        "no such endpoint; see /v1/kv/{namespace}/{key}, /healthz, /metrics"
+    };
+    error(StatusCode::NOT_FOUND, "no_route", message)
 }
 
 /// Serves `app` on `listener` until `stop`: over TLS when `tls` is given, at

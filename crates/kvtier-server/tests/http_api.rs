@@ -108,6 +108,51 @@ async fn ttl_expires_over_http() {
     server.shutdown().await.unwrap();
 }
 
+/// An unknown query parameter (`ttl` for `ttl_ms`) is a 400 naming it, in
+/// the same JSON shape as the other 400s, and nothing is stored.
+#[tokio::test]
+async fn unknown_query_parameter_is_refused() {
+    let (server, base) = http_base().await;
+    let http = reqwest::Client::new();
+    let url = format!("{base}/v1/kv/app/typo");
+    let r = http
+        .put(format!("{url}?ttl=5"))
+        .body("x")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400);
+    let body: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(body["code"], "invalid_argument", "{body}");
+    assert!(body["error"].as_str().unwrap().contains("`ttl`"), "{body}");
+    assert_eq!(http.get(&url).send().await.unwrap().status(), 404);
+    server.shutdown().await.unwrap();
+}
+
+/// A namespace with '/' travels percent-encoded as one path segment; sent
+/// raw it is a 404 whose message says how to encode it.
+#[tokio::test]
+async fn namespace_with_slash_is_percent_encoded() {
+    let (server, base) = http_base().await;
+    let http = reqwest::Client::new();
+    let url = format!("{base}/v1/kv/acme%2Fllama/k");
+    assert_eq!(http.put(&url).body("v").send().await.unwrap().status(), 204);
+    let r = http.get(&url).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.text().await.unwrap(), "v");
+    let r = http
+        .put(format!("{base}/v1/kv/acme/llama/k"))
+        .body("v")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 404);
+    let body: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(body["code"], "no_route", "{body}");
+    assert!(body["error"].as_str().unwrap().contains("%2F"), "{body}");
+    server.shutdown().await.unwrap();
+}
+
 #[tokio::test]
 async fn metrics_expose_the_documented_series() {
     let (server, base) = http_base().await;
