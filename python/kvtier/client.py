@@ -170,6 +170,10 @@ class LookupResult:
     """Non-zero when a lease was taken on the found prefix."""
     lease_expires_unix_ms: int
     timing: ServerTiming
+    lease_node: str = ""
+    """The node that granted the lease (:class:`~kvtier.ClusterClient` only;
+    empty for a single address): give it with the lease id to a cluster
+    client that did not take the lease (another process) to read or release it."""
 
 
 @dataclass(frozen=True)
@@ -220,6 +224,8 @@ class LeaseResult:
     lease_id: int
     lease_expires_unix_ms: int
     timing: ServerTiming
+    lease_node: str = ""
+    """The node that granted the lease (:class:`~kvtier.ClusterClient` only), as in :class:`LookupResult`."""
 
 
 @dataclass(frozen=True)

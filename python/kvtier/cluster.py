@@ -52,6 +52,10 @@ __all__ = ["ClusterClient", "DEFAULT_DOWN_FOR"]
 #: Seconds a node that did not answer is skipped (unless every node is).
 DEFAULT_DOWN_FOR = 5.0
 
+#: Leases remembered (to send each to the node that granted it) before
+#: expired ones are forgotten (the Rust client's ``LEASES_KEPT``).
+_LEASES_KEPT = 1024
+
 T = TypeVar("T")
 
 #: What one node's part of a call gave: its answer, or the error it raised.
@@ -125,7 +129,12 @@ class ClusterClient:
     * ``stats``: every node's stats added up (:meth:`node_stats` gives them
       one by one); in a cluster each replica of a block counts.
 
-    A lease id belongs to the node that granted it; reads pass it on as is.
+    A lease id belongs to the node that granted it: a read sends it to that
+    node only, and ``release`` goes there. The lookup's (or ``lease``'s)
+    result names the node (``lease_node``); this client remembers it for the
+    leases it took, until they expire. A client that did not take the lease
+    (another process: vLLM's workers read what its scheduler leased) needs
+    ``lease_node=`` with the id.
     Server timings of a call that asked several nodes are their sums.
     """
 
@@ -165,7 +174,7 @@ class ClusterClient:
         self.block_size = first.block_size
         self.hash = first.hash
         self._down: dict[str, float] = {}  # node -> time.monotonic() until which it is skipped
-        self._leases: dict[int, str] = {}  # lease id -> the node that granted it
+        self._leases: dict[int, tuple[str, float]] = {}  # lease id -> (granting node, monotonic expiry)
         self._lock = threading.Lock()
         # A call runs one node's part itself and the others here; several
         # callers at once share the pool, hence more threads than nodes.
@@ -214,6 +223,27 @@ class ClusterClient:
     def _check_open(self) -> None:
         if self._closed:
             raise ValueError("client is closed")
+
+    def _remember_lease(self, lease_id: int, node: str, lease_ms: int) -> None:
+        """Notes the node that granted a lease. Leases read or released by
+        another process are never released here: expired ones are dropped
+        once ``_LEASES_KEPT`` are noted, so only live leases stay."""
+        if not lease_id:
+            return
+        now = time.monotonic()
+        with self._lock:
+            if len(self._leases) >= _LEASES_KEPT:
+                self._leases = {k: v for k, v in self._leases.items() if v[1] > now}
+            self._leases[lease_id] = (node, now + lease_ms / 1000)
+
+    def _lease_node(self, lease_node: str | None) -> str | None:
+        """``lease_node`` as a node name (``None`` stays ``None``)."""
+        if lease_node is None or lease_node == "":
+            return None
+        name = _keys.node_name(lease_node)
+        if name not in self._clients:
+            raise ValueError(f"lease node {lease_node!r} is not one of this client's nodes")
+        return name
 
     def _mark(self, node: str, answered: bool) -> None:
         with self._lock:
@@ -371,8 +401,8 @@ class ClusterClient:
 
         node, r = self._to_first_owner(namespace, ks[0] if ks else None, call, timeout)
         if r.lease_id:
-            with self._lock:
-                self._leases[r.lease_id] = node
+            self._remember_lease(r.lease_id, node, lease_ms)
+            r = dataclasses.replace(r, lease_node=node)
         return r
 
     def read(
@@ -382,11 +412,16 @@ class ClusterClient:
         lease_id: int = 0,
         timeout: float | None = None,
         into: Callable[[int, int], object] | None = None,
+        lease_node: str | None = None,
     ) -> ReadResult:
         """Reads ``keys`` from their owners; the answer is in ``keys``' order
-        and ends at the first block no owner has (:meth:`kvtier.Client.read`)."""
+        and ends at the first block no owner has (:meth:`kvtier.Client.read`).
+
+        ``lease_node``: the node that granted ``lease_id`` (the lookup's
+        ``lease_node``); needed when this client did not take the lease."""
         self._check_open()
         ks = _check_keys(keys)
+        granted_by = self._lease_node(lease_node)
         if not ks:
             return self._to_first_owner(
                 namespace, None, lambda c, t: c.read(namespace, [], lease_id, timeout=t), timeout)[1]
@@ -421,7 +456,7 @@ class ClusterClient:
             left = self._remaining(deadline, start)
             pending = []
 
-            calls = {n: partial(self._read_part, self._clients[n], namespace, ks, ix, self._lease_for(n, lease_id),
+            calls = {n: partial(self._read_part, self._clients[n], namespace, ks, ix, self._lease_for(n, lease_id, granted_by),
                                 left, into)
                      for n, ix in groups.items()}
             for node, out in self._run(calls):
@@ -450,14 +485,16 @@ class ClusterClient:
         elapsed = int((time.monotonic() - start) * 1e6)
         return ReadResult(blocks, len(ks), end < len(ks), reason, _summed(timings, elapsed))
 
-    def _lease_for(self, node: str, lease_id: int) -> int:
+    def _lease_for(self, node: str, lease_id: int, granted_by: str | None = None) -> int:
         """The lease id to send ``node`` with a read: the id for the node that
-        granted it (or for every node, when this client did not take it), 0
-        for the others, which would refuse a lease they never granted."""
+        granted it (``granted_by``, else as noted by this client's lookup; for
+        every node when neither knows), 0 for the others, which would refuse
+        a lease they never granted."""
         if not lease_id:
             return 0
-        with self._lock:
-            granted_by = self._leases.get(lease_id)
+        if granted_by is None:
+            with self._lock:
+                granted_by = self._leases.get(lease_id, (None, 0.0))[0]
         return lease_id if granted_by in (None, node) else 0
 
     @staticmethod
@@ -526,19 +563,24 @@ class ClusterClient:
         node, r = self._to_first_owner(namespace, ks[0] if ks else None,
                                        lambda c, t: c.lease(namespace, ks, lease_ms))
         if r.lease_id:
-            with self._lock:
-                self._leases[r.lease_id] = node
+            self._remember_lease(r.lease_id, node, lease_ms)
+            r = dataclasses.replace(r, lease_node=node)
         return r
 
-    def release(self, lease_id: int, timeout: float | None = None) -> LeaseResult:
-        """Ends a lease early, on the node that granted it (the first node if unknown)."""
+    def release(self, lease_id: int, timeout: float | None = None, lease_node: str | None = None) -> LeaseResult:
+        """Ends a lease early, on the node that granted it: ``lease_node``,
+        else the one noted by this client's lookup, else the first node."""
         self._check_open()
         if lease_id == 0:
             raise ValueError("lease id 0 is not a lease")
+        node = self._lease_node(lease_node)
         with self._lock:
-            node = self._leases.pop(lease_id, None)
+            noted = self._leases.pop(lease_id, None)
+        if node is None and noted is not None:
+            node = noted[0]
         c = self._clients[node if node is not None else self.nodes[0]]
-        return c.release(lease_id, timeout)
+        r = c.release(lease_id, timeout)
+        return dataclasses.replace(r, lease_node=node or self.nodes[0])
 
     def node_stats(self) -> dict[str, StatsResult | KvtierError]:
         """Each node's :meth:`kvtier.Client.stats`, or the error it answered with, by node name."""

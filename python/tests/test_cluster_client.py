@@ -276,3 +276,66 @@ def test_a_node_that_shed_a_request_is_not_counted_as_down():
     assert not _unreachable(KvtierError(grpc.StatusCode.UNAVAILABLE, "server overloaded", retry_after=0.2))
     assert _unreachable(KvtierError(grpc.StatusCode.UNAVAILABLE, "connection refused"))
     assert _unreachable(KvtierError(grpc.StatusCode.DEADLINE_EXCEEDED, "no answer"))
+
+
+def test_a_lease_taken_by_one_client_is_read_and_released_by_another(kvtier_bin):
+    """vLLM's scheduler takes the lease and a worker, another process with its
+    own ClusterClient, reads and releases it: the lease travels with the node
+    that granted it (``lease_node``), since the ids of other nodes' leases are
+    theirs and a node refuses a read with a lease it never granted."""
+    from kvtier.server import free_port_pairs
+
+    ports = free_port_pairs(3)
+    nodes = [f"127.0.0.1:{p}" for p in ports]
+    members = ",".join(f"grpc://{n}" for n in nodes)
+    started = [Server.start(binary=kvtier_bin, listen=n,
+                            args=["--cluster-nodes", members, "--cluster-self", f"grpc://{n}"]) for n in nodes]
+    try:
+        ks = random_keys(24, seed=11)
+        bs = blocks_of(ks, seed=11)
+        with Client(nodes, connections=1, timeout=10.0) as sched, Client(nodes, connections=1, timeout=10.0) as worker:
+            sched.write("lease/x", bs)
+            assert len({keys.owners(nodes, "lease/x", k, 2)[0] for k in ks}) == 3, "the chain spans every node"
+            found = sched.lookup("lease/x", keys=ks, lease_ms=30_000)
+            assert found.found == 24 and found.lease_id and found.lease_node in nodes
+            granting = worker.node(found.lease_node)
+            assert granting.stats().active_leases == 1
+            r = worker.read("lease/x", ks, found.lease_id, lease_node=found.lease_node)
+            assert [b.payload for b in r.blocks] == [b.payload for b in bs]
+            assert worker.release(found.lease_id, lease_node=found.lease_node).lease_id == found.lease_id
+            assert granting.stats().active_leases == 0, "released on the node that granted it"
+            with pytest.raises(ValueError, match="not one of"):
+                worker.read("lease/x", ks, found.lease_id, lease_node="127.0.0.1:1")
+            # lease() results carry the node too.
+            first = keys.owners(nodes, "lease/x", ks[0])[0]
+            pinned = sched.lease("lease/x", [k for k in ks if keys.owners(nodes, "lease/x", k)[0] == first], 30_000)
+            assert pinned.lease_node == first
+            assert worker.release(pinned.lease_id, lease_node=pinned.lease_node).lease_id == pinned.lease_id
+        with Client(nodes[0], timeout=10.0) as single:
+            assert single.lookup("lease/x", keys=ks, lease_ms=1_000).lease_node == "", "one address: no node"
+    finally:
+        for s in started:
+            s.stop()
+
+
+def test_leases_released_elsewhere_are_forgotten_once_expired(servers, ns, monkeypatch):
+    """The client remembers which node granted each lease it took; leases
+    another process released are never popped here, so expired ones are
+    dropped once the table is full, and live ones kept."""
+    import time
+
+    from kvtier import cluster
+
+    monkeypatch.setattr(cluster, "_LEASES_KEPT", 8, raising=False)
+    ks = random_keys(1, seed=12)
+    with Client([s.grpc for s in servers], timeout=10.0) as c:
+        c.write(ns, blocks_of(ks, seed=12))
+        live = c.lookup(ns, keys=ks, lease_ms=60_000)
+        for _ in range(40):
+            assert c.lookup(ns, keys=ks, lease_ms=1).lease_id
+            time.sleep(0.002)
+        assert len(c._leases) <= 8
+        assert live.lease_id in c._leases
+        assert c.read(ns, ks, live.lease_id).blocks, "the live lease still goes to its node only"
+        c.release(live.lease_id)
+        assert live.lease_id not in c._leases

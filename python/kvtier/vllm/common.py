@@ -29,6 +29,9 @@ class LoadSpec:
     block_ids: list[int]
     #: namespace -> lease id taken by the scheduler's Lookup (0: none).
     leases: dict[str, int] = field(default_factory=dict)
+    #: namespace -> the cluster node that granted its lease (a node-list url
+    #: only): the worker's own client never saw the Lookup.
+    lease_nodes: dict[str, str] = field(default_factory=dict)
     is_async: bool = False
 
 

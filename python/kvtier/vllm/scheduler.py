@@ -35,6 +35,7 @@ class _State:
     found: int = 0
     """Leading blocks present in kvtier (every rank) at lookup."""
     leases: dict[str, int] = field(default_factory=dict)
+    lease_nodes: dict[str, str] = field(default_factory=dict)
     lease_deadline: float = 0.0
     local: int = 0
     """vLLM's own prefix-cache hit (tokens) passed to the last get_num_new_matched_tokens."""
@@ -101,6 +102,7 @@ class SchedulerSide:
         lease_ms = self.cfg.lease_ms if want_lease else 0
         found = len(st.keys)
         leases: dict[str, int] = {}
+        nodes: dict[str, str] = {}
         tiers: dict[str, int] = {}
         try:
             for ns in self.namespaces:
@@ -110,6 +112,8 @@ class SchedulerSide:
                     tiers[t.name.lower()] = tiers.get(t.name.lower(), 0) + 1
                 if r.lease_id:
                     leases[ns] = r.lease_id
+                    if r.lease_node:
+                        nodes[ns] = r.lease_node
                 if found == 0:
                     break
         except Exception as e:  # noqa: BLE001 - any failure is a miss
@@ -125,6 +129,7 @@ class SchedulerSide:
         self.breaker.success()
         st.found = found
         st.leases = leases if found else {}
+        st.lease_nodes = nodes if found else {}
         if leases and not found:
             self._release(leases)
         st.lease_deadline = time.monotonic() + lease_ms / 1000 * 0.8
@@ -191,9 +196,11 @@ class SchedulerSide:
             keys=st.keys[first:last],
             block_ids=list(block_ids[first:last]),
             leases=dict(st.leases),
+            lease_nodes=dict(st.lease_nodes),
             is_async=self.cfg.load_mode == "async",
         )
         st.leases = {}  # the worker releases them once read
+        st.lease_nodes = {}
         st.loading = True
         st.load_first = first
         st.load_block_ids = spec.block_ids

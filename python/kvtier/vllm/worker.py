@@ -103,6 +103,8 @@ class WorkerSide:
         if not self.breaker.allow():
             return [], "kvtier unreachable", None
         lease = spec.leases.get(self.namespace, 0)
+        # A cluster client needs the node that granted the scheduler's lease.
+        node = {"lease_node": spec.lease_nodes[self.namespace]} if self.namespace in spec.lease_nodes else {}
         # On a GPU the payloads are received straight into pinned memory
         # (notes/018): one copy fewer before the transfer to the device.
         layout = self._layout
@@ -117,14 +119,14 @@ class WorkerSide:
 
         try:
             r = self.client.read(self.namespace, spec.keys, lease_id=lease, timeout=self.cfg.load_timeout_ms / 1000,
-                                 into=into if host is not None else None)
+                                 into=into if host is not None else None, **node)
         except Exception as e:  # noqa: BLE001 - every failure is a recompute
             if is_outage(e):
                 self.breaker.failure(e)
             return [], str(e), None
         finally:
             if lease:
-                self._submit("release", lease)
+                self._submit("release", (lease, node))
         self.breaker.success()
         payloads = []
         why = ""
@@ -267,7 +269,7 @@ class WorkerSide:
                 if op == "write":
                     self._write(arg)
                 elif op == "release":
-                    self.client.release(arg, timeout=self.cfg.save_timeout_ms / 1000)
+                    self.client.release(arg[0], timeout=self.cfg.save_timeout_ms / 1000, **arg[1])
                 elif op == "delete":
                     self.client.delete(self.namespace, arg, timeout=self.cfg.save_timeout_ms / 1000)
             except Exception as e:  # noqa: BLE001

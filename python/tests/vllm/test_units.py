@@ -259,7 +259,7 @@ class FakeClient:
         n = 0
         while n < len(keys) and keys[n] in self.stored:
             n += 1
-        return SimpleNamespace(found=n, lease_id=7 if (n and lease_ms) else 0, tiers=[])
+        return SimpleNamespace(found=n, lease_id=7 if (n and lease_ms) else 0, tiers=[], lease_node="")
 
     def release(self, lease_id, timeout=None):
         self.released.append(lease_id)
@@ -451,6 +451,55 @@ def test_worker_reports_missing_wrong_size_and_unreachable(server, kvtier_bin):
     w2.start_load([LoadSpec("r", keys, [1, 2, 3])])
     assert time.monotonic() - t < 5
     assert w2.take_errors() == {1, 2, 3}
+
+
+def test_a_lease_taken_by_the_scheduler_covers_the_workers_read_on_a_node_list(kvtier_bin):
+    """url "a,b,c": the scheduler's and the worker's cluster clients are
+    separate (separate processes in vLLM). The LoadSpec names the node that
+    granted each lease, so the worker's read sends the lease id there only
+    (another node refuses a lease it never granted: every block failed)
+    and its release ends the lease on that node."""
+    from kvtier import Client
+    from kvtier.server import Server, free_port_pairs
+    from kvtier.vllm.scheduler import SchedulerSide
+
+    nodes = [f"127.0.0.1:{p}" for p in free_port_pairs(3)]
+    members = ",".join(f"grpc://{n}" for n in nodes)
+    started = [Server.start(binary=kvtier_bin, listen=n,
+                            args=["--cluster-nodes", members, "--cluster-self", f"grpc://{n}"]) for n in nodes]
+    try:
+        url = ",".join(nodes)
+        src = _caches(blocks=20)
+        toks = list(range(16 * BS + 1))
+        keys = chain_keys(toks, BS)
+        w = _worker(url, src)
+        w.save([SaveSpec("r", keys, list(range(16)), None)])
+        assert w.flush(30) and w.counters["saved_blocks"] == 16
+        assert len({kvkeys.owners(nodes, w.namespace, k)[0] for k in keys}) == 3, "the chain spans every node"
+
+        conf = ConnectorConfig.from_extra({"url": url})
+        with Client(url, timeout=10) as sc:
+            s = SchedulerSide(conf, SimpleNamespace(namespaces=lambda: [w.namespace]), sc, can_load=True,
+                              can_save=True, block_size=BS, stats=StatsLog("", "t"))
+            r = FakeRequest("a", toks)
+            assert s.get_num_new_matched_tokens(r, 0) == (16 * BS, False)
+            s.update_state_after_alloc(r, SimpleNamespace(get_block_ids=lambda: (list(range(17)),)), 16 * BS)
+            (load,), _ = s.build(_out())
+            granting, = (sc.node(n) for n, st in sc.node_stats().items() if st.active_leases)
+            assert granting.stats().active_leases == 1
+
+            dst = {k: torch.zeros_like(v) for k, v in src.items()}
+            w2 = _worker(url, dst)
+            w2.namespace = w.namespace
+            w2.start_load([load])
+            assert w2.take_errors() == set() and w2.counters["loaded_blocks"] == 16
+            assert all(torch.equal(dst[k][:16], src[k][:16]) for k in src)
+            assert w2.flush(30)
+            assert granting.stats().active_leases == 0, "the worker released it on the granting node"
+            s.shutdown()
+    finally:
+        for srv in started:
+            srv.stop()
 
 
 def test_worker_async_and_layerwise_loads(server):
