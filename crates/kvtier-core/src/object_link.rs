@@ -166,6 +166,65 @@ pub(crate) struct ObjectLink {
     fetches: Arc<Mutex<HashMap<BlockId, Fetch>>>,
     /// Bounds the GETs prefetches keep in flight, all lookups together.
     pub prefetch_slots: Arc<Semaphore>,
+    /// Write-back writes under way (stored locally, upload being queued), by
+    /// block: see [`ObjectLink::enqueuing`].
+    enqueuing: Mutex<HashMap<BlockId, Enqueuing>>,
+}
+
+/// The write-back writes of one block under way together.
+#[derive(Default)]
+struct Enqueuing {
+    writers: usize,
+    /// One of them stored the local copy (the others found it).
+    stored: bool,
+    /// One of them queued the upload and was acknowledged.
+    acked: bool,
+}
+
+/// One write-back write of a block, from before its local store until it
+/// returns. While any is under way, a writer of the same block queues its
+/// own upload instead of taking "already stored" from a local copy whose
+/// upload may still fail (and be removed); the copy is removed only if
+/// every writer failed.
+pub(crate) struct EnqueueGuard<'a> {
+    map: &'a Mutex<HashMap<BlockId, Enqueuing>>,
+    id: BlockId,
+}
+
+impl EnqueueGuard<'_> {
+    /// This writer stored the local copy.
+    pub fn stored(&self) {
+        self.with(|e| e.stored = true);
+    }
+
+    /// This writer's upload is queued: the block is acknowledged.
+    pub fn acked(&self) {
+        self.with(|e| e.acked = true);
+    }
+
+    /// Whether this writer, failing, must remove the local copy: it is the
+    /// last one under way, none was acknowledged, and one stored the copy.
+    /// The entry stays (this guard counts) until the removal is done, so a
+    /// writer arriving meanwhile queues its own upload.
+    pub fn remove_on_failure(&self) -> bool {
+        self.with(|e| e.writers == 1 && !e.acked && e.stored)
+    }
+
+    fn with<T>(&self, f: impl FnOnce(&mut Enqueuing) -> T) -> T {
+        f(self.map.lock().get_mut(&self.id).expect("registered"))
+    }
+}
+
+impl Drop for EnqueueGuard<'_> {
+    fn drop(&mut self) {
+        let mut m = self.map.lock();
+        if let Some(e) = m.get_mut(&self.id) {
+            e.writers -= 1;
+            if e.writers == 0 {
+                m.remove(&self.id);
+            }
+        }
+    }
 }
 
 impl ObjectLink {
@@ -180,7 +239,22 @@ impl ObjectLink {
             counters: Arc::default(),
             fetches: Arc::default(),
             prefetch_slots,
+            enqueuing: Mutex::default(),
         }
+    }
+
+    /// Registers a write-back write of `id` (see [`EnqueueGuard`]).
+    pub fn enqueuing(&self, id: &BlockId) -> EnqueueGuard<'_> {
+        self.enqueuing.lock().entry(id.clone()).or_default().writers += 1;
+        EnqueueGuard {
+            map: &self.enqueuing,
+            id: id.clone(),
+        }
+    }
+
+    /// Whether a write-back write of `id` is under way.
+    pub fn is_enqueuing(&self, id: &BlockId) -> bool {
+        self.enqueuing.lock().contains_key(id)
     }
 
     /// Reads `id` from the store, or waits for the read of it already under

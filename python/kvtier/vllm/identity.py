@@ -13,7 +13,8 @@ would load another's KV and produce wrong text with no error anywhere:
   (e.g. the same weights mounted at different paths);
 * **the KV layout**: the KV-cache spec vLLM derived (block size, KV heads,
   head size, cache dtype, quantization, padding), the device type (CPU and
-  GPU backends may pack a page differently), the layers in order;
+  GPU backends may pack a page differently), the layers in order (with
+  pipeline parallelism, how the layers are split between stages instead);
 * **parallelism**: tensor- and pipeline-parallel size and this rank (each
   rank holds its own heads or layers);
 * **the payload format version** of this connector.
@@ -105,6 +106,17 @@ class EngineIdentity:
         # Private keys ("_name_or_path", "_attn_implementation...") are set at
         # run time and differ between entry points for the same model.
         hf = {k: v for k, v in hf.items() if not k.startswith("_") and k != "transformers_version"}
+        if pc.pipeline_parallel_size == 1:
+            layers: dict[str, Any] = {"layers": list(group.layer_names)}
+        else:
+            # Each PP worker's config lists only its stage's layers, and the
+            # scheduler gets a copy of worker 0's (vLLM's
+            # generate_scheduler_kv_cache_config): the names would give the
+            # scheduler stage 0's layers for every stage. A stage's layers
+            # follow from the model's config (hashed below), the PP size and
+            # rank and vLLM's split (get_pp_indices: even, or this variable),
+            # which every process knows alike.
+            layers = {"pp_layer_partition": os.environ.get("VLLM_PP_LAYER_PARTITION")}
         self.facts: dict[str, Any] = {
             "format": PAYLOAD_FORMAT,
             **model,
@@ -114,7 +126,7 @@ class EngineIdentity:
             "cache_dtype": vllm_config.cache_config.cache_dtype,
             "block_size": vllm_config.cache_config.block_size,
             "spec": repr(group.kv_cache_spec),
-            "layers": list(group.layer_names),
+            **layers,
             "device": vllm_config.device_config.device_type,
             "tp": pc.tensor_parallel_size,
             "pp": pc.pipeline_parallel_size,

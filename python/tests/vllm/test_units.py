@@ -93,6 +93,46 @@ def test_namespace_separates_everything_that_makes_kv_incompatible(tmp_path):
     assert _ns(tmp_path, prefix="acme/").startswith("acme/vllm/m/")
 
 
+def test_pipeline_stages_get_the_same_namespace_in_the_scheduler_and_their_worker(tmp_path, monkeypatch):
+    """vLLM builds one KV-cache config per worker (each PP stage's lists only
+    its layers) and gives the scheduler a copy of worker 0's
+    (generate_scheduler_kv_cache_config): the scheduler's namespace of every
+    stage must still be the one that stage's worker uses."""
+    from vllm.distributed.utils import get_pp_indices
+    from vllm.v1.core.kv_cache_utils import _project_kv_cache_groups_to_worker, generate_scheduler_kv_cache_config
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+
+    monkeypatch.delenv("VLLM_PP_LAYER_PARTITION", raising=False)
+    spec = FullAttentionSpec(block_size=BS, num_kv_heads=2, head_size=64, dtype=torch.float32)
+    names = [f"model.layers.{i}.self_attn.attn" for i in range(6)]
+
+    def engine(pp, tp=2):
+        vc, _ = _configs(tmp_path, tp=tp)
+        vc.parallel_config.pipeline_parallel_size = pp
+        whole = [KVCacheGroupSpec(names, spec)]
+        stages = [names[slice(*get_pp_indices(len(names), r, pp))] for r in range(pp)]
+        workers = [KVCacheConfig(num_blocks=8, kv_cache_tensors=[],
+                                 kv_cache_groups=_project_kv_cache_groups_to_worker(whole, {n: spec for n in stage}))
+                   for stage in stages]
+        assert [w.kv_cache_groups[0].layer_names for w in workers] == stages
+        sched = EngineIdentity(vc, generate_scheduler_kv_cache_config(workers)).namespaces()
+        ranks = [EngineIdentity(vc, workers[r]).namespace(r, t) for r in range(pp) for t in range(tp)]
+        return sched, ranks
+
+    for pp in (1, 2, 3):
+        sched, ranks = engine(pp)
+        assert sched == ranks and len(set(ranks)) == 2 * pp, pp
+    # Without PP the facts, so the namespaces (and the blocks stored under them), are as before.
+    vc, kv = _configs(tmp_path)
+    assert EngineIdentity(vc, kv).facts["layers"] == kv.kv_cache_groups[0].layer_names
+    assert "pp_layer_partition" not in EngineIdentity(vc, kv).facts
+    # Another split of the layers between stages is another namespace.
+    even = engine(2)[0]
+    monkeypatch.setenv("VLLM_PP_LAYER_PARTITION", "2,4")
+    sched, ranks = engine(2)
+    assert sched == ranks and not set(sched) & set(even)
+
+
 def test_weights_fingerprint_samples_head_and_tail(tmp_path):
     d = tmp_path / "w"
     d.mkdir()

@@ -81,7 +81,7 @@ impl Engine {
         self.check_size(block.payload.len())?;
         let id = block.meta.id.clone();
         let locally_known = self.held_locally(&id);
-        if mode == Overwrite::Never && locally_known {
+        if mode == Overwrite::Never && locally_known && !obj.is_enqueuing(&id) {
             // Already stored (and uploaded or queued) or a conflict: local decides.
             return self.store_local(block, mode, timing).await;
         }
@@ -100,15 +100,21 @@ impl Engine {
             }
             ObjectWritePolicy::WriteBack => {
                 let wb = obj.writeback.as_ref().expect("write-back has a queue");
+                let group = obj.enqueuing(&id);
                 let out = self.store_local(block.clone(), mode, timing).await?;
+                if out == WriteOutcome::Stored {
+                    group.stored();
+                }
                 let t0 = Instant::now();
                 let r = wb
                     .enqueue(block, crate::deadline::budget(obj.opts.enqueue_timeout))
                     .await;
                 timing.add(TierKind::Object, t0.elapsed());
                 if let Err(e) = r {
-                    // Not acknowledged, so not kept locally either.
-                    if out == WriteOutcome::Stored {
+                    // Not acknowledged, so not kept locally either, unless a
+                    // concurrent writer of the same block was acknowledged
+                    // or still may be (see `EnqueueGuard`).
+                    if group.remove_on_failure() {
                         self.memory.remove(&id);
                         if let Some(d) = &self.disk {
                             let _ = d.delete(&id).await;
@@ -116,6 +122,7 @@ impl Engine {
                     }
                     return Err(fail(e));
                 }
+                group.acked();
                 Ok(out)
             }
         }
