@@ -463,7 +463,10 @@ impl Config {
             anyhow::bail!("server.listen: at least one gRPC listener is required");
         }
         for l in &self.server.listen {
-            ListenSpec::parse(l)?;
+            if let Some(cpus) = ListenSpec::parse(l)?.cpus {
+                crate::numa::check_allowed(&cpus)
+                    .map_err(|e| anyhow::anyhow!("server.listen {l:?}: {e}"))?;
+            }
         }
         if !self.server.http_listen.is_empty() {
             self.server.http_listen.parse::<SocketAddr>().map_err(|e| {
@@ -538,10 +541,13 @@ impl Config {
                  object_store.read_ahead must be > 0"
             );
         }
-        if e.memory_capacity.bytes() < e.max_block_size.bytes().min(1 << 20) {
+        let min_memory = e.max_block_size.bytes().min(1 << 20);
+        if e.memory_capacity.bytes() < min_memory {
             anyhow::bail!(
-                "engine.memory_capacity ({}) is too small",
-                e.memory_capacity
+                "engine.memory_capacity ({}) is too small: the minimum is {} \
+                 (engine.max_block_size, at most 1MiB)",
+                e.memory_capacity,
+                ByteSize(min_memory)
             );
         }
         Ok(())
@@ -685,6 +691,32 @@ mod tests {
         assert!(Config::parse("[object_store]\nwrite_policy = \"sometimes\"\n").is_err());
         assert!(Config::parse("[object_store]\nurll = \"x\"\n").is_err());
         assert!(crate::object::tier_config(&Config::default()).is_none());
+    }
+
+    #[test]
+    fn memory_capacity_below_the_minimum_names_it() {
+        let e = Config::parse("[engine]\nmemory_capacity = \"1KiB\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("too small") && e.contains("the minimum is 1MiB"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn listen_cpuset_outside_the_allowed_cpus_is_refused() {
+        let allowed = crate::numa::current_affinity().unwrap();
+        let outside = (0..).find(|c| !allowed.contains(c)).unwrap();
+        let text = |cpus: &str| format!("[server]\nlisten = [\"127.0.0.1:0@{cpus}\"]\n");
+        let e = Config::parse(&text(&format!("{}-{outside}", allowed[0])))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains(&format!("CPU {outside} ")) && e.contains("may use"),
+            "{e}"
+        );
+        assert!(Config::parse(&text(&allowed[0].to_string())).is_ok());
     }
 
     #[test]

@@ -79,6 +79,50 @@ pub fn current_affinity() -> anyhow::Result<Vec<usize>> {
         .collect())
 }
 
+/// Refuses CPUs the process may not run on (outside its `sched_getaffinity`
+/// set: a container's cpuset, `taskset`, a smaller machine): pinning to them
+/// would fail at start-up and the listener run unpinned. Passes when the
+/// allowed set cannot be read.
+pub fn check_allowed(cpus: &[usize]) -> anyhow::Result<()> {
+    let Ok(allowed) = current_affinity() else {
+        return Ok(());
+    };
+    let outside: Vec<usize> = cpus
+        .iter()
+        .copied()
+        .filter(|c| !allowed.contains(c))
+        .collect();
+    if !outside.is_empty() {
+        anyhow::bail!(
+            "CPU{} {} {} not available: this process may use CPUs {}",
+            if outside.len() == 1 { "" } else { "s" },
+            format_cpuset(&outside),
+            if outside.len() == 1 { "is" } else { "are" },
+            format_cpuset(&allowed)
+        );
+    }
+    Ok(())
+}
+
+/// A sorted CPU list in `parse_cpuset`'s syntax (`0-3,8`).
+pub fn format_cpuset(cpus: &[usize]) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    let mut i = 0;
+    while i < cpus.len() {
+        let mut j = i;
+        while j + 1 < cpus.len() && cpus[j + 1] == cpus[j] + 1 {
+            j += 1;
+        }
+        parts.push(if i == j {
+            cpus[i].to_string()
+        } else {
+            format!("{}-{}", cpus[i], cpus[j])
+        });
+        i = j + 1;
+    }
+    parts.join(",")
+}
+
 /// Parses a CPU list like `0-3,8,10-11`.
 pub fn parse_cpuset(s: &str) -> anyhow::Result<Vec<usize>> {
     let mut out = Vec::new();
@@ -125,6 +169,25 @@ mod tests {
         let l = listeners_for("0.0.0.0:8085").unwrap();
         assert_eq!(l.len(), nodes().len());
         assert!(l[0].starts_with("0.0.0.0:8085@"));
+    }
+
+    #[test]
+    fn cpuset_round_trips_and_outside_cpus_are_named() {
+        assert_eq!(
+            format_cpuset(&parse_cpuset("0-3,8,10-11").unwrap()),
+            "0-3,8,10-11"
+        );
+        let allowed = current_affinity().unwrap();
+        assert!(check_allowed(&allowed).is_ok());
+        let outside = (0..).find(|c| !allowed.contains(c)).unwrap();
+        let e = check_allowed(&[allowed[0], outside])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with(&format!("CPU {outside} is not available")),
+            "{e}"
+        );
+        assert!(e.ends_with(&format_cpuset(&allowed)), "{e}");
     }
 
     #[test]
