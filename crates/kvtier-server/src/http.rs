@@ -87,6 +87,11 @@ async fn hold_body(
         Ok(r) => r,
         Err(status) => {
             s.metrics.shed.inc();
+            // Counted like every other answered request (the handler, which
+            // records the rest, never runs): kvtier_requests_total{code="503"}.
+            if *req.method() == axum::http::Method::PUT {
+                s.observe(API, "put", "503", &crate::timing::Clock::start(None));
+            }
             return overloaded(status);
         }
     };

@@ -218,6 +218,15 @@ async fn stalled_http_uploads_cannot_hold_more_than_the_request_memory() {
         refused.to_ascii_lowercase().contains("retry-after: 1"),
         "{refused}"
     );
+    // Counted as an answered HTTP PUT with its numeric status (docs/operations.md).
+    let m = common::metrics(&s).await;
+    assert!(
+        m.lines().any(|l| l.starts_with("kvtier_requests_total{")
+            && l.contains("api=\"http\"")
+            && l.contains("op=\"put\"")
+            && l.contains("code=\"503\"")),
+        "{m}"
+    );
     // The stalled upload is answered 408 at server.read_timeout; its memory is
     // given back and a whole 40 MiB PUT is stored.
     let head = http_head(&mut stalled).await.expect("408");

@@ -225,6 +225,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
             _ = term.recv() => { tracing::info!("SIGTERM: shutting down"); break; }
             _ = hup.recv() => {
                 match server.auth.reload() {
+                    Ok(_) if !server.auth.enabled() => tracing::info!("SIGHUP: authentication is off (no auth.tokens_file); nothing to reload"),
                     Ok(n) => tracing::info!(tokens = n, "SIGHUP: tokens reloaded"),
                     Err(e) => tracing::error!(error = %e, "SIGHUP: tokens not reloaded; the previous ones stay in force"),
                 }

@@ -352,6 +352,28 @@ fn tokens_are_required_and_reloaded_on_sighup() {
     assert!(s.stop().success());
 }
 
+/// SIGHUP with authentication off says so instead of "0 tokens reloaded".
+#[test]
+fn sighup_without_auth_says_authentication_is_off() {
+    let (s, log) = serve_logged(&[]);
+    Command::new("kill")
+        .args(["-HUP", &s.child.id().to_string()])
+        .status()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let text = loop {
+        let text = std::fs::read_to_string(&log).unwrap();
+        if text.contains("SIGHUP") {
+            break text;
+        }
+        assert!(Instant::now() < deadline, "no SIGHUP line: {text}");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(text.contains("authentication is off"), "{text}");
+    assert!(!text.contains("tokens reloaded"), "{text}");
+    assert!(s.stop().success());
+}
+
 /// A CA and a server certificate for 127.0.0.1, as PEM files in `dir`.
 fn test_pki(dir: &std::path::Path) {
     use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
