@@ -285,6 +285,24 @@ async fn bit_flip_while_running_reads_as_missing() {
 }
 
 #[tokio::test]
+async fn a_vanished_record_takes_its_descendants_files_with_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let chain = chain_blocks(&ns("t"), 8, 3, 10_000);
+    let (tier, _) = open(cfg(dir.path(), 1 << 30, SyncMode::Never));
+    for b in &chain {
+        tier.put(b.clone()).await.unwrap();
+    }
+    std::fs::remove_file(record_file(dir.path(), &chain[1].meta.id)).unwrap();
+    assert!(tier.get(&chain[1].meta.id).await.unwrap().is_none());
+    assert!(!tier.contains(&chain[2].meta.id).await.unwrap());
+    // Only the head's file is left: the tail's is not stranded outside the
+    // index (and its capacity accounting).
+    let files = walk(&dir.path().join("blocks"));
+    assert_eq!(files, vec![record_file(dir.path(), &chain[0].meta.id)]);
+    tier.check_invariants().unwrap();
+}
+
+#[tokio::test]
 async fn full_tier_evicts_leaves_and_refuses_when_nothing_is_evictable() {
     let dir = tempfile::tempdir().unwrap();
     let size = 10_000;

@@ -40,6 +40,8 @@ class KvtierMetadata(KVConnectorMetadata):
 
     loads: list[LoadSpec] = field(default_factory=list)
     saves: list[SaveSpec] = field(default_factory=list)
+    #: Keys to delete before this step's saves (computed after a failed load).
+    forget: list[bytes] = field(default_factory=list)
 
 
 def _client(cfg: ConnectorConfig, timeout_ms: int) -> Client:
@@ -146,7 +148,8 @@ class KvtierConnector(KVConnectorBase_V1):
     def wait_for_save(self) -> None:
         if self._worker is None or not self.has_connector_metadata():
             return
-        self._worker.save(self._get_connector_metadata().saves)
+        meta = self._get_connector_metadata()
+        self._worker.save(meta.saves, meta.forget)
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
         if self._worker is None:
@@ -186,7 +189,7 @@ class KvtierConnector(KVConnectorBase_V1):
         if self._scheduler is None:
             return KvtierMetadata()
         loads, saves = self._scheduler.build(scheduler_output)
-        return KvtierMetadata(loads=loads, saves=saves)
+        return KvtierMetadata(loads=loads, saves=saves, forget=self._scheduler.take_forget())
 
     def update_connector_output(self, connector_output) -> None:
         if self._scheduler is not None:

@@ -5,8 +5,9 @@ Per request it keeps one Lookup result (one kvtier Lookup per request and
 preemption; see ``_State``) and the number of leading blocks known to be in
 kvtier or already handed to a worker for storing. Each step,
 ``build_connector_meta`` turns that into ``LoadSpec``/``SaveSpec`` lists for the
-workers. Nothing here blocks for long: the Lookup has its own short deadline
-and a circuit breaker, and a failure means "0 external tokens".
+workers, and keys to delete (blocks computed after a load that failed).
+Nothing here blocks for long: the Lookup has its own short deadline and a
+circuit breaker, and a failure means "0 external tokens".
 """
 from __future__ import annotations
 
@@ -80,6 +81,7 @@ class SchedulerSide:
         self._states: dict[str, _State] = {}
         self._requests: dict[str, Any] = {}  # vLLM's Request objects
         self._loads: list[LoadSpec] = []
+        self._forget: list[bytes] = []
         self._kv_cache_manager = None
         # Lease releases are fire-and-forget: never on the scheduler's path.
         self._releaser = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvtier-release")
@@ -175,7 +177,8 @@ class SchedulerSide:
             self._lookup(request, st, True)
             st.saved = max(st.saved, st.found)
         st.local = num_computed_tokens
-        if not self.can_load or not st.found:
+        if not self.can_load or not st.found or getattr(request, "skip_reading_prefix_cache", False):
+            # (prompt logprobs, some pooling requests: vLLM must compute every token)
             return 0, False
         hit = st.found * self.block_size
         if hit >= request.num_tokens:
@@ -225,6 +228,11 @@ class SchedulerSide:
                                 - len(spec_tokens.get(req_id, ())))
         return loads, saves
 
+    def take_forget(self) -> list[bytes]:
+        """Keys the workers delete before this step's saves (``update_connector_output``)."""
+        forget, self._forget = self._forget, []
+        return forget
+
     def _plan_save(self, saves: list[SaveSpec], req_id: str, computed: int, scheduled: int) -> None:
         st = self._states.get(req_id)
         request = self._requests.get(req_id)
@@ -264,11 +272,20 @@ class SchedulerSide:
     def update_connector_output(self, finished_recving, invalid_block_ids) -> None:
         """Worker results of the last step. Blocks that failed to load are
         recomputed by vLLM; storing restarts at the first of them, so kvtier
-        gets the recomputed blocks (the worker deleted a bad one)."""
+        gets the recomputed blocks (the worker deleted a bad one).
+
+        The blocks computed after the load (in its step, and in the next one
+        under async scheduling) attended to stale KV: the worker that saw the
+        failure did not store them, but other ranks may have, so they are
+        deleted (every worker, before its next writes) and stored again once
+        recomputed; otherwise the first writer would keep the wrong bytes."""
         if invalid_block_ids:
             for st in self._states.values():
                 bad = [i for i, b in enumerate(st.load_block_ids) if b in invalid_block_ids]
                 if bad:
+                    end = max(st.load_first + len(st.load_block_ids), st.found)
+                    if st.saved > end:
+                        self._forget.extend(st.keys[end:st.saved])
                     st.saved = min(st.saved, st.load_first + bad[0])
                     st.found = min(st.found, st.load_first + bad[0])
         for req_id in finished_recving or ():

@@ -12,7 +12,8 @@ Loads (``LoadSpec``) arrive with each step's metadata:
 Every block that could not be loaded (kvtier gone mid-read, a lapsed lease, a
 payload of the wrong size, a checksum mismatch) is reported through
 ``get_block_ids_with_load_errors``, so vLLM recomputes it: the output stays
-correct, only slower.
+correct, only slower. The blocks a request computed in the step its load
+failed attended to stale KV: they are not stored.
 
 Saves (``SaveSpec``) are copied out of vLLM's cache at the end of the step
 (``wait_for_save``: a memcpy, so the blocks may be reused right after) and sent
@@ -53,6 +54,7 @@ class WorkerSide:
         self.breaker = Breaker(cfg.url, cfg.retry_initial_ms / 1000, cfg.retry_max_ms / 1000)
         self.layout: PayloadLayout | None = None
         self._errors: set[int] = set()
+        self._failed_reqs: set[str] = set()  # requests whose load failed this step (not async)
         self._lock = threading.Lock()
         # async loads
         self._loader = ThreadPoolExecutor(max_workers=2, thread_name_prefix="kvtier-load")
@@ -92,6 +94,8 @@ class WorkerSide:
             return
         with self._lock:
             self._errors.update(bad)
+            if not spec.is_async:
+                self._failed_reqs.add(spec.req_id)
         self.counters["failed_blocks"] += len(bad)
         log.warning("kvtier: %d of %d blocks of request %s not loaded (%s); vLLM recomputes them",
                     len(bad), len(spec.block_ids), spec.req_id, why)
@@ -160,6 +164,9 @@ class WorkerSide:
         if self.layout is None:
             for spec in loads:
                 self._fail(spec, 0, "KV caches not registered")
+                if spec.is_async:
+                    with self._lock:
+                        self._done_recving.add(spec.req_id)
             return
         for spec in loads:
             if spec.is_async:
@@ -225,11 +232,24 @@ class WorkerSide:
 
     # -- saving -----------------------------------------------------------
 
-    def save(self, saves: list[SaveSpec]) -> None:
-        """End of step: copy the saved blocks out of vLLM's cache, queue the writes."""
+    def save(self, saves: list[SaveSpec], forget: list[bytes] | tuple = ()) -> None:
+        """End of step: copy the saved blocks out of vLLM's cache, queue the
+        writes (after deleting ``forget``). A request whose load failed in
+        this step computed its new blocks from stale KV: they are not stored."""
         if self._layerwise:
             self._finish_layerwise()
-        if not saves or self.layout is None:
+        with self._lock:
+            failed, self._failed_reqs = self._failed_reqs, set()
+        if self.layout is None:
+            return
+        if forget:
+            self._submit("delete", list(forget))
+        if failed:
+            stale = sum(len(s.block_ids) for s in saves if s.req_id in failed)
+            if stale:
+                saves = [s for s in saves if s.req_id not in failed]
+                self.stats("save_dropped", blocks=stale, why="computed after a failed load")
+        if not saves:
             return
         n = sum(len(s.block_ids) for s in saves)
         size = n * self.layout.nbytes

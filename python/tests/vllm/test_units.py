@@ -438,6 +438,46 @@ def test_uncacheable_requests_are_neither_looked_up_nor_stored():
     assert c.lookups == []
 
 
+def test_a_request_that_skips_the_prefix_cache_loads_nothing():
+    """prompt_logprobs and some pooling requests set skip_reading_prefix_cache:
+    vLLM must compute every token (its OffloadingConnector returns 0 too)."""
+    toks = list(range(3 * BS))
+    keys = kvkeys.chain(toks, BS)
+    c = FakeClient(stored=keys)
+    s = _sched(c)
+    r = FakeRequest("a", toks)
+    r.skip_reading_prefix_cache = True
+    assert s.get_num_new_matched_tokens(r, 0) == (0, False)
+    assert c.lookups == [("ns", 3, 0)], "no lease for a load that never happens"
+    s._kv_cache_manager.blocks["a"] = [1, 2, 3]
+    _, saves = s.build(_out(new=[("a", 0)], scheduled={"a": 3 * BS}))
+    assert saves == [], "the blocks kvtier holds are not stored again"
+
+
+def test_blocks_computed_after_a_failed_load_are_forgotten_and_stored_again():
+    """Blocks 0-5 load while the same step computes blocks 6-9; the load fails
+    at block 3, so 6-9 attended to stale KV. Every rank deletes them before
+    its next writes (a rank that stored them would otherwise win over the
+    recomputed bytes: the first writer wins), and storing restarts at block 3
+    once vLLM recomputes."""
+    toks = list(range(10 * BS + 5))
+    keys = kvkeys.chain(toks, BS)
+    s = _sched(FakeClient(stored=keys[:6]))
+    r = FakeRequest("a", toks)
+    assert s.get_num_new_matched_tokens(r, 0) == (6 * BS, False)
+    ids = list(range(20, 31))
+    s._kv_cache_manager.blocks["a"] = ids
+    s.update_state_after_alloc(r, SimpleNamespace(get_block_ids=lambda: (ids,)), 6 * BS)
+    loads, saves = s.build(_out(new=[("a", 6 * BS)], scheduled={"a": 4 * BS + 5}))
+    assert loads[0].block_ids == ids[:6] and [x.keys for x in saves] == [keys[6:10]]
+    assert s.take_forget() == []
+    s.update_connector_output(set(), {ids[3]})  # vLLM recomputes from block 3
+    _, saves = s.build(_out(cached=[("a", 3 * BS)], scheduled={"a": 7 * BS + 5}))
+    assert s.take_forget() == keys[6:10]
+    assert [(x.keys, x.block_ids, x.parent) for x in saves] == [(keys[3:10], ids[3:10], keys[2])]
+    assert s.take_forget() == []
+
+
 # -- worker against a real kvtier ----------------------------------------------
 
 def _worker(server_url, caches, load_mode="sync", **cfg):
@@ -576,3 +616,55 @@ def test_worker_async_and_layerwise_loads(server):
     wl.wait_for_layer_load("l0")
     wl.save([])
     assert wl.take_errors() == {0, 1}
+
+
+def test_nothing_computed_after_a_failed_load_is_stored_and_the_recomputed_blocks_win(server):
+    """One step: request r loads blocks 4-5 (the second is missing from
+    kvtier) and computes blocks 6-7 from its stale KV. This rank stores none
+    of r's new blocks (o's save of the same step goes ahead). Another rank,
+    whose own load went fine, computed them from the same stale hidden states
+    and stored them: the next step deletes them (the scheduler's forget list)
+    before the recomputed ones are written, which would otherwise lose to the
+    first writer."""
+    from kvtier import Client
+
+    keys = kvkeys.chain(list(range(4 * BS)), BS)
+    other = kvkeys.chain(list(range(10**5, 10**5 + BS)), BS)
+    src = _caches(blocks=8)
+    w = _worker(server.grpc, src)
+    w.save([SaveSpec("r", keys[:1], [0], None)])
+    assert w.flush(30)
+    w.start_load([LoadSpec("r", keys[:2], [4, 5])])
+    w.save([SaveSpec("r", keys[2:4], [6, 7], keys[1]), SaveSpec("o", other, [3], None)])
+    assert w.take_errors() == {5}
+    assert w.flush(30)
+    with Client(server.grpc) as c:
+        assert [c.lookup(w.namespace, keys=[k]).found for k in keys[2:4]] == [0, 0], "r's blocks 6-7 not stored"
+        assert c.lookup(w.namespace, keys=other).found == 1
+    # the other rank: stale blocks 6-7 stored, then recomputed ones with the forget list
+    kv1 = _caches(blocks=8, seed=1)
+    w1 = _worker(server.grpc, kv1)
+    w1.save([SaveSpec("r", keys[:4], [4, 5, 6, 7], None)])
+    assert w1.flush(30) and w1.counters["saved_blocks"] == 4
+    fresh = _caches(blocks=8, seed=2)
+    for k in kv1:
+        kv1[k][5:8] = fresh[k][5:8]
+    w1.save([SaveSpec("r", keys[1:4], [5, 6, 7], keys[0])], forget=keys[2:4])
+    assert w1.flush(30)
+    dst = {k: torch.zeros_like(v) for k, v in kv1.items()}
+    w2 = _worker(server.grpc, dst)
+    w2.namespace = w1.namespace
+    w2.start_load([LoadSpec("r", keys[2:4], [0, 1])])
+    assert w2.take_errors() == set()
+    assert all(torch.equal(dst[k][:2], fresh[k][6:8]) for k in dst), "the recomputed blocks are stored"
+
+
+def test_an_async_load_without_a_usable_layout_is_still_reported_finished(server):
+    """register_kv_caches refused the caches: the load fails, but vLLM must
+    hear that it finished, or the request waits for its KV forever."""
+    keys = kvkeys.chain(list(range(2 * BS)), BS)
+    w = _worker(server.grpc, _caches(blocks=3), load_mode="async")
+    w.layout = None
+    w.start_load([LoadSpec("q", keys, [1, 2], is_async=True)])
+    assert w.get_finished() == {"q"}
+    assert w.take_errors() == {1, 2}

@@ -303,13 +303,21 @@ impl Shared {
         let checked = match std::fs::read(&path) {
             Ok(buf) => verify_record(buf, id, &entry),
             Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                // Evicted or deleted while we were reading, or removed behind our back.
-                let mut idx = self.index.lock();
-                if idx.get(id).is_some_and(|e| e.seq == entry.seq) {
-                    idx.remove_cascade(id);
-                    tracing::warn!(path = %path.display(), "disk tier: record file vanished; dropped from the index");
-                }
-                idx.counters_mut().misses += 1;
+                // Evicted or deleted while we were reading, or removed behind
+                // our back: then its descendants' files go too (the chain is
+                // broken; left behind they would be outside the index's
+                // accounting, and orphans after a restart).
+                let removed = {
+                    let mut idx = self.index.lock();
+                    idx.counters_mut().misses += 1;
+                    if idx.get(id).is_some_and(|e| e.seq == entry.seq) {
+                        tracing::warn!(path = %path.display(), "disk tier: record file vanished; dropped from the index");
+                        idx.remove_cascade(id)
+                    } else {
+                        Vec::new()
+                    }
+                };
+                self.unlink_now(&removed, false);
                 return Ok(None);
             }
             Err(e) => Err(format!("read failed: {e}")),
