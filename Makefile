@@ -26,8 +26,12 @@ fmt:
 clippy:
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 
+# The example README.md runs (python/tests/test_readme.py) is built here with
+# the README's own command, so that test times the run, not a compile (a
+# package-only build unifies features differently and rebuilds dependencies).
 rust-test:
 	$(CARGO) test --workspace
+	$(CARGO) build -q -p kvtier-client --example quickstart
 
 # The Python SDK's lint and type check (config: python/pyproject.toml).
 # No module circles, no source file over 600 lines before its tests, every file
