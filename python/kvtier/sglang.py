@@ -16,7 +16,8 @@ prefix, plus a rank suffix. How that maps onto kvtier:
   page-first or layer-first). The namespace carries everything that changes
   those bytes: model, tensor/pipeline/context-parallel rank and size, MLA or
   not, the pool's layout, dtype, page size, layers, heads and head size, and
-  this payload format's version.
+  this payload format's version. With MLA the TP rank is left out (every rank
+  holds the same KV, and SGLang stores it from one rank only).
 * ``batch_exists`` is kvtier's Lookup: the number of consecutive leading pages
   present, one round trip for the whole run.
 * ``batch_get_v1`` / ``batch_set_v1`` move bytes straight between the socket
@@ -59,6 +60,20 @@ _OPTIONS = {"backend_name", "module_path", "class_name", "url", "timeout_ms", "n
             "data_plane", "interface_v1"}
 
 
+def _flag(extra: dict, key: str, default: bool) -> bool:
+    """A boolean of the extra config: JSON true/false, or 1/0, or the strings
+    true/false/1/0/yes/no (any case). Anything else is refused: ``bool("false")``
+    would be true."""
+    v = extra.get(key, default)
+    if isinstance(v, bool):
+        return v
+    if isinstance(v, int) and v in (0, 1):
+        return bool(v)
+    if isinstance(v, str) and v.strip().lower() in ("true", "1", "yes", "false", "0", "no"):
+        return v.strip().lower() in ("true", "1", "yes")
+    raise ValueError(f"kvtier HiCache backend: {key} must be true or false (or 1/0, yes/no), not {v!r}")
+
+
 def _views(ptrs, sizes) -> list[memoryview]:
     """Writable byte views of raw host memory segments (the pool's pages)."""
     return [memoryview((ctypes.c_char * n).from_address(p)).cast("B") for p, n in zip(ptrs, sizes)]
@@ -83,7 +98,7 @@ class KvtierHiCache(_Base):
         self.prefix = prefix
         self.timeout = int(extra.get("timeout_ms", 5000)) / 1000
         self.client = Client(url, connections=int(extra.get("connections", 4)), timeout=self.timeout, retries=1,
-                             retry_shed=False, data_plane=bool(extra.get("data_plane", True)))
+                             retry_shed=False, data_plane=_flag(extra, "data_plane", True))
         self.mem_pool_host: Any = None  # SGLang's host KV pool, once registered
         self.namespace = ""
         self.page_bytes = 0
@@ -103,15 +118,20 @@ class KvtierHiCache(_Base):
         self.nbuf = len(ptrs)
         self.page_bytes = sum(sizes)
         sc = self.storage_config
+        # MLA KV is the same on every TP rank: SGLang backs pages up from the
+        # writer rank only (rank 0, or one per DCP shard: ``is_storage_writer``)
+        # and takes the smallest hit count over the TP group, so every rank
+        # must read the writer's namespace (the DCP shard still separates).
+        mla = getattr(sc, "is_mla_model", False)
         facts = {
             "format": PAYLOAD_FORMAT,
             "model": getattr(sc, "model_name", None),
-            "tp": [getattr(sc, "tp_rank", 0), getattr(sc, "tp_size", 1)],
+            "tp": [0 if mla else getattr(sc, "tp_rank", 0), getattr(sc, "tp_size", 1)],
             "pp": [getattr(sc, "pp_rank", 0), getattr(sc, "pp_size", 1)],
             "attn_cp": [getattr(sc, "attn_cp_rank", 0), getattr(sc, "attn_cp_size", 1)],
             "dcp": [getattr(sc, "dcp_rank", 0), getattr(sc, "dcp_size", 1)],
             "dp_rank": getattr(sc, "dp_rank", 0),
-            "mla": getattr(sc, "is_mla_model", False),
+            "mla": mla,
             "split_heads": getattr(sc, "should_split_heads", False),
             "layout": getattr(mem_pool_host, "layout", None),
             "dtype": str(getattr(mem_pool_host, "dtype", None)),

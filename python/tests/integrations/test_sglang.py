@@ -142,6 +142,62 @@ def test_config_errors_are_clear(server):
         KvtierHiCache(_config(server.grpc, bogus=1), {})
 
 
+def _rank_backend(url, pool, **ranks):
+    b = KvtierHiCache(_config(url), {})
+    for k, v in ranks.items():
+        setattr(b.storage_config, k, v)
+    b.register_mem_pool_host(pool)
+    return b
+
+
+def test_mla_ranks_read_the_pages_rank_zero_stores(server):
+    """SGLang backs MLA pages up from the storage writer only (rank 0, or one
+    rank per DCP shard) and takes the smallest hit count over the TP group:
+    every MLA rank must look in the writer's namespace, or TP > 1 never hits."""
+    from sglang.srt.mem_cache.hicache_storage import HiCacheStorageConfig
+
+    pool = FakeMHAHostPool()
+    mla = [_rank_backend(server.grpc, pool, is_mla_model=True, tp_rank=r, tp_size=4) for r in range(4)]
+    writers = [b for b in mla if b.storage_config.is_storage_writer]
+    assert [b.storage_config.tp_rank for b in writers] == [0], "SGLang: MLA backs up from rank 0 only"
+    assert len({b.namespace for b in mla}) == 1
+    assert writers[0].batch_set_v1(["mla0", "mla1"], _indices([0, 1])) == [True, True]
+    assert [b.batch_exists(["mla0", "mla1"]) for b in mla] == [2, 2, 2, 2]
+    assert mla[3].batch_get_v1(["mla0", "mla1"], _indices([2, 3])) == [True, True]
+    # Without MLA each rank holds its own heads: namespaces stay per rank.
+    mha = [_rank_backend(server.grpc, pool, tp_rank=r, tp_size=4) for r in range(4)]
+    assert len({b.namespace for b in mha} | {mla[0].namespace}) == 5
+    # Decode context parallel: one writer per DCP shard, shards kept apart.
+    dcp = []
+    for r in range(4):
+        cfg = HiCacheStorageConfig(
+            tp_rank=r, tp_size=4, pp_rank=0, pp_size=1, attn_cp_rank=0, attn_cp_size=1, is_mla_model=True,
+            enable_storage_metrics=False, is_page_first_layout=True, model_name="test/model",
+            extra_config=_config(server.grpc).extra_config, dcp_size=2, dcp_rank=r % 2, logical_page_size=16)
+        b = KvtierHiCache(cfg, {})
+        b.register_mem_pool_host(pool)
+        dcp.append(b)
+    assert [b.storage_config.is_storage_writer for b in dcp] == [True, True, False, False]
+    assert dcp[0].namespace == dcp[2].namespace != dcp[1].namespace == dcp[3].namespace
+
+
+def test_data_plane_flag_parses_strings_and_refuses_others(server):
+    def uses_data_plane(v):
+        b = KvtierHiCache(_config(server.grpc, data_plane=v), {})
+        try:
+            return b.client._data_plane
+        finally:
+            b.close()
+
+    for v in (True, 1, "true", "True", "1", "yes", " YES "):
+        assert uses_data_plane(v) is True, v
+    for v in (False, 0, "false", "False", "0", "no", "NO"):
+        assert uses_data_plane(v) is False, v
+    for v in ("maybe", "", 2, None, 1.0):
+        with pytest.raises(ValueError, match="data_plane must be true or false"):
+            KvtierHiCache(_config(server.grpc, data_plane=v), {})
+
+
 def test_loaded_by_sglangs_own_factory(server):
     """SGLang's StorageBackendFactory loads the backend from the documented extra config."""
     from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory
