@@ -150,7 +150,7 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
 /// Runs `kvtier bench`.
 pub async fn run(a: BenchArgs) -> anyhow::Result<()> {
     if let Some(BenchCmd::Compare { a, b }) = a.cmd {
-        print!("{}", kvtier_bench::compare_files(a, b)?);
+        crate::cli::print(kvtier_bench::compare_files(a, b)?)?;
         return Ok(());
     }
     let r = a.run;
@@ -202,9 +202,9 @@ pub async fn run(a: BenchArgs) -> anyhow::Result<()> {
     })
     .await??;
     kvtier_bench::write_outputs(&out, &record)?;
-    println!(
-        "wrote {0}/record.json, {0}/summary.md, {0}/report.html",
+    crate::cli::print(format!(
+        "wrote {0}/record.json, {0}/summary.md, {0}/report.html\n",
         out.display()
-    );
+    ))?;
     Ok(())
 }

@@ -42,6 +42,7 @@ impl CommonArgs {
     fn tls(&self) -> anyhow::Result<Option<kvtier_client::ClientTls>> {
         let Some(ca) = self.tls_ca.as_deref().filter(|p| !p.as_os_str().is_empty()) else {
             anyhow::ensure!(self.tls_cert.is_none(), "--tls-cert needs --tls-ca");
+            check_https_has_ca(&self.server, "--tls-ca FILE (or KVTIER_TLS_CA)")?;
             return Ok(None);
         };
         Ok(Some(kvtier_client::ClientTls::from_files(
@@ -58,6 +59,61 @@ impl CommonArgs {
         cfg.connect_timeout = cfg.timeout;
         cfg.tls = self.tls()?;
         Ok(cfg)
+    }
+}
+
+/// The CLI verifies a TLS server against the CA it is given, never the
+/// system's roots: an `https://` address without one is refused here rather
+/// than by tonic ("Connecting to HTTPS without TLS enabled").
+pub fn check_https_has_ca(server: &str, how: &str) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        !server.starts_with("https://"),
+        "{server}: https:// needs {how}, the PEM CA bundle that signed the server's \
+         certificate (the CLI does not use the system's roots; docs/security.md)"
+    );
+    Ok(())
+}
+
+/// `--key`, `--parent`, `--keys`: hex, two digits a byte; says what is wrong
+/// with text that is not.
+fn hex_key(flag: &str, s: &str) -> anyhow::Result<Key> {
+    if let Some((i, c)) = s.chars().enumerate().find(|(_, c)| !c.is_ascii_hexdigit()) {
+        anyhow::bail!(
+            "{flag} {s:?} is not hex: {c:?} at position {} (hex digits are 0-9 and a-f, two a byte; \
+             --text-key takes a key as text)",
+            i + 1
+        );
+    }
+    if s.len() % 2 == 1 {
+        anyhow::bail!(
+            "{flag} {s:?} has an odd number of hex digits ({}): each byte is two digits",
+            s.len()
+        );
+    }
+    Ok(Key::from_hex(s)?)
+}
+
+/// Stdout was closed by its reader (`kvtier stats | head -2`): `main` exits
+/// quietly with status 141, as a program killed by SIGPIPE does.
+#[derive(Debug)]
+pub struct StdoutClosed;
+
+impl std::fmt::Display for StdoutClosed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("stdout closed")
+    }
+}
+
+impl std::error::Error for StdoutClosed {}
+
+/// Writes `bytes` to stdout and flushes; a reader that went away is
+/// [`StdoutClosed`], not a panic (Rust ignores SIGPIPE, so `println!` panics
+/// on EPIPE).
+pub fn print(bytes: impl AsRef<[u8]>) -> anyhow::Result<()> {
+    let mut out = std::io::stdout().lock();
+    match out.write_all(bytes.as_ref()).and_then(|()| out.flush()) {
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Err(StdoutClosed.into()),
+        r => Ok(r?),
     }
 }
 
@@ -78,7 +134,7 @@ pub struct KeyArgs {
 impl KeyArgs {
     fn key(&self) -> anyhow::Result<Key> {
         match (&self.key, &self.text_key) {
-            (Some(h), _) => Ok(Key::from_hex(h)?),
+            (Some(h), _) => hex_key("--key", h),
             (None, Some(t)) => Ok(Key::new(Bytes::copy_from_slice(t.as_bytes()))?),
             (None, None) => anyhow::bail!("give --key HEX or --text-key TEXT"),
         }
@@ -152,9 +208,21 @@ pub struct DeleteArgs {
 async fn client(c: &CommonArgs) -> anyhow::Result<Client> {
     let mut cfg = c.client_config()?;
     cfg.connections = 1;
-    Client::connect(cfg)
-        .await
-        .with_context(|| format!("cannot connect to {}", c.server))
+    connect(cfg, &c.server).await
+}
+
+/// `Client::connect`, its error naming `server`. A status the server sent (a
+/// token refused, say) is its answer, not a failure to connect: its context
+/// is the address alone.
+pub async fn connect(cfg: ClientConfig, server: &str) -> anyhow::Result<Client> {
+    use std::error::Error as _;
+    Client::connect(cfg).await.map_err(|e| {
+        let what = match &e {
+            kvtier_client::ClientError::Status(s) if s.source().is_none() => server.to_string(),
+            _ => format!("cannot connect to {server}"),
+        };
+        anyhow::Error::new(e).context(what)
+    })
 }
 
 /// `kvtier put`
@@ -169,7 +237,11 @@ pub async fn put(a: PutArgs) -> anyhow::Result<()> {
             std::io::stdin().read_to_end(&mut buf)?;
         }
     }
-    let parent = a.parent.as_deref().map(Key::from_hex).transpose()?;
+    let parent = a
+        .parent
+        .as_deref()
+        .map(|p| hex_key("--parent", p))
+        .transpose()?;
     let c = client(&a.common).await?;
     let block = WriteBlock {
         key: key.clone(),
@@ -179,8 +251,8 @@ pub async fn put(a: PutArgs) -> anyhow::Result<()> {
         ttl_ms: a.ttl_ms,
     };
     let r = c.write(&a.key.namespace, &[block]).await?;
-    println!(
-        "{} {} (server {} µs)",
+    print(format!(
+        "{} {} (server {} µs)\n",
         key.to_hex(),
         if r.stored == 1 {
             "stored"
@@ -188,7 +260,7 @@ pub async fn put(a: PutArgs) -> anyhow::Result<()> {
             "already present"
         },
         r.timing.total_us
-    );
+    ))?;
     Ok(())
 }
 
@@ -210,7 +282,7 @@ pub async fn get(a: GetArgs) -> anyhow::Result<()> {
         Some(p) => {
             std::fs::write(p, &b.payload).with_context(|| format!("writing {}", p.display()))?
         }
-        None => std::io::stdout().write_all(&b.payload)?,
+        None => print(&b.payload)?,
     }
     eprintln!(
         "{} bytes from {:?} tier (server {} µs)",
@@ -227,7 +299,7 @@ pub async fn lookup(a: LookupArgs) -> anyhow::Result<()> {
     let keys: Vec<Key> = if a.tokens.is_empty() {
         a.keys
             .iter()
-            .map(|k| Key::from_hex(k))
+            .map(|k| hex_key("--keys", k))
             .collect::<Result<_, _>>()?
     } else {
         // A tenant's secret salt (docs/keys.md) from the environment, never
@@ -255,7 +327,7 @@ pub async fn lookup(a: LookupArgs) -> anyhow::Result<()> {
         "lease_id": r.lease_id,
         "server_us": r.timing.total_us,
     });
-    println!("{}", serde_json::to_string_pretty(&out)?);
+    print(format!("{}\n", serde_json::to_string_pretty(&out)?))?;
     Ok(())
 }
 
@@ -273,7 +345,7 @@ pub async fn delete(a: DeleteArgs) -> anyhow::Result<()> {
             a.key.namespace
         );
     }
-    println!("deleted {n} block(s)");
+    print(format!("deleted {n} block(s)\n"))?;
     Ok(())
 }
 
@@ -293,7 +365,7 @@ pub async fn stats(a: CommonArgs) -> anyhow::Result<()> {
         })
         .collect();
     let out = serde_json::json!({ "version": s.version, "tiers": tiers, "active_leases": s.active_leases, "expired_blocks": s.expired_blocks });
-    println!("{}", serde_json::to_string_pretty(&out)?);
+    print(format!("{}\n", serde_json::to_string_pretty(&out)?))?;
     Ok(())
 }
 
@@ -311,11 +383,16 @@ pub async fn health(a: CommonArgs) -> anyhow::Result<()> {
         req.metadata_mut()
             .insert("authorization", format!("Bearer {t}").parse()?);
     }
-    let status = HealthClient::new(ch).check(req).await?.into_inner().status;
+    let status = HealthClient::new(ch)
+        .check(req)
+        .await
+        .with_context(|| format!("health check of {}", a.server))?
+        .into_inner()
+        .status;
     let name = tonic_health::pb::health_check_response::ServingStatus::try_from(status)
         .map(|s| s.as_str_name())
         .unwrap_or("UNKNOWN");
-    println!("{name}");
+    print(format!("{name}\n"))?;
     anyhow::ensure!(name == "SERVING", "server is {name}");
     Ok(())
 }

@@ -8,7 +8,7 @@
 use bytes::Bytes;
 use clap::Args;
 use hdrhistogram::Histogram;
-use kvtier_client::{Client, ClientConfig};
+use kvtier_client::ClientConfig;
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -16,7 +16,12 @@ use std::time::Instant;
 #[derive(Args, Debug)]
 pub struct DemoArgs {
     /// Server address.
-    #[arg(long, short = 's', default_value = "http://127.0.0.1:50051")]
+    #[arg(
+        long,
+        short = 's',
+        default_value = "http://127.0.0.1:50051",
+        env = "KVTIER_SERVER"
+    )]
     server: String,
     /// Conversations to run.
     #[arg(long, default_value_t = 8)]
@@ -66,7 +71,10 @@ pub async fn run(a: DemoArgs) -> anyhow::Result<()> {
     let mut cfg = ClientConfig::new(a.server.clone());
     cfg.token = std::env::var("KVTIER_TOKEN").ok().filter(|t| !t.is_empty());
     cfg.tls = kvtier_client::ClientTls::from_env()?;
-    let client = Client::connect(cfg).await?;
+    if cfg.tls.is_none() {
+        crate::cli::check_https_has_ca(&a.server, "KVTIER_TLS_CA=FILE")?;
+    }
+    let client = crate::cli::connect(cfg, &a.server).await?;
     let ns = "demo/llama-3-8b/bf16";
     let bs = client.config().block_size;
     let (mut lookup, mut read, mut write) = (Op::new(), Op::new(), Op::new());
@@ -194,8 +202,10 @@ pub async fn run(a: DemoArgs) -> anyhow::Result<()> {
         );
     }
     std::fs::write(a.out.join("demo-report.md"), &md)?;
-    println!("{md}");
-    println!("report: {}", a.out.join("demo-report.md").display());
+    crate::cli::print(format!(
+        "{md}\nreport: {}\n",
+        a.out.join("demo-report.md").display()
+    ))?;
     Ok(())
 }
 

@@ -75,10 +75,18 @@ fn main() -> std::process::ExitCode {
         // Colour codes only for a terminal, never in files, pipes or journald.
         .with_ansi(std::io::stderr().is_terminal())
         .init();
+    // The flag that names the server, for hints.
+    let flag = match &args.cmd {
+        Cmd::Bench(_) => "--target URL",
+        _ => "--server URL (or KVTIER_SERVER)",
+    };
     match run(args) {
         Ok(()) => std::process::ExitCode::SUCCESS,
+        // `kvtier stats | head -2`: the reader left; exit as a program
+        // killed by SIGPIPE would (128 + 13), quietly.
+        Err(e) if e.is::<cli::StdoutClosed>() => std::process::ExitCode::from(141),
         Err(e) => {
-            eprintln!("{}", report(&e));
+            eprintln!("{}", report(&e, flag));
             std::process::ExitCode::FAILURE
         }
     }
@@ -87,8 +95,48 @@ fn main() -> std::process::ExitCode {
 /// One readable error: the message, the storage error behind it (a core
 /// error names the path or key; its own source is the bare OS error), the
 /// root cause, each only if it adds something, and a hint for the mistakes
-/// people make (no server running, a wrong address).
-fn report(e: &anyhow::Error) -> String {
+/// people make (no server running, a wrong address or port, TLS on one side
+/// only, a missing or wrong token). `flag` names the option that sets the
+/// server's address.
+fn report(e: &anyhow::Error, flag: &str) -> String {
+    use std::error::Error as _;
+    // Every gRPC status the server sent is printed once: its code and message
+    // (not the context, the client's wrapper and tonic's rendering of it).
+    // A status that tonic made from a failed connection has a source: that is
+    // a transport failure, reported as one.
+    let transport = e.chain().any(|c| c.is::<tonic::transport::Error>());
+    if let Some(s) = e
+        .chain()
+        .find_map(|c| c.downcast_ref::<tonic::Status>())
+        .filter(|s| s.source().is_none())
+    {
+        let mut parts: Vec<String> = e
+            .chain()
+            .take_while(|c| !c.is::<kvtier_client::ClientError>() && !c.is::<tonic::Status>())
+            .map(|c| c.to_string())
+            .collect();
+        parts.push(match s.code() {
+            tonic::Code::Unauthenticated => "authentication failed".into(),
+            tonic::Code::PermissionDenied => "permission denied".into(),
+            c => c.description().to_string(),
+        });
+        if !s.message().is_empty() {
+            parts.push(s.message().to_string());
+        }
+        let mut out = format!("error: {}", parts.join(": "));
+        match s.code() {
+            tonic::Code::Unauthenticated => out.push_str(
+                "\nhint: this server has authentication on: give a valid token with \
+                 --token TOKEN (or the KVTIER_TOKEN environment variable); docs/security.md",
+            ),
+            tonic::Code::PermissionDenied => out.push_str(
+                "\nhint: the token given (--token / KVTIER_TOKEN) is valid but may not do this: \
+                 its namespace prefixes or its access (read, read-write) do not cover the request",
+            ),
+            _ => {}
+        }
+        return out;
+    }
     let mut out = format!("error: {e}");
     let core = e
         .chain()
@@ -102,13 +150,26 @@ fn report(e: &anyhow::Error) -> String {
     }
     let text = format!("{e:#}");
     if text.contains("Connection refused") || text.contains("tcp connect error") {
-        out.push_str(
+        out.push_str(&format!(
             "\nhint: no kvtier server answers at that address; start one with `kvtier serve` \
-             or point the CLI at yours with --server URL (or KVTIER_SERVER)",
-        );
+             or point the CLI at yours with {flag}"
+        ));
     } else if text.contains("dns error") || text.contains("failed to lookup address") {
+        out.push_str(&format!(
+            "\nhint: the server's host name does not resolve; check {flag}"
+        ));
+    } else if text.contains("invalid peer certificate") {
         out.push_str(
-            "\nhint: the server's host name does not resolve; check --server / KVTIER_SERVER",
+            "\nhint: the server's certificate is not signed by the CA in --tls-ca (KVTIER_TLS_CA) \
+             or does not name the address used (docs/security.md)",
+        );
+    } else if transport && !text.contains("timed out") {
+        // Something answered, but not as kvtier's gRPC with the same TLS
+        // setting: the HTTP or data-plane port, or TLS on one side only.
+        out.push_str(
+            "\nhint: something answers at that address but the gRPC connection failed: \
+             is this the gRPC port (default 50051, not the HTTP or data-plane port)? \
+             does the server use TLS (https:// and --tls-ca)?",
         );
     }
     out

@@ -194,8 +194,7 @@ impl ServeArgs {
 pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let cfg = args.config()?;
     if args.print_config {
-        print!("{}", cfg.to_toml());
-        return Ok(());
+        return crate::cli::print(cfg.to_toml());
     }
     check_disk_space(&cfg);
     // Handlers first: a SIGTERM right after the ready line must still be a

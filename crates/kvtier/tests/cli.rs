@@ -374,6 +374,162 @@ fn sighup_without_auth_says_authentication_is_off() {
     assert!(s.stop().success());
 }
 
+/// A refused token is blamed on the token, not the connection, and names
+/// --token / KVTIER_TOKEN; a status's message is printed once.
+#[test]
+fn token_errors_name_the_flag_and_a_status_prints_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("tokens.toml");
+    std::fs::write(
+        &file,
+        "[[tokens]]\ntoken = \"acme-reader-1234567890\"\nnamespaces = [\"acme/\"]\naccess = \"read\"\n",
+    )
+    .unwrap();
+    let s = Served::start(&["--auth-tokens", file.to_str().unwrap()]);
+    let value = dir.path().join("v");
+    std::fs::write(&value, b"x").unwrap();
+    let run = |token: &str, ns: &str| {
+        let mut c = Command::new(BIN);
+        if ns.len() > 128 {
+            c.arg("get");
+        } else {
+            c.arg("put").arg("--file").arg(&value);
+        }
+        let out = c
+            .args(["--server", &s.grpc, "-n", ns, "--text-key", "k"])
+            .env("KVTIER_TOKEN", token)
+            .output()
+            .unwrap();
+        assert!(!out.status.success());
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let err = run("wrong-token-1234567890", "acme/a");
+    assert!(
+        err.contains("authentication failed: unknown token"),
+        "{err}"
+    );
+    assert!(
+        err.contains("--token") && err.contains("KVTIER_TOKEN"),
+        "{err}"
+    );
+    assert!(!err.contains("cannot connect"), "{err}");
+    assert_eq!(err.matches("unknown token").count(), 1, "{err}");
+    let err = run("acme-reader-1234567890", "acme/a");
+    assert!(err.contains("permission denied"), "{err}");
+    assert!(err.contains("--token"), "{err}");
+    // (a read of a namespace the token covers, refused as INVALID_ARGUMENT)
+    let long = format!("acme/{}", "x".repeat(295));
+    let err = run("acme-reader-1234567890", &long);
+    assert_eq!(err.matches("is 300 bytes").count(), 1, "{err}");
+    assert_eq!(err.matches("error:").count(), 1, "{err}");
+    assert!(s.stop().success());
+}
+
+/// The gRPC client pointed at the HTTP port: a hint about the port and TLS.
+#[test]
+fn wrong_port_gets_a_port_and_tls_hint() {
+    let mut child = common::serve_command()
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let v = common::ready(&mut child).expect("ready json");
+    let http = format!("http://{}", v["http"].as_str().unwrap());
+    let out = Command::new(BIN)
+        .args(["stats", "--server", &http, "--timeout-ms", "3000"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains(&format!("cannot connect to {http}")), "{err}");
+    assert!(
+        err.contains("is this the gRPC port") && err.contains("--tls-ca"),
+        "{err}"
+    );
+    child.kill().unwrap();
+    child.wait().unwrap();
+}
+
+/// `kvtier stats | head -1`: the reader is gone when the CLI prints; it
+/// exits 141 without a panic.
+#[test]
+fn closed_stdout_exits_quietly() {
+    let s = Served::start(&[]);
+    let mut child = Command::new(BIN)
+        .args(["stats", "--server", &s.grpc])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(141), "{err}");
+    assert!(!err.contains("panicked") && err.is_empty(), "{err}");
+    assert!(s.stop().success());
+}
+
+/// `kvtier demo` takes KVTIER_SERVER like the other verbs and names the
+/// address it cannot reach; `kvtier bench`'s hint names --target.
+#[test]
+fn demo_honours_kvtier_server_and_bench_hints_target() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let addr = format!("http://127.0.0.1:{port}");
+    let out = Command::new(BIN)
+        .args(["demo", "--out"])
+        .arg(dir.path())
+        .env("KVTIER_SERVER", &addr)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains(&format!("cannot connect to {addr}")), "{err}");
+    let out = Command::new(BIN)
+        .args(["bench", "--target", &format!("grpc://127.0.0.1:{port}")])
+        .args([
+            "--workload",
+            "read",
+            "--duration",
+            "100ms",
+            "--warmup",
+            "0ms",
+        ])
+        .args(["--retries", "0", "--quiet", "--out"])
+        .arg(dir.path().join("bench"))
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("Connection refused"), "{err}");
+    assert!(
+        err.contains("--target URL") && !err.contains("--server"),
+        "{err}"
+    );
+}
+
+/// A --key that is not hex says which character, or that the length is odd.
+#[test]
+fn non_hex_keys_say_what_is_wrong() {
+    let err = |key: &str| {
+        let out = Command::new(BIN)
+            .args(["get", "--server", "http://127.0.0.1:1", "--key", key])
+            .output()
+            .unwrap();
+        assert!(!out.status.success());
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let e = err("xyz");
+    assert!(e.contains("is not hex: 'x' at position 1"), "{e}");
+    let e = err("0a1g");
+    assert!(e.contains("'g' at position 4"), "{e}");
+    let e = err("abc");
+    assert!(e.contains("odd number of hex digits (3)"), "{e}");
+}
+
 /// A CA and a server certificate for 127.0.0.1, as PEM files in `dir`.
 fn test_pki(dir: &std::path::Path) {
     use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
@@ -420,9 +576,35 @@ fn serve_and_the_cli_speak_tls() {
         String::from_utf8_lossy(&health.stderr)
     );
     assert_eq!(String::from_utf8_lossy(&health.stdout).trim(), "SERVING");
+    let plain = run(&["health"], None);
+    assert!(!plain.status.success(), "plaintext refused");
+    let err = String::from_utf8_lossy(&plain.stderr);
     assert!(
-        !run(&["health"], None).status.success(),
-        "plaintext refused"
+        err.contains("does the server use TLS (https:// and --tls-ca)?"),
+        "{err}"
+    );
+    // https:// without a CA: refused with the flag to give, not tonic's
+    // "Connecting to HTTPS without TLS enabled".
+    let https = s.grpc.replace("http://", "https://");
+    let out = Command::new(BIN)
+        .args(["stats", "--server", &https])
+        .env_remove("KVTIER_TLS_CA")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("https:// needs --tls-ca FILE (or KVTIER_TLS_CA)"),
+        "{err}"
+    );
+    let out = Command::new(BIN)
+        .args(["stats", "--server", &https, "--tls-ca", &p("ca.pem")])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
     );
     let file = dir.path().join("value");
     std::fs::write(&file, b"over tls").unwrap();
