@@ -17,7 +17,9 @@ demo: release
 	scripts/demo.sh
 
 # Puts `kvtier` on PATH (~/.cargo/bin); the Python SDK: pip install -e python
-install: setup
+# Only what `cargo install` needs (Rust >= 1.89 and a C compiler), not
+# `setup`'s apt packages and Python venv.
+install:
 	$(CARGO) install --locked --path crates/kvtier
 
 fmt:
