@@ -407,28 +407,7 @@ impl EngineSection {
     }
 }
 
-/// One gRPC listener: an address and an optional CPU set to pin its runtime to.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ListenSpec {
-    /// Socket address.
-    pub addr: SocketAddr,
-    /// CPUs for this listener's runtime (`None`: the shared runtime).
-    pub cpus: Option<Vec<usize>>,
-}
-
-impl ListenSpec {
-    /// Parses `ADDR` or `ADDR@CPUSET` (CPUSET like `0-3,8,10-11`).
-    pub fn parse(s: &str) -> anyhow::Result<Self> {
-        let (addr, cpus) = match s.split_once('@') {
-            Some((a, c)) => (a, Some(crate::numa::parse_cpuset(c)?)),
-            None => (s, None),
-        };
-        let addr = addr.parse().map_err(|e| {
-            anyhow::anyhow!("invalid listen address {addr:?}: {e} (expected e.g. 127.0.0.1:50051)")
-        })?;
-        Ok(Self { addr, cpus })
-    }
-}
+pub use crate::numa::ListenSpec;
 
 impl Config {
     /// Reads and validates a TOML file.
@@ -463,11 +442,16 @@ impl Config {
             anyhow::bail!("server.listen: at least one gRPC listener is required");
         }
         for l in &self.server.listen {
-            if let Some(cpus) = ListenSpec::parse(l)?.cpus {
-                crate::numa::check_allowed(&cpus)
-                    .map_err(|e| anyhow::anyhow!("server.listen {l:?}: {e}"))?;
-            }
+            let cpus = ListenSpec::parse(l)?.cpus.unwrap_or_default();
+            crate::numa::check_allowed(&cpus)
+                .map_err(|e| anyhow::anyhow!("server.listen {l:?}: {e}"))?;
         }
+        anyhow::ensure!(
+            !(self.cluster.enabled() && self.tls.enabled()),
+            "[cluster] with [tls] is not supported yet: nodes call each other in plaintext \
+             gRPC and a TLS listener refuses them, so nothing would be replicated \
+             (docs/cluster.md, \"Not done yet\"); run the cluster on a private network without [tls]"
+        );
         if !self.server.http_listen.is_empty() {
             self.server.http_listen.parse::<SocketAddr>().map_err(|e| {
                 anyhow::anyhow!("server.http_listen {:?}: {e}", self.server.http_listen)
@@ -541,13 +525,12 @@ impl Config {
                  object_store.read_ahead must be > 0"
             );
         }
-        let min_memory = e.max_block_size.bytes().min(1 << 20);
-        if e.memory_capacity.bytes() < min_memory {
+        let min = ByteSize(e.max_block_size.bytes().min(1 << 20));
+        if e.memory_capacity.bytes() < min.bytes() {
+            let why = "engine.max_block_size, at most 1MiB";
             anyhow::bail!(
-                "engine.memory_capacity ({}) is too small: the minimum is {} \
-                 (engine.max_block_size, at most 1MiB)",
-                e.memory_capacity,
-                ByteSize(min_memory)
+                "engine.memory_capacity ({}) is too small: the minimum is {min} ({why})",
+                e.memory_capacity
             );
         }
         Ok(())
@@ -691,6 +674,19 @@ mod tests {
         assert!(Config::parse("[object_store]\nwrite_policy = \"sometimes\"\n").is_err());
         assert!(Config::parse("[object_store]\nurll = \"x\"\n").is_err());
         assert!(crate::object::tier_config(&Config::default()).is_none());
+    }
+
+    #[test]
+    fn a_cluster_with_tls_is_refused() {
+        let tls = "[tls]\ncert = \"c.pem\"\nkey = \"k.pem\"\n";
+        let cluster =
+            "[cluster]\nself = \"grpc://a:1\"\nnodes = [\"grpc://a:1\", \"grpc://b:1\"]\n";
+        let e = Config::parse(&format!("{tls}{cluster}"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("[cluster] with [tls] is not supported"), "{e}");
+        assert!(Config::parse(tls).is_ok());
+        assert!(Config::parse(cluster).is_ok());
     }
 
     #[test]

@@ -5,6 +5,7 @@
 //! All listeners share one engine: a block written through one port is served
 //! by every other (the seed's clients spread a conversation across ports), and
 //! the engine's memory is not partitioned per node. See `docs/numa.md`.
+use std::net::SocketAddr;
 use std::path::Path;
 
 /// CPU list of every NUMA node, from `/sys/devices/system/node/node*/cpulist`.
@@ -146,6 +147,29 @@ pub fn parse_cpuset(s: &str) -> anyhow::Result<Vec<usize>> {
     out.sort_unstable();
     out.dedup();
     Ok(out)
+}
+
+/// One gRPC listener: an address and an optional CPU set to pin its runtime to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ListenSpec {
+    /// Socket address.
+    pub addr: SocketAddr,
+    /// CPUs for this listener's runtime (`None`: the shared runtime).
+    pub cpus: Option<Vec<usize>>,
+}
+
+impl ListenSpec {
+    /// Parses `ADDR` or `ADDR@CPUSET` (CPUSET like `0-3,8,10-11`).
+    pub fn parse(s: &str) -> anyhow::Result<Self> {
+        let (addr, cpus) = match s.split_once('@') {
+            Some((a, c)) => (a, Some(parse_cpuset(c)?)),
+            None => (s, None),
+        };
+        let addr = addr.parse().map_err(|e| {
+            anyhow::anyhow!("invalid listen address {addr:?}: {e} (expected e.g. 127.0.0.1:50051)")
+        })?;
+        Ok(Self { addr, cpus })
+    }
 }
 
 #[cfg(test)]
