@@ -88,6 +88,10 @@ pub struct Owners {
 pub trait Peers: Send + Sync + 'static {
     /// The live owners of `id`.
     fn owners(&self, id: &BlockId) -> Owners;
+    /// Every live node in `id`'s rank order, best first, this node as
+    /// `None`: past the owners, the nodes that become owners as owners are
+    /// lost (a write whose replica failed places its copy on the next one).
+    fn ranked(&self, id: &BlockId) -> Vec<Option<PeerId>>;
     /// Every live peer (deletes go to all of them: a chain's descendants may
     /// live anywhere).
     fn live(&self) -> Vec<PeerId>;

@@ -180,8 +180,8 @@ impl Engine {
     /// store if it does not; then on every other owner, in parallel.
     /// Acknowledged when the local step succeeded; a node that stores nothing
     /// itself (not an owner, no object store) needs one owner to have taken
-    /// it. A failed replica is the peer layer's to count; reads then find the
-    /// other owner or the object store.
+    /// it. A failed replica is the peer layer's to count; its copy goes to
+    /// the next node of the ranking, so one lost node loses no block.
     pub(super) async fn store_in_cluster(
         &self,
         peers: &Arc<dyn Peers>,
@@ -191,6 +191,8 @@ impl Engine {
     ) -> Result<WriteOutcome> {
         self.check_size(block.payload.len())?;
         let mut owners = peers.owners(&block.meta.id);
+        // The copies this block should have: one per owner.
+        let want = usize::from(owners.local) + owners.peers.len();
         let mut local_copy = owners.local;
         let mut here = if owners.local {
             Some(self.store_here(block.clone(), mode, timing).await?)
@@ -229,6 +231,40 @@ impl Engine {
                 let out = self.store_local(block.clone(), mode, timing).await?;
                 here.get_or_insert(out);
                 local_copy = true;
+            }
+        }
+        // A replica can fail without its peer being marked down (it sheds
+        // load, or its memory is full), leaving the block short of its
+        // copies: the next live nodes of the ranking take them, which are
+        // the ones that become owners if an owner is lost.
+        let mut copies = stored + usize::from(local_copy);
+        if copies < want {
+            for next in peers.ranked(&block.meta.id) {
+                if copies >= want {
+                    break;
+                }
+                match next {
+                    None if !local_copy => {
+                        if let Ok(out) = self.store_local(block.clone(), mode, timing).await {
+                            here.get_or_insert(out);
+                            local_copy = true;
+                            copies += 1;
+                        }
+                    }
+                    Some(p) if !tried.contains(&p) => {
+                        tried.push(p);
+                        match peers.put(p, block.clone(), mode).await {
+                            Ok(()) => {
+                                stored += 1;
+                                copies += 1;
+                            }
+                            Err(e) => {
+                                first_err.get_or_insert(e);
+                            }
+                        }
+                    }
+                    _ => {}
+                }
             }
         }
         // No owner took a replica and this node kept none: keep one here (a

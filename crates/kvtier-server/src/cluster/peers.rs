@@ -452,6 +452,18 @@ impl Peers for GrpcPeers {
         out
     }
 
+    fn ranked(&self, id: &BlockId) -> Vec<Option<PeerId>> {
+        let m = self.members.read();
+        rank(&m.names, id.namespace.as_str(), id.key.as_bytes())
+            .into_iter()
+            .filter_map(|name| match m.ids.get(name) {
+                _ if name == self.me => Some(None),
+                Some(&p) if self.alive(&self.peer(p)) => Some(Some(p)),
+                _ => None,
+            })
+            .collect()
+    }
+
     fn live(&self) -> Vec<PeerId> {
         let m = self.members.read();
         m.ids
