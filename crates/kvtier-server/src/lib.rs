@@ -115,6 +115,19 @@ impl Server {
                  read-write access to every namespace (namespaces = [\"\"]), the same on every node \
                  (docs/cluster.md)"
             );
+            if let Some(a) = &shared.cluster_authorization {
+                // A token the others refuse would leave every node alone
+                // (every peer call UNAUTHENTICATED): say so at start.
+                auth.identify(Some(a))
+                    .and_then(|p| p.check("", true))
+                    .map_err(|e| {
+                        anyhow::anyhow!(
+                            "KVTIER_CLUSTER_TOKEN: {}; it must be a token of the tokens file with \
+                             read-write access to every namespace (namespaces = [\"\"])",
+                            e.message()
+                        )
+                    })?;
+            }
         }
         shared.auth = auth.clone();
         shared.public_metrics = cfg.auth.public_metrics;

@@ -106,6 +106,15 @@ async fn peers_use_the_cluster_token_and_clients_cannot_pose_as_peers() {
     // Authentication on and no token to present to the other nodes: refused at start.
     let err = launch(&ns[0], &members, &tokens, None).expect_err("must not start");
     assert!(err.contains("KVTIER_CLUSTER_TOKEN"), "{err}");
+    // A cluster token the other nodes would refuse (not in the tokens file,
+    // or without read-write access to every namespace): refused at start too.
+    for bad in ["not-a-token-of-the-file-0123456789", CLIENT] {
+        let err = launch(&ns[0], &members, &tokens, Some(bad)).expect_err("must not start");
+        assert!(
+            err.contains("KVTIER_CLUSTER_TOKEN") && err.contains("namespaces = [\"\"]"),
+            "{err}"
+        );
+    }
 
     let mut procs = Vec::new();
     for n in &ns {
