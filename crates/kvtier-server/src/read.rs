@@ -28,6 +28,18 @@ pub fn prepare(
     check_count(req.keys.len())?;
     let keys = state::keys(&req.keys)?;
     if req.lease_id != 0 {
+        // Another namespace's lease is unknown here, in the same words as
+        // one never granted: naming it must not tell whether it is active.
+        if shared
+            .engine
+            .lease_namespace(req.lease_id)
+            .is_some_and(|l| l != ns)
+        {
+            return Err(Status::failed_precondition(format!(
+                "lease {} is unknown (expired, released or never granted)",
+                req.lease_id
+            )));
+        }
         shared.engine.check_lease(req.lease_id).map_err(to_status)?;
     }
     Ok((ns, keys))

@@ -256,6 +256,39 @@ async fn bad_input_gets_clear_statuses() {
 }
 
 #[tokio::test]
+async fn another_namespaces_lease_reads_as_unknown() {
+    let (server, c) = common::start(common::test_config()).await;
+    let tokens: Vec<u32> = (0..256).collect();
+    c.write_tokens("n", &tokens, &payloads(2, 1000, 1))
+        .await
+        .unwrap();
+    let l = c.lookup_tokens("n", &tokens, Some(10_000)).await.unwrap();
+    assert_ne!(l.lease_id, 0);
+    let unknown = |e: kvtier_client::ClientError| {
+        assert_eq!(e.code(), Some(Code::FailedPrecondition));
+        e.to_string()
+            .split("lease ")
+            .nth(1)
+            .map(|t| t.split_once(' ').map(|(_, rest)| rest.to_owned()))
+    };
+    // Named in namespace "m": the same answer as a lease never granted.
+    let other = unknown(c.read("m", &l.keys, l.lease_id).await.unwrap_err());
+    let never = unknown(
+        c.read("m", &l.keys, l.lease_id + 1_000_000)
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!(other, never);
+    assert!(format!("{other:?}").contains("unknown"), "{other:?}");
+    // In its own namespace it holds.
+    assert_eq!(
+        c.read("n", &l.keys, l.lease_id).await.unwrap().blocks.len(),
+        2
+    );
+    server.shutdown().await.unwrap();
+}
+
+#[tokio::test]
 async fn lease_from_lookup_expires_and_read_then_fails() {
     let mut cfg = common::test_config();
     cfg.engine.max_lease = Duration::from_millis(200);
