@@ -12,7 +12,8 @@ pub struct ClientConfig {
     pub connections: usize,
     /// Deadline per call.
     pub timeout: Duration,
-    /// Connect timeout.
+    /// Bound on opening one connection: gRPC's TCP connect; a data-plane
+    /// connection's TCP connect, TLS handshake and Hello.
     pub connect_timeout: Duration,
     /// Retries after the first attempt for idempotent calls.
     pub retries: u32,
@@ -21,7 +22,8 @@ pub struct ClientConfig {
     /// Hash function for keys computed from tokens.
     pub hash: HashFn,
     /// Send Read/Write payloads over the server's bulk data plane when it
-    /// advertises one (docs/wire.md); gRPC otherwise.
+    /// advertises one (docs/wire.md) and it can be reached at connect (a
+    /// warning, then gRPC, when it cannot); gRPC otherwise.
     pub data_plane: bool,
     /// Data-plane connections (one request in flight each); 0: `connections`.
     /// Size it to the number of concurrent callers, like a Redis client pool.

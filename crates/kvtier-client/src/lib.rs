@@ -77,6 +77,16 @@ pub(crate) use types::to_read_block_checked;
 pub use types::{Lookup, ReadBlock, ReadResult, WriteBlock, WriteResult};
 use types::{to_lookup, to_read_block};
 
+/// Whether the data plane failed to connect for want of a usable answer
+/// (refused, unreachable, timed out, a failed TLS handshake) rather than by
+/// refusing this client's token: the former falls back to gRPC.
+fn unreachable_data_plane(e: &ClientError) -> bool {
+    matches!(
+        e.code(),
+        Some(tonic::Code::Unavailable | tonic::Code::DeadlineExceeded)
+    )
+}
+
 /// A pooled kvtier.v1 client. Cheap to clone.
 #[derive(Clone)]
 pub struct Client {
@@ -130,18 +140,32 @@ impl Client {
                     Some(t) => Some(t.wire(&client.cfg.endpoint)?),
                     None => None,
                 };
-                client.wire = Some(
-                    wire::WireClient::connect_tls(
-                        addr,
-                        n,
-                        client.cfg.timeout,
-                        client.cfg.data_tcp_congestion.as_deref(),
-                        client.cfg.token.as_deref(),
-                        tls,
-                    )
-                    .await?
-                    .with_max_stripes(client.cfg.read_stripes),
-                );
+                client.wire = match wire::WireClient::connect_tls(
+                    addr,
+                    n,
+                    client.cfg.timeout,
+                    client.cfg.connect_timeout,
+                    client.cfg.data_tcp_congestion.as_deref(),
+                    client.cfg.token.as_deref(),
+                    tls,
+                )
+                .await
+                {
+                    Ok(w) => Some(w.with_max_stripes(client.cfg.read_stripes)),
+                    // Advertised but not reachable from here (a firewall, an
+                    // address behind NAT, a listener that never answers):
+                    // Read/Write go over gRPC, as with a server that offers
+                    // no data plane, rather than no client at all.
+                    Err(e) if unreachable_data_plane(&e) => {
+                        tracing::warn!(
+                            %addr,
+                            error = %e,
+                            "data plane advertised but unreachable; Read/Write go over gRPC"
+                        );
+                        None
+                    }
+                    Err(e) => return Err(e),
+                };
             }
         }
         Ok(client)
@@ -152,16 +176,17 @@ impl Client {
         self.wire.as_ref()
     }
 
-    /// Retries a data-plane call on UNAVAILABLE, like gRPC calls.
+    /// Retries a data-plane call on UNAVAILABLE, like gRPC calls, every
+    /// attempt (`f(deadline)`) within the call's one deadline.
     async fn retry_wire<T, F, Fut>(&self, mut f: F) -> Result<T>
     where
-        F: FnMut() -> Fut,
+        F: FnMut(Instant) -> Fut,
         Fut: std::future::Future<Output = Result<T>>,
     {
         let deadline = Instant::now() + self.cfg.timeout;
         let mut attempt = 0;
         loop {
-            match f().await {
+            match f(deadline).await {
                 Err(ClientError::Status(s))
                     if s.code() == tonic::Code::Unavailable && attempt < self.cfg.retries =>
                 {
@@ -268,7 +293,7 @@ impl Client {
     /// Reads `keys` in order; stops at the first missing block.
     pub async fn read(&self, ns: &str, keys: &[Key], lease_id: u64) -> Result<ReadResult> {
         if let Some(w) = &self.wire {
-            return self.retry_wire(|| w.read(ns, keys, lease_id)).await;
+            return self.retry_wire(|d| w.read_by(ns, keys, lease_id, d)).await;
         }
         let req = pb::ReadRequest {
             namespace: ns.to_string(),
@@ -307,7 +332,7 @@ impl Client {
     /// Writes blocks (checksums computed here).
     pub async fn write(&self, ns: &str, blocks: &[WriteBlock]) -> Result<WriteResult> {
         if let Some(w) = &self.wire {
-            return self.retry_wire(|| w.write(ns, blocks)).await;
+            return self.retry_wire(|d| w.write_by(ns, blocks, d)).await;
         }
         let req = pb::WriteRequest {
             namespace: ns.to_string(),

@@ -1,8 +1,16 @@
 //! A data-plane connection, plain TCP or TLS, as one stream type the
-//! framing code reads and writes without caring which.
+//! framing code reads and writes without caring which, and how one is
+//! opened (TCP, TLS handshake, Hello) within a bound.
 
+use super::{exchange, transport};
+use crate::{ClientError, Result};
+use kvtier_proto::v1 as pb;
+use kvtier_proto::wire::Kind;
+use prost::Message;
+use std::net::SocketAddr;
 use std::pin::Pin;
 use std::task::{Context, Poll};
+use std::time::Instant;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 
@@ -86,4 +94,72 @@ impl AsyncWrite for Conn {
             Conn::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
         }
     }
+}
+
+/// [`dial`] finished by `by`, or `UNAVAILABLE`.
+pub(super) async fn dial_by(
+    by: Instant,
+    addr: SocketAddr,
+    congestion: Option<&str>,
+    token: Option<&str>,
+    tls: Option<&WireTls>,
+) -> Result<Conn> {
+    let left = by.saturating_duration_since(Instant::now());
+    tokio::time::timeout_at(by.into(), dial(addr, congestion, token, tls))
+        .await
+        .unwrap_or_else(|_| {
+            Err(transport(
+                format!("no connection within {left:?} (connect, TLS handshake, Hello)"),
+                addr,
+            ))
+        })
+}
+
+pub(super) async fn dial(
+    addr: SocketAddr,
+    congestion: Option<&str>,
+    token: Option<&str>,
+    tls: Option<&WireTls>,
+) -> Result<Conn> {
+    let tcp = TcpStream::connect(addr)
+        .await
+        .map_err(|e| transport(e, addr))?;
+    tcp.set_nodelay(true).map_err(|e| transport(e, addr))?;
+    if let Some(cc) = congestion
+        && let Err(e) = socket2::SockRef::from(&tcp).set_tcp_congestion(cc.as_bytes())
+    {
+        // Best effort: the connection works either way, only its pacing differs.
+        tracing::debug!(congestion = cc, error = %e, "data plane: congestion control refused");
+    }
+    let mut s = match tls {
+        None => Conn::Plain(tcp),
+        Some(t) => Conn::Tls(Box::new(
+            t.connector
+                .connect(t.server_name.clone(), tcp)
+                .await
+                .map_err(|e| transport(format!("TLS: {e}"), addr))?,
+        )),
+    };
+    if let Some(token) = token {
+        let hello = pb::WireHello {
+            token: token.to_string(),
+        }
+        .encode_to_vec();
+        let f = exchange(&mut s, Kind::Hello, 0, hello, &[])
+            .await
+            .map_err(|e| transport(e, addr))?;
+        match f.header.kind {
+            Kind::HelloReply => {}
+            Kind::Error => {
+                let e = pb::WireError::decode(f.meta)
+                    .map_err(|e| transport(format!("bad error frame: {e}"), addr))?;
+                return Err(ClientError::Status(tonic::Status::new(
+                    tonic::Code::from_i32(e.code),
+                    format!("data plane {addr}: {}", e.message),
+                )));
+            }
+            other => return Err(transport(format!("Hello answered with {other:?}"), addr)),
+        }
+    }
+    Ok(s)
 }

@@ -17,11 +17,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite};
-use tokio::net::TcpStream;
 use tokio::sync::Semaphore;
 
 mod conn;
 
+use conn::dial_by;
 pub use conn::{Conn, WireTls};
 
 /// A pool of data-plane connections. Cheap to clone.
@@ -32,6 +32,8 @@ pub struct WireClient {
     slots: Arc<Semaphore>,
     next_id: Arc<AtomicU64>,
     timeout: Duration,
+    /// Bound on opening one connection (TCP connect, TLS handshake, Hello).
+    connect_timeout: Duration,
     /// TCP congestion control for new connections (`None`: system default).
     congestion: Option<Arc<str>>,
     /// Bearer token sent in a Hello frame on every new connection (docs/security.md).
@@ -51,7 +53,8 @@ fn transport(e: impl std::fmt::Display, addr: SocketAddr) -> ClientError {
 }
 
 impl WireClient {
-    /// Opens `connections` connections to `addr` (system default congestion control).
+    /// Opens `connections` connections to `addr` (system default congestion
+    /// control), each within `timeout`.
     pub async fn connect(addr: SocketAddr, connections: usize, timeout: Duration) -> Result<Self> {
         Self::connect_with(addr, connections, timeout, None).await
     }
@@ -76,14 +79,20 @@ impl WireClient {
         congestion: Option<&str>,
         token: Option<&str>,
     ) -> Result<Self> {
-        Self::connect_tls(addr, connections, timeout, congestion, token, None).await
+        Self::connect_tls(addr, connections, timeout, timeout, congestion, token, None).await
     }
 
-    /// Like [`WireClient::connect_authenticated`], over TLS when `tls` is given.
+    /// Like [`WireClient::connect_authenticated`], over TLS when `tls` is
+    /// given. The connections are opened at once, each (TCP connect, TLS
+    /// handshake and Hello) within `connect_timeout`, as is every connection
+    /// opened later to replace a dropped one: a listener that accepts and
+    /// never answers, or an address nobody answers, fails with `UNAVAILABLE`
+    /// after `connect_timeout` instead of hanging.
     pub async fn connect_tls(
         addr: SocketAddr,
         connections: usize,
         timeout: Duration,
+        connect_timeout: Duration,
         congestion: Option<&str>,
         token: Option<&str>,
         tls: Option<WireTls>,
@@ -91,16 +100,24 @@ impl WireClient {
         let n = connections.max(1);
         let congestion: Option<Arc<str>> = congestion.filter(|c| !c.is_empty()).map(Arc::from);
         let token: Option<Arc<str>> = token.filter(|t| !t.is_empty()).map(Arc::from);
-        let mut idle = Vec::with_capacity(n);
-        for _ in 0..n {
-            idle.push(dial(addr, congestion.as_deref(), token.as_deref(), tls.as_ref()).await?);
-        }
+        let by = Instant::now() + connect_timeout;
+        let idle = futures::future::try_join_all((0..n).map(|_| {
+            dial_by(
+                by,
+                addr,
+                congestion.as_deref(),
+                token.as_deref(),
+                tls.as_ref(),
+            )
+        }))
+        .await?;
         Ok(Self {
             addr,
             idle: Arc::new(Mutex::new(idle)),
             slots: Arc::new(Semaphore::new(n)),
             next_id: Arc::new(AtomicU64::new(1)),
             timeout,
+            connect_timeout,
             congestion,
             token,
             tls,
@@ -146,7 +163,8 @@ impl WireClient {
             let mut sock = match conn {
                 Some(s) => s,
                 None => {
-                    dial(
+                    dial_by(
+                        deadline.min(Instant::now() + self.connect_timeout),
                         self.addr,
                         self.congestion.as_deref(),
                         self.token.as_deref(),
@@ -158,7 +176,9 @@ impl WireClient {
             let id = self.next_id.fetch_add(1, Ordering::Relaxed);
             match exchange(&mut sock, kind, id, meta, data).await {
                 Ok(f) => {
-                    self.idle.lock().push(sock);
+                    if reusable(&f) {
+                        self.idle.lock().push(sock);
+                    }
                     Ok(f)
                 }
                 // The connection's state is unknown after an error: drop it.
@@ -197,7 +217,19 @@ impl WireClient {
     /// continued with a new request for the keys after it, within the same
     /// deadline; the result is the concatenation, with the server timings summed.
     pub async fn read(&self, ns: &str, keys: &[Key], lease_id: u64) -> Result<ReadResult> {
-        let deadline = Instant::now() + self.timeout;
+        self.read_by(ns, keys, lease_id, Instant::now() + self.timeout)
+            .await
+    }
+
+    /// [`WireClient::read`], all of it before `deadline` (a caller retrying
+    /// within one deadline).
+    pub async fn read_by(
+        &self,
+        ns: &str,
+        keys: &[Key],
+        lease_id: u64,
+        deadline: Instant,
+    ) -> Result<ReadResult> {
         let n = self.stripes_for(keys.len());
         if n <= 1 {
             return self.read_run(ns, keys, lease_id, deadline).await;
@@ -321,6 +353,17 @@ impl WireClient {
 
     /// Writes blocks (checksums computed here, verified by the server).
     pub async fn write(&self, ns: &str, blocks: &[WriteBlock]) -> Result<WriteResult> {
+        self.write_by(ns, blocks, Instant::now() + self.timeout)
+            .await
+    }
+
+    /// [`WireClient::write`], all of it before `deadline`.
+    pub async fn write_by(
+        &self,
+        ns: &str,
+        blocks: &[WriteBlock],
+        deadline: Instant,
+    ) -> Result<WriteResult> {
         let total: u64 = blocks.iter().map(|b| b.payload.len() as u64).sum();
         if total > u64::from(u32::MAX) {
             return Err(ClientError::Invalid(format!(
@@ -328,7 +371,6 @@ impl WireClient {
                 u32::MAX
             )));
         }
-        let deadline = Instant::now() + self.timeout;
         let req = pb::WireWriteRequest {
             request: Some(pb::WriteRequest {
                 namespace: ns.to_string(),
@@ -417,53 +459,17 @@ fn expect(got: Kind, want: Kind, meta: &Bytes) -> Result<()> {
     ))))
 }
 
-async fn dial(
-    addr: SocketAddr,
-    congestion: Option<&str>,
-    token: Option<&str>,
-    tls: Option<&WireTls>,
-) -> Result<Conn> {
-    let tcp = TcpStream::connect(addr)
-        .await
-        .map_err(|e| transport(e, addr))?;
-    tcp.set_nodelay(true).map_err(|e| transport(e, addr))?;
-    if let Some(cc) = congestion
-        && let Err(e) = socket2::SockRef::from(&tcp).set_tcp_congestion(cc.as_bytes())
-    {
-        // Best effort: the connection works either way, only its pacing differs.
-        tracing::debug!(congestion = cc, error = %e, "data plane: congestion control refused");
-    }
-    let mut s = match tls {
-        None => Conn::Plain(tcp),
-        Some(t) => Conn::Tls(Box::new(
-            t.connector
-                .connect(t.server_name.clone(), tcp)
-                .await
-                .map_err(|e| transport(format!("TLS: {e}"), addr))?,
-        )),
-    };
-    if let Some(token) = token {
-        let hello = pb::WireHello {
-            token: token.to_string(),
-        }
-        .encode_to_vec();
-        let f = exchange(&mut s, Kind::Hello, 0, hello, &[])
-            .await
-            .map_err(|e| transport(e, addr))?;
-        match f.header.kind {
-            Kind::HelloReply => {}
-            Kind::Error => {
-                let e = pb::WireError::decode(f.meta)
-                    .map_err(|e| transport(format!("bad error frame: {e}"), addr))?;
-                return Err(ClientError::Status(tonic::Status::new(
-                    tonic::Code::from_i32(e.code),
-                    format!("data plane {addr}: {}", e.message),
-                )));
-            }
-            other => return Err(transport(format!("Hello answered with {other:?}"), addr)),
-        }
-    }
-    Ok(s)
+/// Whether the connection a reply came on can carry another request. The
+/// server closes a connection after most Error frames (a frame over its
+/// size limit, a request over its memory budget, an unauthenticated
+/// request; docs/wire.md); only a shed request (`UNAVAILABLE`, its
+/// connection kept) is sure to leave it open, and reopening connections to
+/// an overloaded server would add to its load. Any other Error frame drops
+/// the connection: the next request dials a fresh one.
+fn reusable(f: &Frame) -> bool {
+    f.header.kind != Kind::Error
+        || pb::WireError::decode(f.meta.clone())
+            .is_ok_and(|e| tonic::Code::from(e.code) == tonic::Code::Unavailable)
 }
 
 /// One reply frame. A `ReadReply`'s payloads are checksummed while they
@@ -530,6 +536,7 @@ async fn exchange<S: AsyncRead + AsyncWrite + Unpin>(
 
 #[cfg(test)]
 mod tests {
+    use super::conn::dial;
     use super::*;
 
     /// A shed request's Error frame carries the server's retry hint; the
