@@ -15,7 +15,9 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 
 mod charged;
+mod reply;
 use charged::{CLIENT_STREAMING, ChargedBody};
+use reply::InUseBody;
 
 /// Most reads, across the server, that requests ended early (a data-plane
 /// reply that filled up) may leave running in the background so that what
@@ -43,6 +45,37 @@ pub struct Limits {
 /// Bytes of a request being held; released when dropped.
 pub struct Reservation {
     _permit: Option<OwnedSemaphorePermit>,
+}
+
+impl Reservation {
+    fn bytes(&self) -> u64 {
+        self._permit.as_ref().map_or(0, |p| p.num_permits() as u64)
+    }
+
+    /// Gives back `n` of its bytes (all of them when it holds fewer).
+    fn release(&mut self, n: u64) {
+        if let Some(p) = self._permit.as_mut() {
+            if n >= p.num_permits() as u64 {
+                self._permit = None;
+            } else {
+                drop(p.split(n as usize));
+            }
+        }
+    }
+}
+
+/// Gives back the first `n` bytes `held` (oldest first).
+fn release(held: &Held, mut n: u64) {
+    let mut h = held.lock();
+    for r in h.iter_mut() {
+        if n == 0 {
+            break;
+        }
+        let k = r.bytes().min(n);
+        r.release(k);
+        n -= k;
+    }
+    h.retain(|r| r.bytes() > 0);
 }
 
 impl Limits {
@@ -111,7 +144,9 @@ impl Limits {
 
 /// Tower layer for the gRPC server: every request body's bytes are charged to
 /// the request memory as its HTTP/2 frames arrive, and held until the
-/// response is ready (a unary handler keeps the decoded message that long).
+/// response is ready (a unary handler keeps the decoded message that long);
+/// a stream of messages (`WriteStream`, kvstore `StreamingRead`) gives each
+/// message's bytes back once it was handled and the server asks for more.
 /// A frame that does not fit fails the request with RESOURCE_EXHAUSTED, the
 /// rest of its body unread. A body must also keep arriving: a unary
 /// `kvtier.v1` or `kvstore` call's whole body within `server.read_timeout` of
@@ -120,7 +155,9 @@ impl Limits {
 /// (time the server spends answering, before it asks for more, does not
 /// count). Past it the request fails with DEADLINE_EXCEEDED and what it held
 /// is given back (a client that announces a large upload and stalls holds
-/// its bytes no longer).
+/// its bytes no longer). A response body the client takes nothing of for
+/// `server.idle_timeout` is dropped, with what it holds (see
+/// [`reply::InUseBody`]).
 #[derive(Clone)]
 pub struct ChargeLayer(pub Limits);
 
@@ -176,6 +213,8 @@ where
         let whole_body = (path.starts_with("/kvtier.v1.KvTier/")
             || path.starts_with("/kvstore.KVStoreService/"))
             && !CLIENT_STREAMING.contains(&path);
+        // A stream of messages is charged for the messages it holds, not all it sent.
+        let per_message = CLIENT_STREAMING.contains(&path);
         let factor = charged::charge_factor(path);
         let req = req.map(move |b| {
             tonic::body::Body::new(ChargedBody {
@@ -187,48 +226,18 @@ where
                 start: tokio::time::Instant::now(),
                 whole_body,
                 waiting: whole_body,
+                framing: per_message.then(Default::default),
             })
         });
+        let idle = self.limits.idle_timeout;
         let fut = self.inner.call(req);
         Box::pin(async move {
             let r = fut.await;
             drop(held);
             r.map(|resp| {
-                resp.map(|inner| {
-                    tonic::body::Body::new(InUseBody {
-                        inner,
-                        _in_use: in_use,
-                    })
-                })
+                resp.map(|inner| tonic::body::Body::new(InUseBody::new(inner, in_use, idle)))
             })
         })
-    }
-}
-
-/// A response body that keeps its connection in use until it is done or
-/// dropped.
-struct InUseBody {
-    inner: tonic::body::Body,
-    _in_use: Option<InUse>,
-}
-
-impl http_body::Body for InUseBody {
-    type Data = bytes::Bytes;
-    type Error = tonic::Status;
-
-    fn poll_frame(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Option<Result<http_body::Frame<bytes::Bytes>, Self::Error>>> {
-        std::pin::Pin::new(&mut self.inner).poll_frame(cx)
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> http_body::SizeHint {
-        self.inner.size_hint()
     }
 }
 

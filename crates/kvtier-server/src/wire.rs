@@ -28,8 +28,11 @@ use kvtier_proto::wire::{
     write_all_vectored,
 };
 use prost::Message;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
-use tokio::io::AsyncWrite;
+use tokio::io::{AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
@@ -140,6 +143,9 @@ pub(crate) async fn connection<S: FrameStream>(
     // Who is on this connection: anyone when authentication is off, else
     // nobody until a Hello frame names a token (docs/wire.md, docs/security.md).
     let mut who = (!shared.auth.enabled()).then_some(Principal::Anyone);
+    // A reply the client takes no byte of for this long (it stopped reading)
+    // ends the connection and gives the request's admission back.
+    let idle = shared.limits.idle_timeout;
     loop {
         let mut raw = [0u8; HEADER_LEN];
         let stamp = tokio::select! {
@@ -161,7 +167,13 @@ pub(crate) async fn connection<S: FrameStream>(
         let header = match Header::decode(&raw) {
             Ok(h) => h,
             Err(e) => {
-                write_reply(&mut sock, 0, error_reply(tonic::Code::InvalidArgument, e)).await?;
+                write_reply(
+                    &mut sock,
+                    idle,
+                    0,
+                    error_reply(tonic::Code::InvalidArgument, e),
+                )
+                .await?;
                 return Ok(());
             }
         };
@@ -172,6 +184,7 @@ pub(crate) async fn connection<S: FrameStream>(
             );
             write_reply(
                 &mut sock,
+                idle,
                 header.request_id,
                 error_reply(tonic::Code::InvalidArgument, msg),
             )
@@ -196,7 +209,7 @@ pub(crate) async fn connection<S: FrameStream>(
                     "resource_exhausted",
                     &Clock::start(Some(arrived)),
                 );
-                write_reply(&mut sock, header.request_id, status_reply(status)).await?;
+                write_reply(&mut sock, idle, header.request_id, status_reply(status)).await?;
                 return Ok(());
             }
         };
@@ -216,13 +229,13 @@ pub(crate) async fn connection<S: FrameStream>(
                         data: Vec::new(),
                         hold: None,
                     };
-                    write_reply(&mut sock, header.request_id, reply).await?;
+                    write_reply(&mut sock, idle, header.request_id, reply).await?;
                     continue;
                 }
                 Err(d) => {
                     shared.metrics.observe_denied(&d);
                     let r = error_reply(d.status().code(), d.message());
-                    write_reply(&mut sock, header.request_id, r).await?;
+                    write_reply(&mut sock, idle, header.request_id, r).await?;
                     return Ok(());
                 }
             }
@@ -235,6 +248,7 @@ pub(crate) async fn connection<S: FrameStream>(
             shared.metrics.observe_denied(&d);
             write_reply(
                 &mut sock,
+                idle,
                 header.request_id,
                 error_reply(d.status().code(), d.message()),
             )
@@ -246,7 +260,7 @@ pub(crate) async fn connection<S: FrameStream>(
         if matches!(header.kind, Kind::Read | Kind::Write) && shared.admission.too_late(waited) {
             within(by, discard(&mut sock, header.data_len.into())).await?;
             let status = shared.shed(crate::admission::Refused::Late);
-            write_reply(&mut sock, header.request_id, status_reply(status)).await?;
+            write_reply(&mut sock, idle, header.request_id, status_reply(status)).await?;
             continue;
         }
         let reply = match header.kind {
@@ -293,7 +307,7 @@ pub(crate) async fn connection<S: FrameStream>(
                 )
             }
         };
-        write_reply(&mut sock, header.request_id, reply).await?;
+        write_reply(&mut sock, idle, header.request_id, reply).await?;
     }
 }
 
@@ -311,9 +325,14 @@ async fn within<T>(
 }
 
 /// Header + meta + payloads with vectored writes: the payloads go from the
-/// store's buffers to the socket without a user-space copy.
+/// store's buffers to the socket without a user-space copy. A write that
+/// waits `idle` for the client to take more bytes fails with TimedOut (the
+/// connection is then closed, and the reply's admission given back with it):
+/// a client that stops reading holds nothing for longer than
+/// `server.idle_timeout`, however slowly the one that reads takes a reply.
 async fn write_reply<S: AsyncWrite + Unpin>(
     sock: &mut S,
+    idle: Duration,
     request_id: u64,
     r: Reply,
 ) -> std::io::Result<()> {
@@ -329,7 +348,75 @@ async fn write_reply<S: AsyncWrite + Unpin>(
     parts.push(&header);
     parts.push(&r.meta);
     parts.extend(r.data.iter().map(|b| &b[..]));
-    write_all_vectored(sock, &parts).await
+    let mut taken = Taken {
+        io: sock,
+        idle,
+        stall: None,
+    };
+    write_all_vectored(&mut taken, &parts).await?;
+    taken.flush().await
+}
+
+/// A writer whose write fails once it has waited `idle` for the client to
+/// take more bytes (see [`write_reply`]).
+struct Taken<'a, S> {
+    io: &'a mut S,
+    idle: Duration,
+    /// Armed while a write waits on the client; disarmed by progress.
+    stall: Option<Pin<Box<tokio::time::Sleep>>>,
+}
+
+impl<S> Taken<'_, S> {
+    fn waited<T>(
+        &mut self,
+        cx: &mut Context<'_>,
+        polled: Poll<std::io::Result<T>>,
+    ) -> Poll<std::io::Result<T>> {
+        if polled.is_ready() {
+            self.stall = None;
+            return polled;
+        }
+        let idle = self.idle;
+        let stall = self
+            .stall
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep(idle)));
+        match stall.as_mut().poll(cx) {
+            Poll::Ready(()) => Poll::Ready(Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "reply not taken within server.idle_timeout: the client stopped reading",
+            ))),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for Taken<'_, S> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        let polled = Pin::new(&mut *self.io).poll_write(cx, buf);
+        self.waited(cx, polled)
+    }
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        let polled = Pin::new(&mut *self.io).poll_write_vectored(cx, bufs);
+        self.waited(cx, polled)
+    }
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        let polled = Pin::new(&mut *self.io).poll_flush(cx);
+        self.waited(cx, polled)
+    }
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut *self.io).poll_shutdown(cx)
+    }
 }
 
 fn status_reply(s: tonic::Status) -> Reply {

@@ -40,6 +40,64 @@ pub(super) struct ChargedBody<B> {
     pub(super) whole_body: bool,
     /// Whether `stall` is armed.
     pub(super) waiting: bool,
+    /// For a stream of messages ([`CLIENT_STREAMING`]): where its messages
+    /// end, so that each one's bytes are given back once it was handled.
+    pub(super) framing: Option<Framing>,
+}
+
+/// Where the messages of a gRPC body end (each is a 1-byte flag and a
+/// 4-byte big-endian length, then that many bytes).
+///
+/// The server asks a streaming body for more bytes only when it has taken
+/// every message received whole and handled it (`WriteStream` stores a
+/// message's blocks before it asks for the next; tonic decodes what it
+/// already has before it reads more). So when it asks, the bytes of the
+/// messages received whole are no longer held, and their charge is given
+/// back: a stream holds the message in hand, not everything it ever sent.
+#[derive(Default)]
+pub(super) struct Framing {
+    /// The current message's prefix bytes received so far.
+    prefix: [u8; 5],
+    have: usize,
+    /// Bytes of the current message's body still to come (0: in its prefix).
+    left: u64,
+    /// Bytes of the current message received so far.
+    part: u64,
+    /// Bytes of messages received whole since [`Framing::take_whole`].
+    whole: u64,
+}
+
+impl Framing {
+    /// Follows the received bytes `d`.
+    fn feed(&mut self, mut d: &[u8]) {
+        while !d.is_empty() {
+            let n = if self.left == 0 {
+                let n = (self.prefix.len() - self.have).min(d.len());
+                self.prefix[self.have..self.have + n].copy_from_slice(&d[..n]);
+                self.have += n;
+                if self.have == self.prefix.len() {
+                    self.have = 0;
+                    let [_, len @ ..] = self.prefix;
+                    self.left = u64::from(u32::from_be_bytes(len));
+                }
+                n
+            } else {
+                let n = self.left.min(d.len() as u64) as usize;
+                self.left -= n as u64;
+                n
+            };
+            self.part += n as u64;
+            d = &d[n..];
+            if self.left == 0 && self.have == 0 {
+                self.whole += std::mem::take(&mut self.part);
+            }
+        }
+    }
+
+    /// Bytes of the messages received whole since the last call.
+    fn take_whole(&mut self) -> u64 {
+        std::mem::take(&mut self.whole)
+    }
 }
 
 impl<B> http_body::Body for ChargedBody<B>
@@ -56,12 +114,22 @@ where
     ) -> std::task::Poll<Option<Result<http_body::Frame<bytes::Bytes>, Self::Error>>> {
         use std::task::Poll;
         let this = self.get_mut();
+        // Asked for more: the messages received whole were handled.
+        if let Some(f) = this.framing.as_mut() {
+            let whole = f.take_whole();
+            if whole > 0 {
+                super::release(&this.held, whole * this.factor);
+            }
+        }
         match this.inner.as_mut().poll_frame(cx) {
             Poll::Ready(Some(Ok(frame))) => {
                 if let Some(d) = frame.data_ref() {
                     match this.limits.reserve(d.len() as u64 * this.factor) {
                         Ok(r) => this.held.lock().push(r),
                         Err(status) => return Poll::Ready(Some(Err(Box::new(status)))),
+                    }
+                    if let Some(f) = this.framing.as_mut() {
+                        f.feed(d);
                     }
                     if !this.whole_body {
                         this.waiting = false;
@@ -106,5 +174,35 @@ where
 
     fn size_hint(&self) -> http_body::SizeHint {
         self.inner.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Message ends are found however the bytes are split into frames.
+    #[test]
+    fn framing_finds_each_message_end() {
+        let mut body = Vec::new();
+        let mut ends = Vec::new();
+        for len in [0usize, 3, 70_000, 1] {
+            body.push(0);
+            body.extend_from_slice(&(len as u32).to_be_bytes());
+            body.resize(body.len() + len, 9);
+            ends.push(body.len() as u64);
+        }
+        for chunk in [1, 2, 4, 5, 7, 4096, body.len()] {
+            let mut f = Framing::default();
+            let mut at = 0u64;
+            let mut whole = 0u64;
+            for c in body.chunks(chunk) {
+                f.feed(c);
+                at += c.len() as u64;
+                whole += f.take_whole();
+                let expect = ends.iter().copied().filter(|&e| e <= at).max().unwrap_or(0);
+                assert_eq!(whole, expect, "chunks of {chunk}, at {at}");
+            }
+        }
     }
 }
