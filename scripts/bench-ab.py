@@ -23,7 +23,7 @@ Writes the perf record (--record) and, with --note, the note's generated part.
 
 Usage: scripts/bench-ab.py BASE [--head REV] [--repeat 3] [--duration 3s]
          [--record notes/NNN.json] [--note notes/NNN.md] [--skip-engine]
-         [--skip-data-plane] [--engine-filter REGEX]
+         [--skip-data-plane] [--engine-filter REGEX] [--workloads read,write,lookup]
        scripts/bench-ab.py --render notes/NNN.json --note notes/NNN.md
 """
 from __future__ import annotations
@@ -54,11 +54,11 @@ def rev_sha(rev: str) -> str:
     return sh(["git", "-C", str(ROOT), "rev-parse", rev]).strip()
 
 
-def build(sha: str, work: Path) -> dict[str, Path]:
-    """Release kvtier + the engine bench executable of revision `sha`."""
+def build(sha: str, work: Path, engine: bool = True) -> dict[str, Path]:
+    """Release kvtier + (if `engine`) the engine bench executable of revision `sha`."""
     tree = work / f"tree-{sha[:10]}"
     out = work / f"bin-{sha[:10]}"
-    if (out / "kvtier").exists() and (out / "engine-bench").exists():
+    if (out / "kvtier").exists() and (not engine or (out / "engine-bench").exists()):
         return {"kvtier": out / "kvtier", "engine": out / "engine-bench"}
     if not tree.exists():
         sh(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(tree), sha])
@@ -66,6 +66,9 @@ def build(sha: str, work: Path) -> dict[str, Path]:
     subprocess.run(["cargo", "build", "--release", "-q", "-p", "kvtier"], cwd=tree, env=env, check=True)
     out.mkdir(parents=True, exist_ok=True)
     shutil.copy2(ROOT / "target" / "release" / "kvtier", out / "kvtier")
+    if not engine:
+        subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)], check=False)
+        return {"kvtier": out / "kvtier", "engine": out / "engine-bench"}
     msgs = sh(["cargo", "bench", "-q", "-p", "kvtier-core", "--bench", "engine", "--no-run",
                "--message-format=json"], cwd=tree, env=env)
     exe = None
@@ -124,7 +127,7 @@ def start_server(kvtier: Path, work: Path, cpu: str) -> tuple[subprocess.Popen, 
 
 def data_plane_run(server_bin: Path, bench_bin: Path, work: Path, args) -> dict:
     results = {}
-    for w in ("read", "write"):
+    for w in args.workloads.split(","):
         p, grpc = start_server(server_bin, work, args.server_cpu)
         try:
             out = work / f"dp-{w}"
@@ -140,7 +143,7 @@ def data_plane_run(server_bin: Path, bench_bin: Path, work: Path, args) -> dict:
             p.wait(timeout=30)
         for step in rec["steps"]:
             c = step["mode"]["concurrency"]
-            op = step["ops"][w]
+            op = step["ops"]["lookup" if w == "lookup" else w]
             results[f"{w} c={c}"] = {
                 "ops_s": op["throughput_ops_s"],
                 "p99_us": op["latency_us"]["e2e"]["p99"],
@@ -170,6 +173,9 @@ def main() -> int:
     ap.add_argument("--record")
     ap.add_argument("--note")
     ap.add_argument("--skip-engine", action="store_true")
+    ap.add_argument("--workloads", default="read,write",
+                    help="kvtier bench workloads of the data-plane step (read and write go over the "
+                         "data plane, lookup over gRPC)")
     ap.add_argument("--skip-data-plane", action="store_true")
     ap.add_argument("--engine-filter", help="criterion filter (regex): only these engine benchmarks")
     args = ap.parse_args()
@@ -182,7 +188,7 @@ def main() -> int:
     base, head = rev_sha(args.base), rev_sha(args.head)
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
-    bins = {base: build(base, work), head: build(head, work)}
+    bins = {base: build(base, work, not args.skip_engine), head: build(head, work, not args.skip_engine)}
     runs: dict[str, list] = {base: [], head: []}
     for r in range(args.repeat):
         order = (base, head) if r % 2 == 0 else (head, base)
@@ -231,7 +237,8 @@ def main() -> int:
                     "congestion_control": Path("/proc/sys/net/ipv4/tcp_congestion_control").read_text().strip()},
         "command": cmd,
         "settings": {"repeat": args.repeat, "duration": args.duration, "server_cpu": args.server_cpu,
-                     "gen_cpu": args.gen_cpu, "value_size": SIZE, "concurrency": CONC},
+                     "gen_cpu": args.gen_cpu, "value_size": SIZE, "concurrency": CONC,
+                     "workloads": args.workloads},
         "engine": engine_rows,
         "data_plane": dp_rows,
         "runs": runs,
