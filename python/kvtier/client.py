@@ -21,6 +21,7 @@ from __future__ import annotations
 import enum
 import functools
 import itertools
+import logging
 import os
 import random
 import ssl
@@ -37,6 +38,8 @@ from . import wire as _wire
 from ._crc import crc32c
 from ._proto import load as _load_proto
 from .errors import KvtierError
+
+_log = logging.getLogger("kvtier")
 
 __all__ = [
     "Client",
@@ -486,8 +489,12 @@ class Client:
     def data_plane(self) -> _wire.WirePool | None:
         """The data-plane pool ``read`` / ``write`` use, or ``None`` when they use gRPC.
 
-        The first call asks the server (``Stats.data_listen``); errors of that
-        call propagate and discovery is tried again next time.
+        The first call asks the server (``Stats.data_listen``) and opens one
+        data-plane connection; errors of that call, and a data plane that
+        refuses the token, propagate and discovery is tried again next time.
+        An advertised data plane that cannot be reached (a container that
+        publishes only the gRPC port, say) is logged once and this client
+        uses gRPC from then on, as the Rust client does.
         """
         if self._wire_known:
             return self._wire
@@ -495,7 +502,7 @@ class Client:
             if not self._wire_known:
                 advertised = self.stats().data_listen
                 if advertised:
-                    self._wire = _wire.WirePool(
+                    pool = _wire.WirePool(
                         _data_plane_addr(self.target, advertised),
                         connections=self._data_connections,
                         congestion=self._data_tcp_congestion,
@@ -505,6 +512,19 @@ class Client:
                         server_hostname=self._tls_name,
                         max_stripes=self._read_stripes,
                     )
+                    try:
+                        pool.warm(self.timeout)
+                    except KvtierError as e:
+                        pool.close()
+                        if e.code not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+                            raise
+                        _log.warning(
+                            "kvtier: the data plane %s advertised by %s cannot be reached (%s); "
+                            "reads and writes use gRPC",
+                            pool, self.target, e,
+                        )
+                    else:
+                        self._wire = pool
                 self._wire_known = True
         return self._wire
 

@@ -391,6 +391,14 @@ class WirePool:
             s.close()
             raise KvtierError(grpc.StatusCode.INTERNAL, f"data plane {self._name()}: Hello answered with kind {f.kind:#04x}")
 
+    def warm(self, timeout: float) -> None:
+        """Opens one connection within ``timeout`` seconds (TCP, TLS, Hello)
+        and keeps it for the next call. Raises :class:`KvtierError`:
+        ``UNAVAILABLE`` or ``DEADLINE_EXCEEDED`` when the address cannot be
+        reached, the server's status when it refuses the Hello."""
+        self._after_fork()
+        self._give_back(self._take(_Deadline(timeout), timeout))
+
     def _give_back(self, sock: socket.socket) -> None:
         with self._lock:
             if not self._closed:

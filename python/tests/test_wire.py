@@ -14,6 +14,7 @@ import grpc
 import pytest
 
 from kvtier import Block, Client, KvtierError, keys
+from kvtier import client as kvtier_client
 from kvtier import wire as kvtier_wire
 from kvtier._crc import crc32c
 from kvtier.pb import v1 as pb
@@ -169,6 +170,21 @@ def test_data_plane_off_makes_no_discovery_call(server, monkeypatch):
     with Client(server.grpc, connections=1, data_plane=False) as c:
         monkeypatch.setattr(c, "stats", lambda: pytest.fail("discovery must not run"))
         assert c.data_plane() is None
+
+
+def test_an_unreachable_data_plane_falls_back_to_grpc(server, ns, monkeypatch, caplog):
+    # The advertised data plane cannot be dialled from here (a container that
+    # publishes only the gRPC port): a port nothing listens on.
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = s.getsockname()[1]
+    monkeypatch.setattr(kvtier_client, "_data_plane_addr", lambda target, advertised: ("127.0.0.1", dead))
+    blocks = chain_blocks(2, seed=11, size=10_000)
+    with caplog.at_level("WARNING", logger="kvtier"), Client(server.grpc, connections=1, timeout=5) as c:
+        assert c.data_plane() is None
+        assert c.write(ns, blocks).stored == 2
+        assert c.read(ns, [b.key for b in blocks]).payloads == [b.payload for b in blocks]
+    assert f"127.0.0.1:{dead}" in caplog.text and "use gRPC" in caplog.text, caplog.text
 
 
 def test_discovery_failure_propagates():
