@@ -52,26 +52,27 @@ impl Tier for GatedStore {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_failed_enqueue_keeps_a_block_a_concurrent_writer_was_acknowledged_for() {
-    let store = Arc::new(GatedStore::default());
-    let e = Arc::new(
-        Engine::builder(EngineConfig {
-            memory_capacity: ByteSize::mib(16),
-            ..Default::default()
-        })
+/// An engine over `store` with write-back through a queue of one upload,
+/// whose writes wait at most `enqueue_timeout` for it.
+fn write_back(store: &Arc<GatedStore>, enqueue_timeout: Duration) -> Engine {
+    Engine::builder(EngineConfig::default())
         .object(
             store.clone(),
             ObjectOptions {
                 policy: ObjectWritePolicy::WriteBack,
                 queue_capacity: 1,
                 upload_concurrency: 1,
-                enqueue_timeout: Duration::from_secs(10),
+                enqueue_timeout,
                 ..Default::default()
             },
         )
-        .build(),
-    );
+        .build()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_enqueue_keeps_a_block_a_concurrent_writer_was_acknowledged_for() {
+    let store = Arc::new(GatedStore::default());
+    let e = Arc::new(write_back(&store, Duration::from_secs(10)));
     let n = ns("t");
     let blocks = chain_with(&n, 9, 2, |i| vec![i as u8; 1024]);
     let mut t = StorageTiming::default();
@@ -115,18 +116,7 @@ async fn a_failed_enqueue_keeps_a_block_a_concurrent_writer_was_acknowledged_for
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_block_nobody_was_acknowledged_for_is_not_kept() {
     let store = Arc::new(GatedStore::default());
-    let e = Engine::builder(EngineConfig::default())
-        .object(
-            store.clone(),
-            ObjectOptions {
-                policy: ObjectWritePolicy::WriteBack,
-                queue_capacity: 1,
-                upload_concurrency: 1,
-                enqueue_timeout: Duration::from_millis(200),
-                ..Default::default()
-            },
-        )
-        .build();
+    let e = write_back(&store, Duration::from_millis(200));
     let n = ns("t");
     let blocks = chain_with(&n, 7, 2, |i| vec![i as u8; 1024]);
     let mut t = StorageTiming::default();
