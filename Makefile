@@ -35,7 +35,8 @@ rust-test:
 	$(CARGO) test --workspace
 	$(CARGO) build -q -p kvtier-client --example quickstart
 
-# The Python SDK's lint and type check (config: python/pyproject.toml).
+# The Python SDK's lint and type check (config: python/pyproject.toml), and the
+# measurement library's and scripts' (perf/, scripts/: ruff.toml, mypy.ini).
 # No module circles, no source file over 600 lines before its tests, every file
 # says why it exists (docs/architecture.md, "Checked shape").
 arch:
@@ -43,8 +44,9 @@ arch:
 	python3 scripts/check-architecture.py
 
 lint-py: setup-test
-	.venv/bin/ruff check python
+	.venv/bin/ruff check python perf scripts/_perf.py
 	cd python && ../.venv/bin/mypy
+	.venv/bin/mypy
 
 # Generates the SDK's gRPC stubs in this checkout (python/kvtier/_gen); they are
 # also regenerated on import when the protos change, and built into a wheel.
