@@ -13,7 +13,7 @@
 #      benchmark tool ships with it; the bench records that).
 #   3. Steps where a generator is saturated, or that had errors, get no ratio;
 #      medians over REPEAT alternating repeats; outlier repeats are listed.
-#   4. The note's tables, its perf record and README's table are generated
+#   4. The note's tables, its perf record and notes/README.md's table are generated
 #      from the records by scripts/note-comparisons.py.
 #
 # Placement (2 cores): the systems under test (kvtier serve, redis-server,
@@ -24,7 +24,7 @@
 #
 # Usage: scripts/bench-data-plane.sh [OUT_DIR]
 #   env: DURATION=3s WARMUP=1s C=1,8,32 SIZE=1258291 REPEAT=3 SYSTEM_CC=
-#        SERVER_CPU=1 GEN_CPU=0 NOTE=1 (0: records only, no note/README update)
+#        SERVER_CPU=1 GEN_CPU=0 NOTE=1 (0: records only, no note/notes/README.md update)
 #        NOTE_PATH=notes/026-comparisons (the note whose tables and record are written)
 #        SERVER_MALLOC_CONF= (jemalloc options for kvtier serve only, e.g.
 #        dirty_decay_ms:-1 for notes/017; recorded in OUT/server-env.txt)

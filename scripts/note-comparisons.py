@@ -1,21 +1,28 @@
 #!/usr/bin/env python3
 """Generates a comparison note's perf record (notes/013-comparisons.json,
-notes/026-comparisons.json), the tables of its .md and README's comparison table from the bench records
+notes/026-comparisons.json), the tables of its .md and the comparison table of notes/README.md from the bench records
 that scripts/bench-data-plane.sh wrote (OUT/read/record.json,
 OUT/write/record.json). Every number and verdict here comes from the records'
 `analysis.comparison` rows (computed by kvtier bench, crates/kvtier-bench/src/analysis/fair.rs);
 nothing is typed in by hand.
 
 Usage: scripts/note-comparisons.py OUT [--command "how OUT was produced"]
-       [--note notes/026-comparisons] [--readme README.md]
+       [--note notes/026-comparisons] [--readme notes/README.md]
 """
 import argparse
 import json
+import os
 import pathlib
 import re
+import shlex
+from typing import Any
+
+import _perf  # noqa: F401 (puts perf on sys.path)
+
+from perf import header, versions, write_record
 
 # The issue's targets (issue 12): kvtier / best peer number.
-TARGETS = {
+TARGETS: dict[str, dict[str, Any]] = {
     "write": {"throughput_ratio_min": 1.0, "p99_ratio_max": 1.0},
     "read": {"throughput_ratio_min": 1.2, "p99_ratio_max": None},
 }
@@ -54,6 +61,17 @@ def load(out):
     return recs
 
 
+def peer_versions(recs):
+    """{"redis": "7.0.15", "mooncake-store": "0.3.13.post1"} from the peers' names in the bench records."""
+    out = {}
+    for r in recs.values():
+        for p in r["peers"]:
+            name, _, version = p["name"].rpartition(" ")
+            if name and version[:1].isdigit():
+                out[name] = version
+    return out
+
+
 def rows_of(recs):
     rows = []
     for w, r in recs.items():
@@ -90,7 +108,6 @@ def tables(recs, rows):
                f"{r0['value_size']:,} bytes; congestion control seen on every system's sockets: "
                f"{', '.join(ccs) or 'not observed'} (system default "
                f"{net['read'].get('system_default_cc', '?')}).\n")
-    peers = sorted({p["name"] for r in recs.values() for p in r["peers"]})
     out.append("Peers: " + "; ".join(
         f"**{p['name']}** — {p.get('client') or 'bench client'}"
         + (f"; own tool `{p['reference']['tool']}`" if p.get("reference") else "; no own tool ran")
@@ -116,8 +133,10 @@ def tables(recs, rows):
     out.append("Per-repeat ops/s (kvtier | peer client), for the outlier check:\n")
     out.append("| workload | step | peer | kvtier repeats | peer repeats |")
     out.append("|---|---|---|---|---|")
+    def rep(v):
+        return ", ".join(f"{a:,.0f}" for a in v) or "–"
+
     for r in rows:
-        rep = lambda v: ", ".join(f"{a:,.0f}" for a in v) or "–"
         out.append(f"| {r['workload']} | {r['step']} | {r['peer']} | {rep(r['kvtier_repeats_ops_s'])} | "
                    f"{rep(r['peer_client_repeats_ops_s'])} |")
     out.append("")
@@ -166,17 +185,22 @@ def main():
     ap.add_argument("out", type=pathlib.Path)
     ap.add_argument("--command", default="")
     ap.add_argument("--note", default="notes/026-comparisons")
-    ap.add_argument("--readme", default="README.md")
+    ap.add_argument("--readme", default="notes/README.md")
     a = ap.parse_args()
     recs = load(a.out)
     rows = rows_of(recs)
     body, counts = tables(recs, rows)
     r0 = recs["read"]
+    # The header: the bench's run (date, commit) on this machine, right after it (bench-data-plane.sh).
+    head = header(command=a.command or shlex.join(recs["read"]["command_line"]),
+                  versions=versions("kvtier", paths={"kvtier": recs["read"]["command_line"][0]},
+                                    known=peer_versions(recs)))
+    if r0.get("git_commit") and r0["git_commit"] != head["commit"]:
+        head["commit"], head["dirty"] = r0["git_commit"], None  # run at another commit: its state is unknown
+    head["date"] = r0["date"]
+    head["machine"] = {**head["machine"], "generator_cores": r0["machine"]["cores"]}
     record = {
-        "date": r0["date"],
         "git_commit": r0.get("git_commit"),
-        "machine": r0["machine"],
-        "command": a.command or " ".join(recs["read"]["command_line"]),
         "bench_command_lines": {w: r["command_line"] for w, r in recs.items()},
         "network": {w: r.get("network") for w, r in recs.items()},
         "peers": {w: [{"name": p["name"], "client": p.get("client"), "tool": (p.get("reference") or {}).get("tool")}
@@ -187,14 +211,15 @@ def main():
         "link_probe_gbit_s": {w: (r.get("link_probe") or {}).get("gbit_per_s") for w, r in recs.items()},
     }
     note = pathlib.Path(a.note)
-    note.with_suffix(".json").write_text(json.dumps(record, indent=1) + "\n")
+    write_record(note.with_suffix(".json"), record, head)
     md = note.with_suffix(".md")
     md.write_text(splice(md.read_text(), BEGIN, END, body))
     readme = pathlib.Path(a.readme)
     conditions = (f"Same run, {r0['date'][:10]}: server and peers on one core, generators on the other, "
                   f"every system on the same congestion control, the peer's best of its bench client and own tool, "
                   f"medians of {len(rows[0]['kvtier_repeats_ops_s']) if rows else 0} alternating repeats "
-                  f"([notes/{note.name[:3]}]({note.with_suffix('.md').as_posix()}), `scripts/bench-data-plane.sh`). "
+                  f"([{note.name[:3]}]({os.path.relpath(note.with_suffix('.md'), readme.parent)}), "
+                  "`scripts/bench-data-plane.sh`). "
                   f"Ratios are kvtier / peer; \"excluded\" marks a step whose generator saturated or that had errors.")
     readme.write_text(splice(readme.read_text(), README_BEGIN, README_END,
                              conditions + "\n\n" + readme_table(rows, recs)))

@@ -3,11 +3,16 @@
 * every perf record under notes/ carries the header (date, commit, dirty,
   machine, command, versions), so a record written without perf's header
   fails here;
+* every note says its status on a line at its top and is listed, with that
+  status, in notes/README.md;
+* README's headline table is what ``python3 -m perf.headlines`` generates
+  from the records;
 * the library's pieces a record depends on behave as documented.
 """
 from __future__ import annotations
 
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -17,10 +22,14 @@ REPO_ROOT = Path(__file__).resolve().parent.parent.parent
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
-from perf import HEADER_KEYS, Sampler, header, record, summarize  # noqa: E402
+from perf import HEADER_KEYS, Sampler, header, headlines, record, summarize  # noqa: E402
 from perf.records import header_problems, load, record_paths  # noqa: E402
 
 RECORDS = record_paths()
+NOTES = sorted((REPO_ROOT / "notes").glob("[0-9][0-9][0-9]-*.md"))
+INDEX = (REPO_ROOT / "notes" / "README.md").read_text()
+#: "Status: current", "Status: open (...)", "Status: superseded [in part] by 026 [and 039] (...)".
+STATUS = re.compile(r"^Status: (current|open|superseded (?:in part )?by \d{3}(?:,? (?:and )?\d{3})*)(?: \(.*\))?(?:;.*)?$")
 
 
 def test_records_are_found():
@@ -72,3 +81,29 @@ def test_the_sampler_reads_cpu_time_and_rss_from_proc():
     r = s.result()
     assert r["rss_peak_mib"] >= r["rss_before_mib"] > 0
     assert r["cpu_s"] > 0
+
+
+def _status(path: Path) -> str:
+    head = path.read_text().splitlines()[:8]
+    found = [m.group(1) for m in map(STATUS.match, head) if m]
+    assert found, (f"{path.name}: no 'Status: current|open|superseded by NNN' line among its first lines "
+                   "(notes/README.md says what each means)")
+    return found[0]
+
+
+@pytest.mark.parametrize("path", NOTES, ids=[p.name for p in NOTES])
+def test_every_note_has_a_status_line_and_is_in_the_index(path: Path):
+    status = _status(path)
+    for n in re.findall(r"\d{3}", status):
+        assert list((REPO_ROOT / "notes").glob(f"{n}-*.md")), f"{path.name} is superseded by {n}, which does not exist"
+    row = next((line for line in INDEX.splitlines() if line.startswith(f"| [`{path.stem}`]({path.name})")), None)
+    assert row, f"notes/README.md does not list {path.name} (a row starting | [`{path.stem}`]({path.name}))"
+    cells = [c.strip() for c in row.strip("|").split(" | ")]
+    listed = re.sub(r"\[(\d{3})\]\([^)]*\)", r"\1", cells[2])
+    assert listed == status, f"notes/README.md lists {path.name} as {listed!r}, the note says {status!r}"
+
+
+def test_readme_headlines_are_generated_from_the_records():
+    text = (REPO_ROOT / "README.md").read_text()
+    assert headlines.splice(text, headlines.table()) == text, (
+        "README.md's headline block differs from the records: run `python3 -m perf.headlines`")
