@@ -23,6 +23,7 @@ pub mod cluster;
 pub mod compat;
 mod config;
 pub mod conversation;
+pub mod transport;
 mod types;
 pub mod wire;
 
@@ -69,22 +70,18 @@ impl ClientError {
 pub type Result<T, E = ClientError> = std::result::Result<T, E>;
 
 pub use cluster::{ClusterClient, ClusterConfig};
-use config::data_plane_addr;
 pub use config::{
     ClientConfig, ClientTls, MAX_PUSHBACK, backoff, connect_pool, endpoint, pushback, retry_pause,
 };
 pub(crate) use types::to_read_block_checked;
 pub use types::{Lookup, ReadBlock, ReadResult, WriteBlock, WriteResult};
 use types::{to_lookup, to_read_block};
+pub use wire::{FilledBlock, ReadIntoResult};
 
-/// Whether the data plane failed to connect for want of a usable answer
-/// (refused, unreachable, timed out, a failed TLS handshake) rather than by
-/// refusing this client's token: the former falls back to gRPC.
-fn unreachable_data_plane(e: &ClientError) -> bool {
-    matches!(
-        e.code(),
-        Some(tonic::Code::Unavailable | tonic::Code::DeadlineExceeded)
-    )
+fn grpc_client(c: Channel, max: usize) -> KvTierClient<Channel> {
+    KvTierClient::new(c)
+        .max_decoding_message_size(max)
+        .max_encoding_message_size(max)
 }
 
 /// A pooled kvtier.v1 client. Cheap to clone.
@@ -104,14 +101,15 @@ impl Client {
         kvtier_core::keys::check_block_size(cfg.block_size)
             .map_err(|e| ClientError::Invalid(e.message))?;
         let max = 512 << 20;
+        if transport::local_path(&cfg.endpoint).is_some() && cfg.tls.is_some() {
+            return Err(ClientError::Invalid(
+                "TLS is not used on the same-host socket (unix://): drop the TLS settings".into(),
+            ));
+        }
         let pool = connect_pool(&cfg)
             .await?
             .into_iter()
-            .map(|c| {
-                KvTierClient::new(c)
-                    .max_decoding_message_size(max)
-                    .max_encoding_message_size(max)
-            })
+            .map(|c| grpc_client(c, max))
             .collect();
         let auth_header =
             match cfg.token.as_deref().filter(|t| !t.is_empty()) {
@@ -128,45 +126,13 @@ impl Client {
             wire: None,
         };
         if client.cfg.data_plane {
-            let advertised = client.stats().await?.data_listen;
-            if !advertised.is_empty() {
-                let addr = data_plane_addr(&client.cfg.endpoint, &advertised).await?;
-                let n = if client.cfg.data_connections > 0 {
-                    client.cfg.data_connections
-                } else {
-                    client.cfg.connections
-                };
-                let tls = match &client.cfg.tls {
-                    Some(t) => Some(t.wire(&client.cfg.endpoint)?),
-                    None => None,
-                };
-                client.wire = match wire::WireClient::connect_tls(
-                    addr,
-                    n,
-                    client.cfg.timeout,
-                    client.cfg.connect_timeout,
-                    client.cfg.data_tcp_congestion.as_deref(),
-                    client.cfg.token.as_deref(),
-                    tls,
-                )
-                .await
-                {
-                    Ok(w) => Some(w.with_max_stripes(client.cfg.read_stripes)),
-                    // Advertised but not reachable from here (a firewall, an
-                    // address behind NAT, a listener that never answers):
-                    // Read/Write go over gRPC, as with a server that offers
-                    // no data plane, rather than no client at all.
-                    Err(e) if unreachable_data_plane(&e) => {
-                        tracing::warn!(
-                            %addr,
-                            error = %e,
-                            "data plane advertised but unreachable; Read/Write go over gRPC"
-                        );
-                        None
-                    }
-                    Err(e) => return Err(e),
-                };
+            let stats = client.stats().await?;
+            let chosen = transport::choose(&client.cfg, &stats).await?;
+            if let Some(grpc) = chosen.grpc {
+                client.pool =
+                    std::sync::Arc::new(grpc.into_iter().map(|c| grpc_client(c, max)).collect());
             }
+            client.wire = chosen.wire;
         }
         Ok(client)
     }
@@ -327,6 +293,73 @@ impl Client {
             }
         })
         .await
+    }
+
+    /// Reads `keys` in order into the caller's buffers (block `i` into
+    /// `dests[i]`, which must hold it), stopping at the first missing
+    /// block: by memory on the same-host socket (docs/local.md), received
+    /// into them over the TCP data plane, copied into them over gRPC.
+    pub async fn read_into(
+        &self,
+        ns: &str,
+        keys: &[Key],
+        lease_id: u64,
+        dests: &mut [&mut [u8]],
+    ) -> Result<ReadIntoResult> {
+        if let Some(w) = &self.wire {
+            let deadline = Instant::now() + self.cfg.timeout;
+            let mut attempt = 0;
+            loop {
+                match w.read_into_by(ns, keys, lease_id, dests, deadline).await {
+                    Err(ClientError::Status(s))
+                        if s.code() == tonic::Code::Unavailable && attempt < self.cfg.retries =>
+                    {
+                        let pause = retry_pause(attempt, &s);
+                        if Instant::now() + pause >= deadline {
+                            return Err(ClientError::Status(s));
+                        }
+                        tokio::time::sleep(pause).await;
+                        attempt += 1;
+                    }
+                    other => return other,
+                }
+            }
+        }
+        if dests.len() != keys.len() {
+            return Err(ClientError::Invalid(format!(
+                "{} keys but {} buffers",
+                keys.len(),
+                dests.len()
+            )));
+        }
+        let r = self.read(ns, keys, lease_id).await?;
+        let mut blocks = Vec::with_capacity(r.blocks.len());
+        for b in r.blocks {
+            let d = &mut dests[b.index];
+            if d.len() < b.payload.len() {
+                return Err(ClientError::Invalid(format!(
+                    "buffer {} holds {} bytes, its block {}",
+                    b.index,
+                    d.len(),
+                    b.payload.len()
+                )));
+            }
+            d[..b.payload.len()].copy_from_slice(&b.payload);
+            blocks.push(FilledBlock {
+                index: b.index,
+                key: b.key,
+                parent: b.parent,
+                token_count: 0,
+                len: b.payload.len(),
+                tier: b.tier,
+            });
+        }
+        Ok(ReadIntoResult {
+            blocks,
+            partial: r.partial,
+            reason: r.reason,
+            timing: r.timing,
+        })
     }
 
     /// Writes blocks (checksums computed here).

@@ -63,6 +63,14 @@ const WIRE_WRITE: &[(u32, Rule)] = &[
     (1, Rule::Nested(WRITE_V1)),
     (2, Rule::Varints("payload_lengths", MAX_KEYS_PER_REQUEST)),
 ];
+const WIRE_READ_INTO: &[(u32, Rule)] = &[
+    (1, Rule::Nested(WIRE_READ)),
+    (2, Rule::Count("dest", MAX_KEYS_PER_REQUEST)),
+];
+const WIRE_WRITE_FROM: &[(u32, Rule)] = &[
+    (1, Rule::Nested(WIRE_WRITE)),
+    (2, Rule::Varints("source", MAX_KEYS_PER_REQUEST)),
+];
 
 /// The rules for message type `T`, if it has any.
 fn rules<T: 'static>() -> Option<&'static [(u32, Rule)]> {
@@ -78,6 +86,8 @@ fn rules<T: 'static>() -> Option<&'static [(u32, Rule)]> {
         (TypeId::of::<kvstore::PromptChunk>(), CHUNK_KVSTORE),
         (TypeId::of::<v1::WireReadRequest>(), WIRE_READ),
         (TypeId::of::<v1::WireWriteRequest>(), WIRE_WRITE),
+        (TypeId::of::<v1::WireReadIntoRequest>(), WIRE_READ_INTO),
+        (TypeId::of::<v1::WireWriteFromRequest>(), WIRE_WRITE_FROM),
     ]
     .into_iter()
     .find_map(|(id, r)| (id == t).then_some(r))

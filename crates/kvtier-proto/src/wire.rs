@@ -26,12 +26,21 @@ pub enum Kind {
     Write = 2,
     /// Client → server: `WireHello` (authentication, first on a connection).
     Hello = 3,
+    /// Client → server, same-host front only: `WireReadIntoRequest` (blocks
+    /// copied into the client's memory, docs/local.md).
+    ReadInto = 4,
+    /// Client → server, same-host front only: `WireWriteFromRequest`
+    /// (payloads copied out of the client's memory).
+    WriteFrom = 5,
     /// Server → client: `WireReadReply` + payloads.
     ReadReply = 0x81,
     /// Server → client: `WriteResponse`.
     WriteReply = 0x82,
     /// Server → client: the Hello was accepted (empty metadata).
     HelloReply = 0x83,
+    /// Server → client: `WireReadReply` of a ReadInto (no data: the
+    /// payloads are already in the client's memory).
+    ReadIntoReply = 0x84,
     /// Server → client: `WireError`.
     Error = 0xff,
 }
@@ -43,9 +52,12 @@ impl Kind {
             1 => Kind::Read,
             2 => Kind::Write,
             3 => Kind::Hello,
+            4 => Kind::ReadInto,
+            5 => Kind::WriteFrom,
             0x81 => Kind::ReadReply,
             0x82 => Kind::WriteReply,
             0x83 => Kind::HelloReply,
+            0x84 => Kind::ReadIntoReply,
             0xff => Kind::Error,
             _ => return None,
         })

@@ -101,6 +101,10 @@ impl Meta {
             Kind::Read => Meta::Read(WireReadRequest::decode(raw).unwrap()),
             Kind::ReadReply => Meta::ReadReply(WireReadReply::decode(raw).unwrap()),
             Kind::Error => Meta::Error(WireError::decode(raw).unwrap()),
+            // The same-host kinds carry addresses, not bytes: no vectors.
+            Kind::ReadInto | Kind::WriteFrom | Kind::ReadIntoReply => {
+                panic!("wire.json has no {kind:?} frame")
+            }
         }
     }
 
@@ -258,6 +262,9 @@ fn kind_name(kind: Kind) -> &'static str {
         Kind::WriteReply => "WriteReply",
         Kind::HelloReply => "HelloReply",
         Kind::Error => "Error",
+        Kind::ReadInto => "ReadInto",
+        Kind::WriteFrom => "WriteFrom",
+        Kind::ReadIntoReply => "ReadIntoReply",
     }
 }
 

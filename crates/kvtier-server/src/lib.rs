@@ -21,6 +21,7 @@ pub mod fuzzing;
 pub mod grpc;
 pub mod http;
 pub mod limits;
+pub mod local;
 pub mod messages;
 pub mod metrics;
 pub mod numa;
@@ -54,6 +55,8 @@ pub struct Server {
     pub http_addr: Option<SocketAddr>,
     /// Bound data-plane address, if enabled.
     pub data_addr: Option<SocketAddr>,
+    /// Path of the same-host socket, if enabled (docs/local.md).
+    pub local_path: Option<std::path::PathBuf>,
     /// The engine (for in-process use and tests).
     pub engine: Arc<Engine>,
     /// The token table (reload it on SIGHUP).
@@ -96,6 +99,7 @@ impl Server {
         check_exposure(&cfg, auth.enabled())?;
         let tls = tls::Tls::load(&cfg.tls)?;
         let mut shared = Shared::new(engine.clone(), cfg.server.max_inflight);
+        shared.advertise = Arc::new(state::Advertise::new(cfg.server.max_message_size.bytes()));
         if let Some(p) = &peers {
             shared.metrics = Arc::new(metrics::Metrics::with_cluster(
                 engine.clone(),
@@ -149,6 +153,7 @@ impl Server {
         let grpc_addrs = fronts.start_grpc(&mut tasks)?;
         let http_addr = fronts.start_http(&mut tasks).await?;
         let data_addr = fronts.start_data_plane(&mut tasks).await?;
+        let local_path = fronts.start_local(&mut tasks)?;
         if let Some(p) = &peers
             && !cfg.cluster.dns.is_empty()
         {
@@ -173,6 +178,7 @@ impl Server {
             grpc_addrs,
             http_addr,
             data_addr,
+            local_path,
             engine,
             auth,
             tls,
@@ -325,7 +331,7 @@ impl Fronts<'_> {
             .with_context(|| format!("cannot listen for the data plane on {a}"))?;
         let addr = listener.local_addr()?;
         wire::set_congestion(&listener, &cfg.server.data_tcp_congestion);
-        let _ = shared.data_addr.set(addr);
+        let _ = shared.advertise.data_addr.set(addr);
         tasks.spawn(wire::serve(
             listener,
             tls.map(|t| t.acceptor()),
@@ -335,6 +341,35 @@ impl Fronts<'_> {
         ));
         tracing::info!(%addr, "data plane listening (Read/Write payloads, docs/wire.md)");
         Ok(Some(addr))
+    }
+}
+
+impl Fronts<'_> {
+    /// Binds and serves the same-host socket, if `server.local_listen` is set.
+    fn start_local(&self, tasks: &mut Tasks) -> anyhow::Result<Option<std::path::PathBuf>> {
+        let Some(spec) = self.cfg.local_socket()? else {
+            return Ok(None);
+        };
+        let bound = local::bind(&spec)?;
+        let shared = self.shared.for_front("local", &self.cfg.server);
+        let router = grpc_router(self.cfg, shared.clone())?;
+        let _ = shared
+            .advertise
+            .local_path
+            .set(spec.path.display().to_string());
+        tasks.spawn(local::serve(
+            bound,
+            router,
+            shared,
+            self.cfg.server.max_message_size.bytes(),
+            self.stop_rx.clone(),
+        ));
+        tracing::info!(
+            path = %spec.path.display(),
+            mode = format!("{:o}", spec.mode),
+            "same-host socket listening (gRPC + data plane; payloads copied by memory, docs/local.md)"
+        );
+        Ok(Some(spec.path))
     }
 }
 

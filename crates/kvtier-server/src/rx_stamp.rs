@@ -47,6 +47,13 @@ pub trait FrameStream: AsyncRead + AsyncWrite + Unpin + Send {
     ) -> impl Future<Output = io::Result<Option<SystemTime>>> + Send + 'a {
         async move { self.read_exact(raw).await.map(|_| None) }
     }
+
+    /// The process at the other end, as the server's PID namespace sees it,
+    /// when it is on this host (the same-host front): payloads may then be
+    /// copied straight between its memory and the store's (docs/local.md).
+    fn peer_pid(&self) -> Option<i32> {
+        None
+    }
 }
 
 impl FrameStream for tokio_rustls::server::TlsStream<TcpStream> {}

@@ -17,8 +17,8 @@ pub struct Shared {
     /// Bounds requests served at once by this front; waiting for it is
     /// queue time (each front gets its own, see [`Shared::for_front`]).
     pub admission: Arc<Limiter>,
-    /// Bound address of the bulk data plane, once listening (reported by Stats).
-    pub data_addr: Arc<std::sync::OnceLock<std::net::SocketAddr>>,
+    /// What Stats tells clients about this server's fronts and limits.
+    pub advertise: Arc<Advertise>,
     /// Who may do what (docs/security.md); allows everything when off.
     pub auth: Arc<Auth>,
     /// `/metrics` and `/healthz` (plus grpc.health.v1) without a token.
@@ -39,6 +39,32 @@ pub struct Shared {
     /// apart from the clients', so a flood of client requests sheds client
     /// requests, not the peer calls other nodes' admitted requests depend on.
     pub peer_admission: Option<Arc<Limiter>>,
+}
+
+/// What Stats reports about the fronts and limits, so clients choose their
+/// transport and size their requests (docs/wire.md, docs/local.md).
+pub struct Advertise {
+    /// Bound address of the bulk data plane, once listening.
+    pub data_addr: std::sync::OnceLock<std::net::SocketAddr>,
+    /// Path of the same-host socket, once listening.
+    pub local_path: std::sync::OnceLock<String>,
+    /// `server.max_message_size`: clients split larger writes.
+    pub max_message_size: u64,
+    /// Random at each start: a client checks that the same-host socket it
+    /// found leads to the server it was given before upgrading to it.
+    pub instance_id: u64,
+}
+
+impl Advertise {
+    /// Nothing listening yet; a fresh instance id.
+    pub fn new(max_message_size: u64) -> Self {
+        Self {
+            data_addr: Default::default(),
+            local_path: Default::default(),
+            max_message_size,
+            instance_id: rand::random::<u64>() | 1,
+        }
+    }
 }
 
 /// A request admitted for service: its clock and its admission permit.
@@ -85,7 +111,7 @@ impl Shared {
                 let d = crate::config::ServerSection::default();
                 Limiter::fixed(max_inflight, d.max_queued, d.queue_timeout)
             }),
-            data_addr: Default::default(),
+            advertise: Arc::new(Advertise::new(0)),
             auth: Arc::new(Auth::disabled()),
             public_metrics: true,
             public_health: true,

@@ -25,7 +25,10 @@ fn blk(key: &[u8], payload: Bytes) -> WriteBlock {
 async fn client_uses_the_data_plane_and_falls_back_to_grpc_when_disabled() {
     let (server, c) = common::start(common::test_config()).await;
     let w = c.data_plane().expect("data plane advertised and used");
-    assert_eq!(Some(w.addr()), server.data_addr);
+    assert_eq!(
+        Some(w.addr().clone()),
+        server.data_addr.map(kvtier_client::wire::Target::Tcp)
+    );
     let big = Bytes::from(
         (0..3_000_000u32)
             .map(|i| (i % 253) as u8)
@@ -462,7 +465,7 @@ async fn large_reads_are_split_into_replies_and_reassembled() {
 }
 
 #[tokio::test]
-async fn writes_too_big_for_one_frame_are_refused_before_sending() {
+async fn blocks_too_big_for_one_request_are_refused_before_sending() {
     let (server, c) = common::start(common::test_config()).await;
     // 5 × 1 GiB sharing one zeroed, never-touched allocation: no memory used.
     let gib = Bytes::from(vec![0u8; 1 << 30]);
@@ -479,7 +482,7 @@ async fn writes_too_big_for_one_frame_are_refused_before_sending() {
         matches!(err, kvtier_client::ClientError::Invalid(_)),
         "{err}"
     );
-    assert!(err.to_string().contains("split the batch"), "{err}");
+    assert!(err.to_string().contains("server.max_message_size"), "{err}");
     server.shutdown().await.unwrap();
 }
 

@@ -20,6 +20,9 @@ pub struct ServeArgs {
     /// Bulk data-plane address, "auto" (gRPC port + 1) or "" to disable [server.data_listen, default auto].
     #[arg(long)]
     data_listen: Option<String>,
+    /// Same-host Unix socket path (gRPC + data plane, payloads copied by memory; docs/local.md) [server.local_listen, default off].
+    #[arg(long, value_name = "PATH")]
+    local_listen: Option<String>,
     /// TCP congestion control of data-plane connections, "" = system default [server.data_tcp_congestion, default: the system default].
     #[arg(long)]
     data_tcp_congestion: Option<String>,
@@ -115,6 +118,9 @@ impl ServeArgs {
         }
         if let Some(v) = &self.data_listen {
             cfg.server.data_listen = v.clone();
+        }
+        if let Some(v) = &self.local_listen {
+            cfg.server.local_listen = v.clone();
         }
         if let Some(v) = &self.data_tcp_congestion {
             cfg.server.data_tcp_congestion = v.clone();

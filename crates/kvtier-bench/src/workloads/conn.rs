@@ -219,13 +219,17 @@ impl Conn {
         }
     }
 
-    /// The data planes' addresses (one per node connected), when Read/Write use them.
+    /// The TCP data planes' addresses (one per node connected), when
+    /// Read/Write use them (a same-host socket has none).
     pub fn data_plane_addrs(&self) -> Vec<std::net::SocketAddr> {
         match self {
             Conn::V1(c, _) => c
                 .clients()
                 .iter()
-                .filter_map(|c| c.data_plane().map(|w| w.addr()))
+                .filter_map(|c| match c.data_plane()?.addr() {
+                    kvtier_client::wire::Target::Tcp(a) => Some(*a),
+                    kvtier_client::wire::Target::Unix(_) => None,
+                })
                 .collect(),
             _ => Vec::new(),
         }

@@ -1,6 +1,6 @@
-//! A data-plane connection, plain TCP or TLS, as one stream type the
-//! framing code reads and writes without caring which, and how one is
-//! opened (TCP, TLS handshake, Hello) within a bound.
+//! A data-plane connection, plain TCP, TLS or the same-host Unix socket, as
+//! one stream type the framing code reads and writes without caring which,
+//! and how one is opened (connect, TLS handshake, Hello) within a bound.
 
 use super::{exchange, transport};
 use crate::{ClientError, Result};
@@ -8,11 +8,37 @@ use kvtier_proto::v1 as pb;
 use kvtier_proto::wire::Kind;
 use prost::Message;
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Instant;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::net::TcpStream;
+use tokio::net::{TcpStream, UnixStream};
+
+/// Where a data plane listens: a TCP address, or the same-host socket
+/// (`server.local_listen`, docs/local.md), where payloads can move by memory.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Target {
+    /// The TCP data plane.
+    Tcp(SocketAddr),
+    /// The same-host Unix socket.
+    Unix(PathBuf),
+}
+
+impl From<SocketAddr> for Target {
+    fn from(a: SocketAddr) -> Self {
+        Target::Tcp(a)
+    }
+}
+
+impl std::fmt::Display for Target {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Target::Tcp(a) => write!(f, "{a}"),
+            Target::Unix(p) => write!(f, "unix://{}", p.display()),
+        }
+    }
+}
 
 /// TLS towards the data plane: a connector and the name the server's
 /// certificate must carry.
@@ -24,20 +50,23 @@ pub struct WireTls {
     pub server_name: rustls::pki_types::ServerName<'static>,
 }
 
-/// A data-plane connection, plain or TLS.
+/// A data-plane connection, plain, TLS or same-host.
 pub enum Conn {
     /// Plain TCP.
     Plain(TcpStream),
     /// TLS over TCP.
     Tls(Box<tokio_rustls::client::TlsStream<TcpStream>>),
+    /// The same-host Unix socket.
+    Unix(UnixStream),
 }
 
 impl Conn {
-    /// The TCP socket underneath.
-    pub fn tcp(&self) -> &TcpStream {
+    /// The TCP socket underneath (none on the same-host socket).
+    pub fn tcp(&self) -> Option<&TcpStream> {
         match self {
-            Conn::Plain(s) => s,
-            Conn::Tls(s) => s.get_ref().0,
+            Conn::Plain(s) => Some(s),
+            Conn::Tls(s) => Some(s.get_ref().0),
+            Conn::Unix(_) => None,
         }
     }
 }
@@ -51,6 +80,7 @@ impl AsyncRead for Conn {
         match self.get_mut() {
             Conn::Plain(s) => Pin::new(s).poll_read(cx, buf),
             Conn::Tls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
+            Conn::Unix(s) => Pin::new(s).poll_read(cx, buf),
         }
     }
 }
@@ -64,6 +94,7 @@ impl AsyncWrite for Conn {
         match self.get_mut() {
             Conn::Plain(s) => Pin::new(s).poll_write(cx, buf),
             Conn::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
+            Conn::Unix(s) => Pin::new(s).poll_write(cx, buf),
         }
     }
     fn poll_write_vectored(
@@ -74,24 +105,28 @@ impl AsyncWrite for Conn {
         match self.get_mut() {
             Conn::Plain(s) => Pin::new(s).poll_write_vectored(cx, bufs),
             Conn::Tls(s) => Pin::new(s.as_mut()).poll_write_vectored(cx, bufs),
+            Conn::Unix(s) => Pin::new(s).poll_write_vectored(cx, bufs),
         }
     }
     fn is_write_vectored(&self) -> bool {
         match self {
             Conn::Plain(s) => s.is_write_vectored(),
             Conn::Tls(s) => s.is_write_vectored(),
+            Conn::Unix(s) => s.is_write_vectored(),
         }
     }
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
         match self.get_mut() {
             Conn::Plain(s) => Pin::new(s).poll_flush(cx),
             Conn::Tls(s) => Pin::new(s.as_mut()).poll_flush(cx),
+            Conn::Unix(s) => Pin::new(s).poll_flush(cx),
         }
     }
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
         match self.get_mut() {
             Conn::Plain(s) => Pin::new(s).poll_shutdown(cx),
             Conn::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
+            Conn::Unix(s) => Pin::new(s).poll_shutdown(cx),
         }
     }
 }
@@ -99,7 +134,7 @@ impl AsyncWrite for Conn {
 /// [`dial`] finished by `by`, or `UNAVAILABLE`.
 pub(super) async fn dial_by(
     by: Instant,
-    addr: SocketAddr,
+    addr: &Target,
     congestion: Option<&str>,
     token: Option<&str>,
     tls: Option<&WireTls>,
@@ -116,9 +151,25 @@ pub(super) async fn dial_by(
 }
 
 pub(super) async fn dial(
-    addr: SocketAddr,
+    addr: &Target,
     congestion: Option<&str>,
     token: Option<&str>,
+    tls: Option<&WireTls>,
+) -> Result<Conn> {
+    let s = match addr {
+        Target::Tcp(a) => dial_tcp(*a, congestion, tls).await?,
+        Target::Unix(p) => Conn::Unix(
+            UnixStream::connect(p)
+                .await
+                .map_err(|e| transport(e, addr))?,
+        ),
+    };
+    hello(s, addr, token).await
+}
+
+async fn dial_tcp(
+    addr: SocketAddr,
+    congestion: Option<&str>,
     tls: Option<&WireTls>,
 ) -> Result<Conn> {
     let tcp = TcpStream::connect(addr)
@@ -131,7 +182,7 @@ pub(super) async fn dial(
         // Best effort: the connection works either way, only its pacing differs.
         tracing::debug!(congestion = cc, error = %e, "data plane: congestion control refused");
     }
-    let mut s = match tls {
+    Ok(match tls {
         None => Conn::Plain(tcp),
         Some(t) => Conn::Tls(Box::new(
             t.connector
@@ -139,13 +190,17 @@ pub(super) async fn dial(
                 .await
                 .map_err(|e| transport(format!("TLS: {e}"), addr))?,
         )),
-    };
+    })
+}
+
+/// Authenticates a new connection with `token` (a Hello frame), if given.
+async fn hello(mut s: Conn, addr: &Target, token: Option<&str>) -> Result<Conn> {
     if let Some(token) = token {
         let hello = pb::WireHello {
             token: token.to_string(),
         }
         .encode_to_vec();
-        let f = exchange(&mut s, Kind::Hello, 0, hello, &[])
+        let f = exchange(&mut s, Kind::Hello, 0, hello, &[], &mut super::Sink::Owned)
             .await
             .map_err(|e| transport(e, addr))?;
         match f.header.kind {

@@ -1,33 +1,42 @@
 //! Client of the bulk data plane (docs/wire.md): Read and Write payloads over
-//! a pool of plain TCP connections, one request in flight per connection.
-//! `Client` uses it automatically when the server advertises a data-plane
-//! address (`Stats.data_listen`) and `ClientConfig::data_plane` is on.
+//! a pool of connections (TCP, TLS or the same-host socket), one request in
+//! flight per connection. `Client` uses it automatically when the server
+//! advertises a data-plane address (`Stats.data_listen`) or a same-host
+//! socket (`Stats.local_listen`, docs/local.md) and `ClientConfig::data_plane`
+//! is on. On the same-host socket payloads move by memory (`into`).
 use crate::{ClientError, ReadResult, Result, WriteBlock, WriteResult, to_read_block_checked};
 use bytes::Bytes;
 use kvtier_core::Key;
 use kvtier_proto::v1 as pb;
-use kvtier_proto::wire::{
-    HEADER_LEN, Header, Kind, check_lengths, read_exact_bytes, read_payloads_checked,
-    write_all_vectored,
-};
+use kvtier_proto::wire::Kind;
 use parking_lot::Mutex;
 use prost::Message;
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite};
 use tokio::sync::Semaphore;
 
 mod conn;
+mod frame;
+mod into;
 
 use conn::dial_by;
-pub use conn::{Conn, WireTls};
+pub use conn::{Conn, Target, WireTls};
+use frame::Sink;
+use frame::{Frame, exchange};
+pub use into::{FilledBlock, ReadIntoResult};
 
 /// A pool of data-plane connections. Cheap to clone.
 #[derive(Clone)]
 pub struct WireClient {
-    addr: SocketAddr,
+    addr: Target,
+    /// Whether payloads may move by memory (the same-host socket, until the
+    /// server says it cannot copy into this process).
+    copies: Arc<std::sync::atomic::AtomicBool>,
+    /// The process that opened the pool: a forked child must not use its
+    /// parent's connections (on the same-host socket the server would copy
+    /// into the parent's memory), so it dials its own.
+    owner: Arc<AtomicU64>,
     idle: Arc<Mutex<Vec<Conn>>>,
     slots: Arc<Semaphore>,
     next_id: Arc<AtomicU64>,
@@ -44,9 +53,11 @@ pub struct WireClient {
     pool: usize,
     /// Most stripes one read is split into (1: never split).
     max_stripes: usize,
+    /// Largest request the server accepts: writes are split to fit.
+    max_request: Arc<AtomicU64>,
 }
 
-fn transport(e: impl std::fmt::Display, addr: SocketAddr) -> ClientError {
+fn transport(e: impl std::fmt::Display, addr: impl std::fmt::Display) -> ClientError {
     ClientError::Status(tonic::Status::unavailable(format!(
         "data plane {addr}: {e}"
     )))
@@ -55,14 +66,18 @@ fn transport(e: impl std::fmt::Display, addr: SocketAddr) -> ClientError {
 impl WireClient {
     /// Opens `connections` connections to `addr` (system default congestion
     /// control), each within `timeout`.
-    pub async fn connect(addr: SocketAddr, connections: usize, timeout: Duration) -> Result<Self> {
+    pub async fn connect(
+        addr: impl Into<Target>,
+        connections: usize,
+        timeout: Duration,
+    ) -> Result<Self> {
         Self::connect_with(addr, connections, timeout, None).await
     }
 
     /// Opens `connections` connections to `addr` using TCP congestion control
     /// `congestion` where the kernel allows it (the system default otherwise).
     pub async fn connect_with(
-        addr: SocketAddr,
+        addr: impl Into<Target>,
         connections: usize,
         timeout: Duration,
         congestion: Option<&str>,
@@ -73,7 +88,7 @@ impl WireClient {
     /// Like [`WireClient::connect_with`], authenticating every connection with
     /// `token` (a Hello frame, docs/wire.md) when one is given.
     pub async fn connect_authenticated(
-        addr: SocketAddr,
+        addr: impl Into<Target>,
         connections: usize,
         timeout: Duration,
         congestion: Option<&str>,
@@ -89,7 +104,7 @@ impl WireClient {
     /// never answers, or an address nobody answers, fails with `UNAVAILABLE`
     /// after `connect_timeout` instead of hanging.
     pub async fn connect_tls(
-        addr: SocketAddr,
+        addr: impl Into<Target>,
         connections: usize,
         timeout: Duration,
         connect_timeout: Duration,
@@ -97,6 +112,7 @@ impl WireClient {
         token: Option<&str>,
         tls: Option<WireTls>,
     ) -> Result<Self> {
+        let addr: Target = addr.into();
         let n = connections.max(1);
         let congestion: Option<Arc<str>> = congestion.filter(|c| !c.is_empty()).map(Arc::from);
         let token: Option<Arc<str>> = token.filter(|t| !t.is_empty()).map(Arc::from);
@@ -104,15 +120,18 @@ impl WireClient {
         let idle = futures::future::try_join_all((0..n).map(|_| {
             dial_by(
                 by,
-                addr,
+                &addr,
                 congestion.as_deref(),
                 token.as_deref(),
                 tls.as_ref(),
             )
         }))
         .await?;
+        let copies = matches!(addr, Target::Unix(_));
         Ok(Self {
             addr,
+            copies: Arc::new(copies.into()),
+            owner: Arc::new(AtomicU64::new(std::process::id().into())),
             idle: Arc::new(Mutex::new(idle)),
             slots: Arc::new(Semaphore::new(n)),
             next_id: Arc::new(AtomicU64::new(1)),
@@ -123,7 +142,18 @@ impl WireClient {
             tls,
             pool: n,
             max_stripes: MAX_STRIPES,
+            max_request: Arc::new(AtomicU64::new(DEFAULT_MAX_REQUEST)),
         })
+    }
+
+    /// The largest request the server accepts (`Stats.max_message_size`;
+    /// default 256 MiB, the server's default): writes are split to fit.
+    pub fn with_max_request(self, bytes: u64) -> Self {
+        if bytes > 0 {
+            self.max_request
+                .store(bytes.min(u64::from(u32::MAX)), Ordering::Relaxed);
+        }
+        self
     }
 
     /// Splits long reads over at most `n` connections (1: never; the default
@@ -143,9 +173,27 @@ impl WireClient {
             .max(1)
     }
 
-    /// The server's data-plane address.
-    pub fn addr(&self) -> SocketAddr {
-        self.addr
+    /// Where the server's data plane is.
+    pub fn addr(&self) -> &Target {
+        &self.addr
+    }
+
+    /// Whether payloads move by memory (the same-host socket, and the server
+    /// can copy into this process) rather than through the socket.
+    pub fn copies_by_memory(&self) -> bool {
+        self.copies.load(Ordering::Relaxed)
+    }
+
+    /// Idle connections, unless this is a forked child of the process that
+    /// opened them: then none (the child dials its own).
+    fn take_idle(&self) -> Option<Conn> {
+        let me = u64::from(std::process::id());
+        if self.owner.swap(me, Ordering::AcqRel) != me {
+            // Dropping them closes only this process's copies of the sockets.
+            self.idle.lock().clear();
+            return None;
+        }
+        self.idle.lock().pop()
     }
 
     /// One request/response exchange on a pooled connection, all of it
@@ -157,15 +205,28 @@ impl WireClient {
         data: &[Bytes],
         deadline: Instant,
     ) -> Result<Frame> {
+        self.call_into(kind, meta, data, deadline, &mut Sink::Owned)
+            .await
+    }
+
+    /// [`WireClient::call`], a ReadReply's payloads going where `sink` says.
+    async fn call_into(
+        &self,
+        kind: Kind,
+        meta: Vec<u8>,
+        data: &[Bytes],
+        deadline: Instant,
+        sink: &mut Sink<'_, '_>,
+    ) -> Result<Frame> {
         let r = tokio::time::timeout_at(deadline.into(), async {
             let _slot = self.slots.acquire().await.expect("never closed");
-            let conn = self.idle.lock().pop();
+            let conn = self.take_idle();
             let mut sock = match conn {
                 Some(s) => s,
                 None => {
                     dial_by(
                         deadline.min(Instant::now() + self.connect_timeout),
-                        self.addr,
+                        &self.addr,
                         self.congestion.as_deref(),
                         self.token.as_deref(),
                         self.tls.as_ref(),
@@ -174,7 +235,7 @@ impl WireClient {
                 }
             };
             let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-            match exchange(&mut sock, kind, id, meta, data).await {
+            match exchange(&mut sock, kind, id, meta, data, sink).await {
                 Ok(f) => {
                     if reusable(&f) {
                         self.idle.lock().push(sock);
@@ -186,7 +247,7 @@ impl WireClient {
                 // went away, so the idle connections go too and a retry dials fresh.
                 Err(e) => {
                     self.idle.lock().clear();
-                    Err(transport(e, self.addr))
+                    Err(transport(e, &self.addr))
                 }
             }
         })
@@ -281,7 +342,7 @@ impl WireClient {
             if more.blocks.is_empty() && more.reason == SIZE {
                 return Err(transport(
                     "a reply ended for size without a block",
-                    self.addr,
+                    &self.addr,
                 ));
             }
             out.blocks.extend(more.blocks.into_iter().map(|mut b| {
@@ -320,7 +381,7 @@ impl WireClient {
         expect(f.header.kind, Kind::ReadReply, &f.meta)?;
         let reply = f
             .read_reply
-            .ok_or_else(|| transport("read reply", self.addr))?;
+            .ok_or_else(|| transport("read reply", &self.addr))?;
         if reply.blocks.len() != f.payloads.len() {
             return Err(transport(
                 format!(
@@ -328,7 +389,7 @@ impl WireClient {
                     reply.blocks.len(),
                     f.payloads.len()
                 ),
-                self.addr,
+                &self.addr,
             ));
         }
         let mut out = ReadResult {
@@ -357,39 +418,17 @@ impl WireClient {
             .await
     }
 
-    /// [`WireClient::write`], all of it before `deadline`.
+    /// [`WireClient::write`], all of it before `deadline`. A batch larger
+    /// than the server takes in one request ([`WireClient::with_max_request`])
+    /// goes as several requests, in order; each is stored whole or not at
+    /// all, and a failed one fails the call after the earlier ones were stored.
     pub async fn write_by(
         &self,
         ns: &str,
         blocks: &[WriteBlock],
         deadline: Instant,
     ) -> Result<WriteResult> {
-        let total: u64 = blocks.iter().map(|b| b.payload.len() as u64).sum();
-        if total > u64::from(u32::MAX) {
-            return Err(ClientError::Invalid(format!(
-                "a data-plane write carries at most {} bytes, this one {total}: split the batch",
-                u32::MAX
-            )));
-        }
-        let req = pb::WireWriteRequest {
-            request: Some(pb::WriteRequest {
-                namespace: ns.to_string(),
-                blocks: blocks.iter().map(|b| b.to_pb(Bytes::new())).collect(),
-            }),
-            payload_lengths: blocks.iter().map(|b| b.payload.len() as u64).collect(),
-            timeout_ms: server_timeout_ms(deadline),
-        };
-        let data: Vec<Bytes> = blocks.iter().map(|b| b.payload.clone()).collect();
-        let f = self
-            .call(Kind::Write, req.encode_to_vec(), &data, deadline)
-            .await?;
-        expect(f.header.kind, Kind::WriteReply, &f.meta)?;
-        let r = pb::WriteResponse::decode(f.meta).map_err(|e| transport(e, self.addr))?;
-        Ok(WriteResult {
-            stored: r.stored,
-            existing: r.existing,
-            timing: r.timing.unwrap_or_default(),
-        })
+        self.write_split(ns, blocks, deadline).await
     }
 }
 
@@ -416,6 +455,9 @@ fn stripe_bounds(len: usize, n: usize) -> Vec<std::ops::Range<usize>> {
         })
         .collect()
 }
+
+/// The server's default `server.max_message_size`, until it says otherwise.
+const DEFAULT_MAX_REQUEST: u64 = 256 << 20;
 
 /// Largest read reply accepted (as the gRPC clients' message limit).
 const MAX_REPLY: u64 = 512 << 20;
@@ -470,68 +512,6 @@ fn reusable(f: &Frame) -> bool {
     f.header.kind != Kind::Error
         || pb::WireError::decode(f.meta.clone())
             .is_ok_and(|e| tonic::Code::from(e.code) == tonic::Code::Unavailable)
-}
-
-/// One reply frame. A `ReadReply`'s payloads are checksummed while they
-/// arrive (`payloads`: each with its CRC32C), so verification overlaps the
-/// transfer.
-struct Frame {
-    header: Header,
-    meta: Bytes,
-    /// Decoded metadata of a `ReadReply`.
-    read_reply: Option<pb::WireReadReply>,
-    payloads: Vec<(Bytes, u32)>,
-}
-
-async fn exchange<S: AsyncRead + AsyncWrite + Unpin>(
-    sock: &mut S,
-    kind: Kind,
-    id: u64,
-    meta: Vec<u8>,
-    data: &[Bytes],
-) -> std::io::Result<Frame> {
-    let invalid = |e: String| std::io::Error::new(std::io::ErrorKind::InvalidData, e);
-    let data_len: usize = data.iter().map(Bytes::len).sum();
-    let header = Header {
-        kind,
-        request_id: id,
-        meta_len: meta.len() as u32,
-        data_len: data_len as u32,
-    }
-    .encode();
-    let mut parts: Vec<&[u8]> = vec![&header, &meta];
-    parts.extend(data.iter().map(|b| &b[..]));
-    write_all_vectored(sock, &parts).await?;
-    let mut raw = [0u8; HEADER_LEN];
-    sock.read_exact(&mut raw).await?;
-    let h = Header::decode(&raw).map_err(invalid)?;
-    if h.request_id != id && h.kind != Kind::Error {
-        return Err(invalid(format!(
-            "reply to request {} while waiting for {id}",
-            h.request_id
-        )));
-    }
-    // Into uninitialised buffers: no memset of the payload before the socket fills it.
-    let m = read_exact_bytes(sock, h.meta_len as usize).await?;
-    let read_reply = match h.kind {
-        Kind::ReadReply => Some(
-            pb::WireReadReply::decode(m.clone())
-                .map_err(|e| invalid(format!("bad read reply: {e}")))?,
-        ),
-        _ => None,
-    };
-    let whole = [u64::from(h.data_len)];
-    let lengths = read_reply
-        .as_ref()
-        .map_or(&whole[..], |r| &r.payload_lengths);
-    check_lengths(lengths, h.data_len.into()).map_err(invalid)?;
-    let payloads = read_payloads_checked(sock, lengths).await?;
-    Ok(Frame {
-        header: h,
-        meta: m,
-        read_reply,
-        payloads,
-    })
 }
 
 #[cfg(test)]
@@ -593,17 +573,20 @@ mod tests {
         let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = l.local_addr().unwrap();
         let cc = |s: &Conn| {
-            let v = socket2::SockRef::from(s.tcp()).tcp_congestion().unwrap();
+            let v = socket2::SockRef::from(s.tcp().unwrap())
+                .tcp_congestion()
+                .unwrap();
             String::from_utf8_lossy(&v)
                 .trim_end_matches('\0')
                 .to_string()
         };
-        let s = dial(addr, Some("reno"), None, None).await.unwrap();
+        let addr = Target::Tcp(addr);
+        let s = dial(&addr, Some("reno"), None, None).await.unwrap();
         assert_eq!(cc(&s), "reno");
         // Unknown: the connection still works, on the system default.
-        let s = dial(addr, Some("nosuchcc"), None, None).await.unwrap();
+        let s = dial(&addr, Some("nosuchcc"), None, None).await.unwrap();
         assert!(!cc(&s).is_empty());
-        let s = dial(addr, None, None, None).await.unwrap();
+        let s = dial(&addr, None, None, None).await.unwrap();
         assert!(!cc(&s).is_empty());
     }
 }

@@ -351,6 +351,7 @@ impl KvTier for V1Service {
         let arrived = state::arrival(request.extensions());
         this.serve("stats", arrived, async |clock| {
             let s = this.shared.engine.stats();
+            let adv = &this.shared.advertise;
             Ok(pb::StatsResponse {
                 tiers: s
                     .tiers
@@ -368,12 +369,14 @@ impl KvTier for V1Service {
                 active_leases: s.active_leases,
                 expired_blocks: s.tiers.iter().map(|(_, t)| t.expirations).sum(),
                 version: env!("CARGO_PKG_VERSION").to_string(),
-                data_listen: this
-                    .shared
+                data_listen: adv
                     .data_addr
                     .get()
                     .map(|a| a.to_string())
                     .unwrap_or_default(),
+                local_listen: adv.local_path.get().cloned().unwrap_or_default(),
+                max_message_size: adv.max_message_size,
+                instance_id: adv.instance_id,
                 cluster_self: this.shared.cluster_self.clone(),
                 timing: Some(clock.finish()),
             })

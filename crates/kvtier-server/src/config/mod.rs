@@ -270,6 +270,13 @@ pub struct ServerSection {
     /// "auto" (the first gRPC listener's host, port + 1; an ephemeral port when
     /// that listener's port is 0) or "" to disable it.
     pub data_listen: String,
+    /// Same-host Unix socket (docs/local.md): gRPC and the data plane, with
+    /// payloads copied by memory; "" (the default) disables it.
+    pub local_listen: String,
+    /// The socket file's mode, octal (default "0600": its owner only).
+    pub local_mode: String,
+    /// The socket file's owner, "UID" or "UID:GID"; "" keeps the server's.
+    pub local_owner: String,
     /// TCP congestion control of data-plane connections (set on the listener,
     /// inherited by every accepted connection); "" keeps the system default.
     /// Default "" (the system default), so kvtier's sockets run what every
@@ -340,6 +347,9 @@ impl Default for ServerSection {
             numa: false,
             http_listen: "127.0.0.1:8080".into(),
             data_listen: "auto".into(),
+            local_listen: String::new(),
+            local_mode: "0600".into(),
+            local_owner: String::new(),
             data_tcp_congestion: String::new(),
             concurrency_limit: crate::admission::Mode::Static,
             max_inflight: 1024,
@@ -408,6 +418,9 @@ impl EngineSection {
 }
 
 pub use crate::numa::ListenSpec;
+pub use listen::LocalSocket;
+
+mod listen;
 
 impl Config {
     /// Reads and validates a TOML file.
@@ -458,6 +471,7 @@ impl Config {
             })?;
         }
         self.data_listen()?;
+        self.local_socket()?;
         let cc = &self.server.data_tcp_congestion;
         if cc.len() > 15 || !cc.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_') {
             anyhow::bail!(
@@ -550,40 +564,6 @@ impl Config {
             0 => self.engine.memory_capacity.bytes() / 10 * 11 + self.request_memory() + (64 << 20),
             n => n,
         }
-    }
-
-    /// The data-plane address, resolving "auto"; `None` when disabled.
-    pub fn data_listen(&self) -> anyhow::Result<Option<SocketAddr>> {
-        match self.server.data_listen.as_str() {
-            "" => Ok(None),
-            "auto" => {
-                let first = self.listeners()?.into_iter().next().map(|l| l.addr);
-                let mut a = first.ok_or_else(|| {
-                    anyhow::anyhow!("server.data_listen = \"auto\" needs a gRPC listener")
-                })?;
-                if a.port() != 0 {
-                    a.set_port(
-                        a.port()
-                            .checked_add(1)
-                            .ok_or_else(|| anyhow::anyhow!("no port after {a}"))?,
-                    );
-                }
-                Ok(Some(a))
-            }
-            s => s.parse::<SocketAddr>().map(Some).map_err(|e| {
-                anyhow::anyhow!("server.data_listen {s:?}: {e} (an address, \"auto\" or \"\")")
-            }),
-        }
-    }
-
-    /// Parsed gRPC listeners (expanded per NUMA node when `server.numa` is set).
-    pub fn listeners(&self) -> anyhow::Result<Vec<ListenSpec>> {
-        let list = if self.server.numa {
-            crate::numa::listeners_for(&self.server.listen[0])?
-        } else {
-            self.server.listen.clone()
-        };
-        list.iter().map(|s| ListenSpec::parse(s)).collect()
     }
 }
 

@@ -28,11 +28,12 @@ use kvtier_proto::wire::{
     write_all_vectored,
 };
 use prost::Message;
-use std::future::Future;
-use std::pin::Pin;
-use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
+use taken::Taken;
 use tokio::io::{AsyncWrite, AsyncWriteExt};
+
+mod local_copy;
+mod taken;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
@@ -257,7 +258,11 @@ pub(crate) async fn connection<S: FrameStream>(
         };
         // Shed before any work when the request already queued in its
         // socket longer than the front's limit allows (docs/operations.md).
-        if matches!(header.kind, Kind::Read | Kind::Write) && shared.admission.too_late(waited) {
+        if matches!(
+            header.kind,
+            Kind::Read | Kind::Write | Kind::ReadInto | Kind::WriteFrom
+        ) && shared.admission.too_late(waited)
+        {
             within(by, discard(&mut sock, header.data_len.into())).await?;
             let status = shared.shed(crate::admission::Refused::Late);
             write_reply(&mut sock, idle, header.request_id, status_reply(status)).await?;
@@ -299,6 +304,24 @@ pub(crate) async fn connection<S: FrameStream>(
                     write_rejected(&shared, arrived, status)
                 }
             },
+            // Payloads copied by memory: only where the peer is a process on
+            // this host (the same-host front, docs/local.md).
+            Kind::ReadInto | Kind::WriteFrom => {
+                within(by, discard(&mut sock, header.data_len.into())).await?;
+                match sock.peer_pid() {
+                    Some(pid) if header.kind == Kind::ReadInto => {
+                        local_copy::read_into(&shared, &who, meta, arrived, pid).await
+                    }
+                    Some(pid) => {
+                        local_copy::write_from(&shared, &who, meta, arrived, max_frame, pid).await
+                    }
+                    None => error_reply(
+                        tonic::Code::FailedPrecondition,
+                        "ReadInto/WriteFrom are served only on the same-host socket \
+                         (server.local_listen, docs/local.md); send Read/Write",
+                    ),
+                }
+            }
             other => {
                 within(by, discard(&mut sock, header.data_len.into())).await?;
                 error_reply(
@@ -355,68 +378,6 @@ async fn write_reply<S: AsyncWrite + Unpin>(
     };
     write_all_vectored(&mut taken, &parts).await?;
     taken.flush().await
-}
-
-/// A writer whose write fails once it has waited `idle` for the client to
-/// take more bytes (see [`write_reply`]).
-struct Taken<'a, S> {
-    io: &'a mut S,
-    idle: Duration,
-    /// Armed while a write waits on the client; disarmed by progress.
-    stall: Option<Pin<Box<tokio::time::Sleep>>>,
-}
-
-impl<S> Taken<'_, S> {
-    fn waited<T>(
-        &mut self,
-        cx: &mut Context<'_>,
-        polled: Poll<std::io::Result<T>>,
-    ) -> Poll<std::io::Result<T>> {
-        if polled.is_ready() {
-            self.stall = None;
-            return polled;
-        }
-        let idle = self.idle;
-        let stall = self
-            .stall
-            .get_or_insert_with(|| Box::pin(tokio::time::sleep(idle)));
-        match stall.as_mut().poll(cx) {
-            Poll::Ready(()) => Poll::Ready(Err(std::io::Error::new(
-                std::io::ErrorKind::TimedOut,
-                "reply not taken within server.idle_timeout: the client stopped reading",
-            ))),
-            Poll::Pending => Poll::Pending,
-        }
-    }
-}
-
-impl<S: AsyncWrite + Unpin> AsyncWrite for Taken<'_, S> {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<std::io::Result<usize>> {
-        let polled = Pin::new(&mut *self.io).poll_write(cx, buf);
-        self.waited(cx, polled)
-    }
-    fn poll_write_vectored(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[std::io::IoSlice<'_>],
-    ) -> Poll<std::io::Result<usize>> {
-        let polled = Pin::new(&mut *self.io).poll_write_vectored(cx, bufs);
-        self.waited(cx, polled)
-    }
-    fn is_write_vectored(&self) -> bool {
-        self.io.is_write_vectored()
-    }
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        let polled = Pin::new(&mut *self.io).poll_flush(cx);
-        self.waited(cx, polled)
-    }
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut *self.io).poll_shutdown(cx)
-    }
 }
 
 fn status_reply(s: tonic::Status) -> Reply {

@@ -1,0 +1,395 @@
+//! Reads into the caller's own buffers and writes from them: on the
+//! same-host socket by memory (ReadInto/WriteFrom: the server copies straight
+//! between its store and this process's buffers, docs/local.md), elsewhere
+//! received from the socket straight into the buffers, each payload
+//! checksummed as it arrives. Writes larger than the server accepts in one
+//! request are split to fit (`Stats.max_message_size`).
+use super::frame::Sink;
+use super::{
+    Frame, SIZE, WireClient, add_timing, expect, server_timeout_ms, stripe_bounds, transport,
+};
+use crate::{ClientError, Result, WriteBlock, WriteResult};
+use bytes::Bytes;
+use kvtier_core::Key;
+use kvtier_proto::v1 as pb;
+use kvtier_proto::wire::Kind;
+use prost::Message;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+/// A block read into the caller's buffer.
+#[derive(Debug, Clone)]
+pub struct FilledBlock {
+    /// Position in the request (and so the buffer it is in).
+    pub index: usize,
+    /// Key.
+    pub key: Key,
+    /// Parent key.
+    pub parent: Option<Key>,
+    /// Tokens covered (0 when the read fell back to gRPC, whose blocks do
+    /// not carry it to this client).
+    pub token_count: u32,
+    /// Payload bytes now at the start of the buffer.
+    pub len: usize,
+    /// Tier it was served from.
+    pub tier: pb::Tier,
+}
+
+/// Result of a read into the caller's buffers.
+#[derive(Debug, Clone)]
+pub struct ReadIntoResult {
+    /// Blocks in request order (a prefix of the request).
+    pub blocks: Vec<FilledBlock>,
+    /// True when fewer than requested were returned.
+    pub partial: bool,
+    /// `missing`, `deadline` or empty.
+    pub reason: String,
+    /// Server timing.
+    pub timing: pb::ServerTiming,
+}
+
+/// How long past its deadline a read by memory waits for the server's
+/// answer before giving up: the server starts no copy after the deadline it
+/// was sent (90 % of ours), so the answer normally comes well within it, and
+/// the caller's buffers are not handed back while a copy may still land.
+const COPY_GRACE: Duration = Duration::from_secs(2);
+
+impl WireClient {
+    /// Reads `keys` in order into `dests` (block `i` into `dests[i]`, which
+    /// must hold it), stopping at the first missing block; long reads are
+    /// striped as [`WireClient::read`]. On the same-host socket the server
+    /// copies the blocks into the buffers itself; elsewhere they are received
+    /// into them, each checksum verified.
+    pub async fn read_into_by(
+        &self,
+        ns: &str,
+        keys: &[Key],
+        lease_id: u64,
+        dests: &mut [&mut [u8]],
+        deadline: Instant,
+    ) -> Result<ReadIntoResult> {
+        if dests.len() != keys.len() {
+            return Err(ClientError::Invalid(format!(
+                "{} keys but {} buffers",
+                keys.len(),
+                dests.len()
+            )));
+        }
+        let n = self.stripes_for(keys.len());
+        let runs = stripe_bounds(keys.len(), n);
+        let mut parts_of: Vec<&mut [&mut [u8]]> = Vec::with_capacity(n);
+        let mut rest = dests;
+        for r in &runs {
+            let (a, b) = rest.split_at_mut(r.len());
+            parts_of.push(a);
+            rest = b;
+        }
+        let parts = futures::future::join_all(
+            runs.iter()
+                .zip(parts_of)
+                .map(|(r, d)| self.read_into_run(ns, &keys[r.clone()], lease_id, d, deadline)),
+        )
+        .await;
+        let mut out = ReadIntoResult {
+            blocks: Vec::with_capacity(keys.len()),
+            partial: false,
+            reason: String::new(),
+            timing: Default::default(),
+        };
+        for (range, part) in runs.into_iter().zip(parts) {
+            let part = part?;
+            let complete = part.blocks.len() == range.len();
+            out.blocks.extend(part.blocks.into_iter().map(|mut b| {
+                b.index += range.start;
+                b
+            }));
+            add_timing(&mut out.timing, &part.timing);
+            out.reason = part.reason;
+            if !complete {
+                break;
+            }
+        }
+        out.partial = out.blocks.len() < keys.len();
+        Ok(out)
+    }
+
+    /// One run of keys, continuing replies that stopped for size.
+    async fn read_into_run(
+        &self,
+        ns: &str,
+        keys: &[Key],
+        lease_id: u64,
+        dests: &mut [&mut [u8]],
+        deadline: Instant,
+    ) -> Result<ReadIntoResult> {
+        let mut out = ReadIntoResult {
+            blocks: Vec::new(),
+            partial: false,
+            reason: String::new(),
+            timing: Default::default(),
+        };
+        loop {
+            let from = out.blocks.len();
+            let more = self
+                .read_into_once(ns, &keys[from..], lease_id, &mut dests[from..], deadline)
+                .await?;
+            let got = more.blocks.len();
+            out.blocks.extend(more.blocks.into_iter().map(|mut b| {
+                b.index += from;
+                b
+            }));
+            add_timing(&mut out.timing, &more.timing);
+            out.reason = more.reason;
+            if out.reason != SIZE || out.blocks.len() >= keys.len() {
+                break;
+            }
+            if got == 0 {
+                return Err(transport(
+                    "a reply ended for size without a block",
+                    &self.addr,
+                ));
+            }
+        }
+        out.partial = out.blocks.len() < keys.len();
+        Ok(out)
+    }
+
+    /// One request: by memory where the server can copy into this process,
+    /// else over the socket into the buffers.
+    async fn read_into_once(
+        &self,
+        ns: &str,
+        keys: &[Key],
+        lease_id: u64,
+        dests: &mut [&mut [u8]],
+        deadline: Instant,
+    ) -> Result<ReadIntoResult> {
+        let read = pb::WireReadRequest {
+            request: Some(pb::ReadRequest {
+                namespace: ns.to_string(),
+                keys: keys.iter().map(Key::bytes).collect(),
+                lease_id,
+            }),
+            timeout_ms: server_timeout_ms(deadline),
+            max_reply_bytes: super::MAX_REPLY,
+        };
+        if self.copies_by_memory() {
+            let req = pb::WireReadIntoRequest {
+                dest: dests
+                    .iter_mut()
+                    .map(|d| pb::Region {
+                        addr: d.as_mut_ptr() as u64,
+                        len: d.len() as u64,
+                    })
+                    .collect(),
+                read: Some(read.clone()),
+            };
+            // Waited for past the deadline (see COPY_GRACE): the server may
+            // be copying into `dests` until it answers.
+            let f = self
+                .call(
+                    Kind::ReadInto,
+                    req.encode_to_vec(),
+                    &[],
+                    deadline + COPY_GRACE,
+                )
+                .await?;
+            match expect(f.header.kind, Kind::ReadIntoReply, &f.meta) {
+                Ok(()) => return self.filled(f, None),
+                Err(e) if self.no_copies(&e) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        let f = self
+            .call_into(
+                Kind::Read,
+                read.encode_to_vec(),
+                &[],
+                deadline,
+                &mut Sink::Into(dests),
+            )
+            .await?;
+        expect(f.header.kind, Kind::ReadReply, &f.meta)?;
+        let filled = f.filled.clone();
+        self.filled(f, Some(filled))
+    }
+
+    /// The result of a reply whose payloads are in the caller's buffers;
+    /// `received` (over the socket) carries each one's length and CRC32C.
+    fn filled(
+        &self,
+        f: Frame,
+        received: Option<Vec<std::result::Result<(usize, u32), usize>>>,
+    ) -> Result<ReadIntoResult> {
+        let reply = f
+            .read_reply
+            .ok_or_else(|| transport("read reply", &self.addr))?;
+        let mut out = ReadIntoResult {
+            blocks: Vec::with_capacity(reply.blocks.len()),
+            partial: false,
+            reason: String::new(),
+            timing: Default::default(),
+        };
+        for (i, b) in reply.blocks.into_iter().enumerate() {
+            let len =
+                *reply.payload_lengths.get(i).ok_or_else(|| {
+                    transport("read reply has fewer lengths than blocks", &self.addr)
+                })? as usize;
+            let crc = match received.as_ref().map(|r| r.get(i).copied()) {
+                // By memory: the server verified the block when it was
+                // stored and copied it from its own memory (docs/local.md).
+                None => None,
+                Some(Some(Ok((_, crc)))) => Some(crc),
+                Some(Some(Err(j))) => {
+                    return Err(ClientError::Invalid(format!(
+                        "buffer {j} holds fewer bytes than its block ({len})"
+                    )));
+                }
+                Some(None) => return Err(transport("read reply: payload missing", &self.addr)),
+            };
+            let tier = b.tier;
+            let index = b.index as usize;
+            let blk = b
+                .block
+                .ok_or_else(|| transport("a ReadBlock without a block", &self.addr))?;
+            if let Some(actual) = crc
+                && actual != blk.crc32c
+            {
+                return Err(ClientError::Status(tonic::Status::data_loss(format!(
+                    "block {} arrived with crc32c {actual:#010x}, expected {:#010x}",
+                    hex::encode(&blk.key),
+                    blk.crc32c
+                ))));
+            }
+            out.blocks.push(FilledBlock {
+                index,
+                key: Key::new(blk.key).map_err(|e| ClientError::Invalid(e.message))?,
+                parent: (!blk.parent_key.is_empty())
+                    .then(|| Key::new(blk.parent_key))
+                    .transpose()
+                    .map_err(|e| ClientError::Invalid(e.message))?,
+                token_count: blk.token_count,
+                len,
+                tier: pb::Tier::try_from(tier).unwrap_or_default(),
+            });
+        }
+        if let Some(d) = reply.done {
+            out.partial = d.partial;
+            out.reason = d.reason;
+            out.timing = d.timing.unwrap_or_default();
+        }
+        Ok(out)
+    }
+
+    /// Whether `e` says the server cannot copy into this process; if so,
+    /// copies are off for this pool from now on (logged once) and the
+    /// caller falls back to the socket.
+    fn no_copies(&self, e: &ClientError) -> bool {
+        if e.code() != Some(tonic::Code::FailedPrecondition) {
+            return false;
+        }
+        if self.copies.swap(false, Ordering::AcqRel) {
+            tracing::warn!(
+                target = %self.addr,
+                error = %e,
+                "kvtier: the server cannot copy into this process; payloads go through the socket"
+            );
+        }
+        true
+    }
+
+    /// Writes blocks, split into requests of at most `max_request` bytes
+    /// each; by memory on the same-host socket.
+    pub(super) async fn write_split(
+        &self,
+        ns: &str,
+        blocks: &[WriteBlock],
+        deadline: Instant,
+    ) -> Result<WriteResult> {
+        let max = self.max_request.load(Ordering::Relaxed).max(1);
+        // A block that alone exceeds the limit can never be stored: say so
+        // before anything is sent (the server would refuse the frame).
+        if let Some((i, b)) = blocks
+            .iter()
+            .enumerate()
+            .find(|(_, b)| b.payload.len() as u64 + 256 > max)
+        {
+            return Err(ClientError::Invalid(format!(
+                "block {i} is {} bytes, more than the server accepts in one request \
+                 ({max} bytes, its server.max_message_size)",
+                b.payload.len()
+            )));
+        }
+        let mut total = WriteResult {
+            stored: 0,
+            existing: 0,
+            timing: Default::default(),
+        };
+        let mut start = 0;
+        while start < blocks.len() {
+            let mut end = start;
+            let mut bytes = 0u64;
+            while end < blocks.len() {
+                // Room for each block's metadata besides its payload.
+                let size = blocks[end].payload.len() as u64 + 256;
+                if end > start && bytes + size > max {
+                    break;
+                }
+                bytes += size;
+                end += 1;
+            }
+            let r = self.write_one(ns, &blocks[start..end], deadline).await?;
+            total.stored += r.stored;
+            total.existing += r.existing;
+            add_timing(&mut total.timing, &r.timing);
+            start = end;
+        }
+        Ok(total)
+    }
+
+    async fn write_one(
+        &self,
+        ns: &str,
+        blocks: &[WriteBlock],
+        deadline: Instant,
+    ) -> Result<WriteResult> {
+        let write = pb::WireWriteRequest {
+            request: Some(pb::WriteRequest {
+                namespace: ns.to_string(),
+                blocks: blocks.iter().map(|b| b.to_pb(Bytes::new())).collect(),
+            }),
+            payload_lengths: blocks.iter().map(|b| b.payload.len() as u64).collect(),
+            timeout_ms: server_timeout_ms(deadline),
+        };
+        let f = if self.copies_by_memory() {
+            let req = pb::WireWriteFromRequest {
+                source: blocks.iter().map(|b| b.payload.as_ptr() as u64).collect(),
+                write: Some(write.clone()),
+            };
+            let f = self
+                .call(Kind::WriteFrom, req.encode_to_vec(), &[], deadline)
+                .await?;
+            match expect(f.header.kind, Kind::WriteReply, &f.meta) {
+                Err(e) if self.no_copies(&e) => None,
+                _ => Some(f),
+            }
+        } else {
+            None
+        };
+        let f = match f {
+            Some(f) => f,
+            None => {
+                let data: Vec<Bytes> = blocks.iter().map(|b| b.payload.clone()).collect();
+                self.call(Kind::Write, write.encode_to_vec(), &data, deadline)
+                    .await?
+            }
+        };
+        expect(f.header.kind, Kind::WriteReply, &f.meta)?;
+        let r = pb::WriteResponse::decode(f.meta).map_err(|e| transport(e, &self.addr))?;
+        Ok(WriteResult {
+            stored: r.stored,
+            existing: r.existing,
+            timing: r.timing.unwrap_or_default(),
+        })
+    }
+}

@@ -1,0 +1,304 @@
+//! ReadInto and WriteFrom: Read and Write whose payloads move by memory, not
+//! through the socket, for a client on this host (the same-host front,
+//! docs/local.md).
+//!
+//! The client names regions of its own address space; the server copies each
+//! block from the store's buffer straight into the client's region
+//! (`process_vm_writev`), or each payload out of the client's memory into one
+//! fresh buffer (`process_vm_readv`), checksumming it while it is still in
+//! cache. One CPU copy either way, into or out of memory the caller
+//! allocated itself (a torch tensor, a pinned staging buffer). The server
+//! never maps or exposes its own memory, so a client only ever receives the
+//! blocks its token may read, exactly as over the socket.
+//!
+//! Safety of the client's memory: a copy into it starts only while the
+//! request's deadline has not passed (checked before each block), and the
+//! client waits for the reply (or the connection's end) before it reuses its
+//! buffers; see docs/local.md for the one window this leaves.
+use super::{Reply, status_reply, write, write_rejected};
+use crate::auth::Principal;
+use crate::state::{self, Shared};
+use crate::timing::Clock;
+use bytes::{Bytes, BytesMut};
+use kvtier_proto::bounded;
+use kvtier_proto::v1 as pb;
+use kvtier_proto::wire::{Kind, check_lengths};
+use nix::errno::Errno;
+use nix::sys::uio::{RemoteIoVec, process_vm_readv, process_vm_writev};
+use nix::unistd::Pid;
+use prost::Message;
+use std::io::{IoSlice, IoSliceMut};
+use std::time::{Duration, Instant};
+
+const API: &str = "local";
+
+/// Bytes copied per system call on writes: small enough that the CRC32C
+/// pass right after it reads from cache, large enough that the calls cost
+/// nothing next to the copy.
+const CHUNK: usize = 1 << 20;
+
+/// Why a copy between processes failed.
+enum CopyError {
+    /// The server may not touch the client's memory at all (no ptrace
+    /// rights, the process gone or invisible from here): FAILED_PRECONDITION,
+    /// and the client sends bytes over the socket instead.
+    Denied(Errno),
+    /// A region is not readable/writable memory of the client.
+    Fault(usize),
+}
+
+impl CopyError {
+    fn status(&self, pid: i32, what: &str) -> tonic::Status {
+        match self {
+            CopyError::Denied(e) => tonic::Status::failed_precondition(format!(
+                "kvtier cannot copy {what} process {pid}: {e} (the server needs ptrace rights \
+                 over the client: the same user, or CAP_SYS_PTRACE; docs/local.md); \
+                 send Read/Write over the socket instead"
+            )),
+            CopyError::Fault(i) => tonic::Status::invalid_argument(format!(
+                "region {i} is not {} memory of the calling process",
+                if what == "into" {
+                    "writable"
+                } else {
+                    "readable"
+                }
+            )),
+        }
+    }
+}
+
+fn classify(e: Errno, i: usize) -> CopyError {
+    match e {
+        Errno::EFAULT | Errno::EINVAL => CopyError::Fault(i),
+        _ => CopyError::Denied(e),
+    }
+}
+
+/// Copies `src` into the client's memory at `addr` (all of it, or an error).
+fn copy_out(pid: Pid, src: &[u8], addr: u64, i: usize) -> Result<(), CopyError> {
+    let mut done = 0usize;
+    while done < src.len() {
+        let remote = RemoteIoVec {
+            base: addr as usize + done,
+            len: src.len() - done,
+        };
+        match process_vm_writev(pid, &[IoSlice::new(&src[done..])], &[remote]) {
+            Ok(0) => return Err(CopyError::Fault(i)),
+            Ok(n) => done += n,
+            Err(e) => return Err(classify(e, i)),
+        }
+    }
+    Ok(())
+}
+
+/// Copies `dst.len()` bytes of the client's memory at `addr` into `dst`, a
+/// chunk at a time; returns their CRC32C, computed while each chunk is in
+/// cache.
+fn copy_in(pid: Pid, dst: &mut [u8], addr: u64, i: usize) -> Result<u32, CopyError> {
+    let mut crc = 0u32;
+    let mut done = 0usize;
+    while done < dst.len() {
+        let want = (dst.len() - done).min(CHUNK);
+        let chunk = &mut dst[done..done + want];
+        let remote = RemoteIoVec {
+            base: addr as usize + done,
+            len: want,
+        };
+        let n = match process_vm_readv(pid, &mut [IoSliceMut::new(chunk)], &[remote]) {
+            Ok(0) => return Err(CopyError::Fault(i)),
+            Ok(n) => n,
+            Err(e) => return Err(classify(e, i)),
+        };
+        crc = crc32c::crc32c_append(crc, &dst[done..done + n]);
+        done += n;
+    }
+    Ok(crc)
+}
+
+/// ReadInto: the blocks of a Read, copied into the client's regions.
+pub(super) async fn read_into(
+    shared: &Shared,
+    who: &Principal,
+    meta: Bytes,
+    arrived: Instant,
+    pid: i32,
+) -> Reply {
+    let adm = match shared.admit(Some(arrived)).await {
+        Ok(a) => a,
+        Err(shed) => return status_reply(shed),
+    };
+    let mut clock = adm.clock;
+    let r = read_into_inner(shared, who, meta, arrived, pid, &mut clock).await;
+    let code = match &r {
+        Ok(_) => "ok",
+        Err(s) => state::code_name(s.code()),
+    };
+    shared.observe(API, "read", code, &clock);
+    r.unwrap_or_else(status_reply)
+}
+
+async fn read_into_inner(
+    shared: &Shared,
+    who: &Principal,
+    meta: Bytes,
+    arrived: Instant,
+    pid: i32,
+    clock: &mut Clock,
+) -> Result<Reply, tonic::Status> {
+    let target = Pid::from_raw(pid);
+    bounded::check::<pb::WireReadIntoRequest>(&meta)?;
+    let req = pb::WireReadIntoRequest::decode(meta)
+        .map_err(|e| tonic::Status::invalid_argument(format!("bad read-into request: {e}")))?;
+    let read = req.read.unwrap_or_default();
+    let timeout = read.timeout_ms;
+    let rr = read.request.unwrap_or_default();
+    if req.dest.len() != rr.keys.len() {
+        return Err(tonic::Status::invalid_argument(format!(
+            "{} keys but {} destination regions",
+            rr.keys.len(),
+            req.dest.len()
+        )));
+    }
+    let (ns, keys) = crate::read::prepare(shared, who, &rr)?;
+    let deadline = (timeout > 0).then(|| arrived + Duration::from_millis(timeout as u64));
+    let mut reply = pb::WireReadReply::default();
+    let mut found: Vec<(Bytes, u64)> = Vec::with_capacity(keys.len());
+    let mut reader = crate::read::PrefixReader::new(ns, keys, deadline);
+    while let Some((i, b, t)) = reader.next(shared, clock).await? {
+        let dest = &req.dest[i as usize];
+        if b.payload.len() as u64 > dest.len {
+            return Err(tonic::Status::invalid_argument(format!(
+                "block {i} is {} bytes but its destination region holds {}",
+                b.payload.len(),
+                dest.len
+            )));
+        }
+        reply.payload_lengths.push(b.payload.len() as u64);
+        reply
+            .blocks
+            .push(crate::read::read_block(i, &b, t, Bytes::new()));
+        found.push((b.payload, dest.addr));
+    }
+    let mut out = reader.outcome();
+    // The copies, off the async workers (a 16 MiB block takes milliseconds).
+    // None starts after the deadline: the client may have stopped waiting.
+    let copied = tokio::task::spawn_blocking(move || {
+        for (i, (payload, addr)) in found.iter().enumerate() {
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                return Ok(i);
+            }
+            copy_out(target, payload, *addr, i)?;
+        }
+        Ok(found.len())
+    })
+    .await
+    .map_err(|e| tonic::Status::internal(format!("copy task: {e}")))?
+    .map_err(|e: CopyError| e.status(pid, "into"))?;
+    if copied < reply.blocks.len() {
+        reply.blocks.truncate(copied);
+        reply.payload_lengths.truncate(copied);
+        out.returned = copied as u32;
+        out.reason = "deadline";
+    }
+    let bytes: u64 = reply.payload_lengths.iter().sum();
+    shared.metrics.bytes_out.inc_by(bytes);
+    reply.done = Some(out.done(clock));
+    Ok(Reply {
+        kind: Kind::ReadIntoReply,
+        meta: reply.encode_to_vec(),
+        data: Vec::new(),
+        hold: None,
+    })
+}
+
+/// WriteFrom: a Write whose payloads are copied out of the client's memory.
+pub(super) async fn write_from(
+    shared: &Shared,
+    who: &Principal,
+    meta: Bytes,
+    arrived: Instant,
+    max_frame: u64,
+    pid: i32,
+) -> Reply {
+    let req = match bounded::check::<pb::WireWriteFromRequest>(&meta).and_then(|()| {
+        pb::WireWriteFromRequest::decode(meta)
+            .map_err(|e| tonic::Status::invalid_argument(format!("bad write-from request: {e}")))
+    }) {
+        Ok(r) => r,
+        Err(s) => return write_rejected(shared, arrived, s),
+    };
+    let mut w = req.write.unwrap_or_default();
+    let lengths = std::mem::take(&mut w.payload_lengths);
+    let total = match check_from(shared, who, &w, &lengths, &req.source, max_frame) {
+        Ok(t) => t,
+        Err(s) => return write_rejected(shared, arrived, s),
+    };
+    // The payloads are held in memory from here until stored.
+    let _held = match shared.limits.reserve(total) {
+        Ok(r) => r,
+        Err(s) => return write_rejected(shared, arrived, s),
+    };
+    let sources = req.source;
+    let target = Pid::from_raw(pid);
+    let copied = tokio::task::spawn_blocking(move || {
+        // Zeroed by the allocator's fresh pages (calloc), not by a pass of ours.
+        let mut buf = BytesMut::zeroed(total as usize);
+        let mut crcs = Vec::with_capacity(lengths.len());
+        let mut at = 0usize;
+        for (i, (&len, &addr)) in lengths.iter().zip(&sources).enumerate() {
+            let end = at + len as usize;
+            crcs.push(copy_in(target, &mut buf[at..end], addr, i)?);
+            at = end;
+        }
+        let mut data = buf.freeze();
+        Ok::<_, CopyError>(
+            lengths
+                .iter()
+                .zip(crcs)
+                .map(|(&l, crc)| (data.split_to(l as usize), crc))
+                .collect::<Vec<_>>(),
+        )
+    })
+    .await;
+    let payloads = match copied {
+        Ok(Ok(p)) => p,
+        Ok(Err(e)) => return write_rejected(shared, arrived, e.status(pid, "from")),
+        Err(e) => {
+            let s = tonic::Status::internal(format!("copy task: {e}"));
+            return write_rejected(shared, arrived, s);
+        }
+    };
+    write(shared, w, payloads, arrived).await
+}
+
+/// Checks a WriteFrom before anything is copied; returns its payload bytes.
+fn check_from(
+    shared: &Shared,
+    who: &Principal,
+    w: &pb::WireWriteRequest,
+    lengths: &[u64],
+    sources: &[u64],
+    max_frame: u64,
+) -> Result<u64, tonic::Status> {
+    if lengths.len() != sources.len() {
+        return Err(tonic::Status::invalid_argument(format!(
+            "{} payload lengths but {} source addresses",
+            lengths.len(),
+            sources.len()
+        )));
+    }
+    let total = lengths
+        .iter()
+        .try_fold(0u64, |a, &l| a.checked_add(l))
+        .ok_or_else(|| tonic::Status::invalid_argument("payload lengths overflow"))?;
+    check_lengths(lengths, total).map_err(tonic::Status::invalid_argument)?;
+    if total > max_frame {
+        return Err(tonic::Status::invalid_argument(format!(
+            "a write of {total} bytes exceeds the maximum message size of {max_frame} bytes \
+             (server.max_message_size): split it"
+        )));
+    }
+    let ns = w.request.as_ref().map_or("", |r| r.namespace.as_str());
+    shared.allow(who, ns, true)?;
+    Ok(total)
+}
