@@ -30,17 +30,13 @@ import argparse
 import json
 import statistics
 import subprocess
-import sys
 import tempfile
-import threading
-import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "python"))
+from _perf import ROOT
 
-from kvtier.server import Server  # noqa: E402
-from perfrec import rss_mib, write_record  # noqa: E402
+from perf import Sampler, header, rss_mib, versions, write_record
+from perf.services import Server, kvtier_server
 
 SIZE = 1258291
 
@@ -62,29 +58,19 @@ def bench(binary: Path, server: Server, out: Path, transport: str, conc: int, du
 
 def flood(binary: Path, tier: int, transport: str) -> dict:
     tmp = Path(tempfile.mkdtemp(prefix="kvtier-rw-"))
-    server = Server.start(binary, ["--memory-capacity", f"{tier}MiB"])
-    peak, stop = [rss_mib(server.pid)], threading.Event()
-
-    def sample():
-        while not stop.is_set():
-            peak[0] = max(peak[0], rss_mib(server.pid))
-            time.sleep(0.02)
-
-    t = threading.Thread(target=sample, daemon=True)
-    t.start()
+    server = kvtier_server(binary, ["--memory-capacity", f"{tier}MiB"])
     try:
-        r = bench(binary, server, tmp / "b", transport, 32, "4s", "1s")
+        with Sampler(server.pid, 0.02) as rss:
+            r = bench(binary, server, tmp / "b", transport, 32, "4s", "1s")
     finally:
-        stop.set()
-        t.join()
         server.stop()
-    return {**r, "rss_peak_mib": round(peak[0], 1), "line_mib": line_mib(tier),
-            "within_line": peak[0] <= line_mib(tier)}
+    return {**r, "rss_peak_mib": round(rss.rss_peak, 1), "line_mib": line_mib(tier),
+            "within_line": rss.rss_peak <= line_mib(tier)}
 
 
 def single(binary: Path) -> dict:
     tmp = Path(tempfile.mkdtemp(prefix="kvtier-rw-"))
-    server = Server.start(binary, ["--memory-capacity", "256MiB"])
+    server = kvtier_server(binary, ["--memory-capacity", "256MiB"])
     try:
         bench(binary, server, tmp / "fill", "data-plane", 1, "1s", "100ms")  # every later write evicts
         r = bench(binary, server, tmp / "b", "data-plane", 1, "4s", "500ms")
@@ -100,6 +86,7 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--out", default=str(ROOT / "notes/033-resident-watch.json"))
     a = ap.parse_args()
+    head = header(versions=versions("kvtier", paths={"kvtier": a.kvtier}))
     variants = {"before": Path(a.base), "after": Path(a.kvtier)}
     rows = []
     for rep in range(1, a.repeat + 1):
@@ -128,14 +115,13 @@ def main() -> None:
                              "repeats_within_line": sum(r["within_line"] for r in rs)}
         s["writes_s_ratio_after_before"] = round(s["after"]["writes_s_median"] / s["before"]["writes_s_median"], 3)
         summary[case] = s
-    write_record(
-        a.out,
-        "Resident-limit watcher: jemalloc resident at the line (before) vs process RSS from 32 MiB below it (after)",
-        "ab-resident-watch.py",
-        binaries={k: str(v) for k, v in variants.items()},
-        summary=summary,
-        rows=rows,
-    )
+    write_record(a.out, {
+        "title": "Resident-limit watcher: jemalloc resident at the line (before) vs process RSS from 32 MiB below it "
+                 "(after)",
+        "binaries": {k: str(v) for k, v in variants.items()},
+        "summary": summary,
+        "rows": rows,
+    }, head)
 
 
 if __name__ == "__main__":

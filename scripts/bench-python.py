@@ -24,22 +24,21 @@ Usage: .venv/bin/python scripts/bench-python.py [--out out/008-python-data-plane
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import os
-import platform
 import statistics
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "python"))
+from _perf import ROOT as REPO
 
-from kvtier import Block, Client, Server  # noqa: E402
-from kvtier._crc import ACCELERATED  # noqa: E402
+from kvtier import Block, Client
+from kvtier._crc import ACCELERATED
+from perf import header, versions, write_record
+from perf.services import kvtier_server
 
 PRELOAD = 64
 
@@ -98,7 +97,7 @@ def run_step(target: str, mode: str, workload: str, conc: int, size: int, durati
             t.join()
         if errors:
             raise errors[0]
-        us = sorted(x for l in lat for x in l)
+        us = sorted(x for per_worker in lat for x in per_worker)
         ops = len(us) / duration
         return {
             "mode": mode,
@@ -143,6 +142,15 @@ def run_rust(binary: Path, target: str, workload: str, conc: int, size: int, dur
     }
 
 
+def _crc32c_version() -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("crc32c")
+    except PackageNotFoundError:
+        return None
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=str(REPO / "out" / "008-python-data-plane"))
@@ -167,11 +175,10 @@ def main() -> None:
     concs = [int(x) for x in a.concurrency.split(",")]
     pin = hasattr(os, "sched_setaffinity") and os.cpu_count() and os.cpu_count() > max(a.server_cpu, a.gen_cpu)
 
-    # The server inherits this process's affinity at start (its runtime sizes
-    # itself to it), then the generator moves to its own core.
-    if pin:
-        os.sched_setaffinity(0, {a.server_cpu})
-    server = Server.start(binary=binary)
+    head = header(versions=versions("kvtier", paths={"kvtier": binary}, known={"crc32c": _crc32c_version()}))
+    # The server is started on its core (its runtime sizes itself to the CPUs
+    # it may use at start), then the generator moves to its own core.
+    server = kvtier_server(binary, cpus=[a.server_cpu] if pin else None)
     if pin:
         os.sched_setaffinity(0, {a.gen_cpu})
     steps = []
@@ -204,10 +211,10 @@ def main() -> None:
     finally:
         rc = server.stop()
 
-    summary = []
+    summary: list[dict[str, Any]] = []
     for workload in ("read", "write"):
         for conc in concs:
-            row = {"workload": workload, "concurrency": conc}
+            row: dict[str, Any] = {"workload": workload, "concurrency": conc}
             for mode in ("grpc", "wire", "rust"):
                 sel = [s for s in steps if (s["workload"], s["concurrency"], s["mode"]) == (workload, conc, mode)]
                 if not sel:
@@ -229,18 +236,7 @@ def main() -> None:
             if "rust" in row:
                 row["python_wire_over_rust_ops"] = round(row["wire"]["ops_per_s"] / row["rust"]["ops_per_s"], 2)
             summary.append(row)
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
-    record = {
-        "date": dt.datetime.now(dt.timezone.utc).replace(microsecond=0).isoformat(),
-        "git_commit": commit,
-        "machine": {
-            "cpus": os.cpu_count(),
-            "memory_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1),
-            "kernel": platform.release(),
-            "python": platform.python_version(),
-            "tcp_congestion_control_system": Path("/proc/sys/net/ipv4/tcp_congestion_control").read_text().strip(),
-        },
-        "command": "scripts/bench-python.py " + " ".join(sys.argv[1:]),
+    write_record(out / "record.json", {
         "config": {
             "duration_s": a.duration,
             "warmup_s": a.warmup,
@@ -254,9 +250,7 @@ def main() -> None:
             "server_tiers": tiers,
         },
         "results": {"summary": summary, "steps": steps},
-    }
-    (out / "record.json").write_text(json.dumps(record, indent=1) + "\n")
-    print(f"\nwrote {out / 'record.json'}")
+    }, head)
     for row in summary:
         print(f"{row['workload']:5} c={row['concurrency']:<2} grpc {row['grpc']['ops_per_s']:8.1f}/s  "
               f"wire {row['wire']['ops_per_s']:8.1f}/s  ratio {row['wire_over_grpc_ops']}x "

@@ -15,50 +15,34 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
-import threading
 import time
 from pathlib import Path
 
 import grpc
+from _perf import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "python"))
-
-from kvtier._proto import load  # noqa: E402
-from kvtier.server import Server  # noqa: E402
-from perfrec import rss_mib, write_record  # noqa: E402
-
+from kvtier._proto import load
+from perf import Sampler, header, versions, write_record
+from perf.services import kvtier_server
 
 
 def one(binary: Path, pb, method: str, body: bytes) -> dict:
-    server = Server.start(binary, [])
+    server = kvtier_server(binary)
     try:
         ch = grpc.insecure_channel(server.grpc, options=[("grpc.max_send_message_length", 512 << 20),
                                                          ("grpc.max_receive_message_length", 512 << 20)])
         call = ch.unary_unary(method, request_serializer=lambda b: b, response_deserializer=lambda b: b)
         time.sleep(0.2)
-        base = rss_mib(server.pid)
-        peak, stop = [base], threading.Event()
-
-        def sample():
-            while not stop.is_set():
-                peak[0] = max(peak[0], rss_mib(server.pid))
-                time.sleep(0.005)
-
-        t = threading.Thread(target=sample, daemon=True)
-        t.start()
-        t0 = time.perf_counter()
-        try:
-            call(body, timeout=60)
-            outcome = "OK"
-        except grpc.RpcError as e:
-            outcome = f"{e.code().name}: {e.details()[:100]}"
-        ms = (time.perf_counter() - t0) * 1000
-        stop.set()
-        t.join()
+        with Sampler(server.pid, 0.005) as rss:
+            t0 = time.perf_counter()
+            try:
+                call(body, timeout=60)
+                outcome = "OK"
+            except grpc.RpcError as e:
+                outcome = f"{e.code().name}: {(e.details() or '')[:100]}"
+            ms = (time.perf_counter() - t0) * 1000
         ch.close()
-        return {"ms": round(ms, 1), "rss_growth_mib": round(peak[0] - base, 1), "outcome": outcome}
+        return {"ms": round(ms, 1), "rss_growth_mib": round(rss.rss_peak - rss.rss_before, 1), "outcome": outcome}
     finally:
         server.stop()
 
@@ -70,6 +54,7 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--out", default=str(ROOT / "notes/034-big-lookup.json"))
     a = ap.parse_args()
+    head = header(versions=versions("kvtier", paths={"kvtier": a.kvtier}))
     pb = load()
     cases = {
         "v1 Lookup, 10 M tokens": ("/kvtier.v1.KvTier/Lookup",
@@ -99,14 +84,13 @@ def main() -> None:
                for label in variants}
         for case in cases
     }
-    write_record(
-        a.out,
-        "Oversized Lookups: cost to the server before refusal, before and after list limits were checked before decoding",
-        "big-lookup.py",
-        binaries={k: str(v) for k, v in variants.items()},
-        summary=summary,
-        rows=rows,
-    )
+    write_record(a.out, {
+        "title": "Oversized Lookups: cost to the server before refusal, before and after list limits were checked "
+                 "before decoding",
+        "binaries": {k: str(v) for k, v in variants.items()},
+        "summary": summary,
+        "rows": rows,
+    }, head)
 
 
 if __name__ == "__main__":

@@ -39,18 +39,17 @@ usage: python3 scripts/cost-split.py [--repeat 5] [--duration 3s]
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
-import platform
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "python"))
-from kvtier.server import Server  # noqa: E402
+from _perf import ROOT
+
+from perf import header, versions, write_record
+from perf.services import Server, kvtier_server
 
 BIN = ROOT / "target/release/kvtier"
 SIZES = [4096, 1_258_291]
@@ -60,8 +59,8 @@ CRC_PASSES = {"write": 2, "read": 1}
 
 def start_server(cpu: str, binary: Path = BIN) -> Server:
     """A fresh server started on `cpu`, so its runtime sizes itself to it."""
-    return Server.start(binary, ["--data-listen", "auto", "--memory-capacity", "2GiB"],
-                        cpus={int(c) for c in cpu.split(",")})
+    return kvtier_server(binary, ["--data-listen", "auto", "--memory-capacity", "2GiB"],
+                         cpus={int(c) for c in cpu.split(",")})
 
 
 def bench(workload: str, size: int, a: argparse.Namespace, binary: Path = BIN, tag: str = "") -> dict:
@@ -213,7 +212,9 @@ def main() -> None:
                     help="also measure the 1.2 MB rows with a kvtier built without CRC32C")
     a = ap.parse_args()
     Path(a.work).mkdir(parents=True, exist_ok=True)
+    head = header(versions=versions("redis-server", "redis-benchmark"))
     subprocess.run(["cargo", "build", "--release", "-q", "-p", "kvtier"], cwd=ROOT, check=True)
+    head["versions"].update(versions("kvtier", paths={"kvtier": BIN}))
     no_crc = build_without_crc(Path(a.work)) if a.ablate_crc else None
     base = baselines(a)
     # crc32c per byte, scaled to each size.
@@ -248,24 +249,14 @@ def main() -> None:
                 "peer_us_per_request": abl["peer_us_per_request"],
                 "crc32c_us_per_request_measured": big["kvtier_us_per_request"] - abl["kvtier_us_per_request"],
             }
-    # The commit, with "-dirty" when tracked files differ from it.
-    described = subprocess.run(["git", "describe", "--always", "--dirty", "--abbrev=40", "--exclude=*"], cwd=ROOT,
-                               capture_output=True, text=True).stdout.strip()
-    record = {
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "git_commit": described,
-        "machine": {"hostname": platform.node(), "cores": os.cpu_count(), "kernel": platform.release()},
-        "command": f"python3 scripts/cost-split.py --repeat {a.repeat} --duration {a.duration} "
-                   f"--server-cpu {a.server_cpu} --gen-cpu {a.gen_cpu}" + (" --ablate-crc" if no_crc else ""),
+    write_record(a.out, {
         "baselines": base,
         "rows": rows,
         "rows_without_crc32c": ablated,
         "split": split,
         "medians_note": "ops/s are medians of the repeats; the peer's is the better of the bench's client and redis-benchmark",
-    }
-    Path(a.out).write_text(json.dumps(record, indent=1) + "\n")
+    }, head)
     print(json.dumps(split, indent=1))
-    print(f"wrote {a.out}")
 
 
 if __name__ == "__main__":

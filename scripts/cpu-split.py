@@ -63,11 +63,10 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "python"))
+from _perf import ROOT
 
-from kvtier.server import Server
-from perfrec import rss_mib, write_record
+from perf import header, rss_mib, versions, write_record
+from perf.services import Redis, kvtier_server
 
 SIZE = 1258291
 BIN = ROOT / "target/release/kvtier"
@@ -105,6 +104,7 @@ def per_request(server: dict, client: dict, ops: int, seconds: float) -> dict:
 
 def cost_split():
     spec = importlib.util.spec_from_file_location("cost_split", ROOT / "scripts/cost-split.py")
+    assert spec is not None and spec.loader is not None
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
@@ -117,7 +117,7 @@ def build_with_crc32c(work: Path, variant: str) -> Path:
 
 
 def kvtier(tmp: Path, duration: float, binary: Path = BIN, workload: str = "write") -> dict:
-    srv = Server.start(binary, ["--memory-capacity", "2GiB"], cpus={1})
+    srv = kvtier_server(binary, ["--memory-capacity", "2GiB"], cpus={1})
     try:
         if workload == "write":
             # Fill the tier first (unmeasured), until the process holds the
@@ -193,16 +193,9 @@ def floor(tmp: Path, duration: float, exe: Path, workload: str, buffers: int = 1
 
 
 def redis(tmp: Path, duration: float, rate_guess: float, workload: str = "write") -> dict:
-    port = free_port()
-    srv = subprocess.Popen(["taskset", "-c", "1", "redis-server", "--port", str(port), "--save", "",
-                            "--appendonly", "no", "--maxmemory", "2gb", "--maxmemory-policy", "allkeys-lru",
-                            "--dir", str(tmp)],
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    srv = Redis.start(cpus={1}, maxmemory="2gb", directory=tmp)
+    port = srv.port
     try:
-        deadline = time.monotonic() + 10
-        while subprocess.run(["redis-cli", "-p", str(port), "ping"], capture_output=True).stdout.strip() != b"PONG":
-            assert time.monotonic() < deadline, "redis-server did not start"
-            time.sleep(0.05)
         if workload == "write":
             # Fill to maxmemory first (unmeasured): every measured SET then evicts.
             fill = ["-n", "2400", "-r", "100000000"]
@@ -224,8 +217,7 @@ def redis(tmp: Path, duration: float, rate_guess: float, workload: str = "write"
         stop(sp)
         subprocess.run(["redis-cli", "-p", str(port), "flushall"], capture_output=True)
     finally:
-        srv.terminate()
-        srv.wait()
+        srv.stop()
     return per_request(perf_read(tmp / "r-server.txt"), perf_read(tmp / "r-client.txt"), n, seconds)
 
 
@@ -234,7 +226,7 @@ def redis_bench_client(tmp: Path, duration: float, binary: Path) -> dict:
     issue 12's rule 2 (the Redis denominator is the better of this and
     redis-benchmark). The bench drives a kvtier server beside it in the same
     run; only Redis's wall time per request is taken, no CPU."""
-    srv = Server.start(binary, ["--memory-capacity", "2GiB"], cpus={1})
+    srv = kvtier_server(binary, ["--memory-capacity", "2GiB"], cpus={1})
     try:
         out = tmp / "rb-bench"
         shutil.rmtree(out, ignore_errors=True)
@@ -258,17 +250,18 @@ def table(record: dict) -> str:
         rows = [r for r in record["rows"] if r["workload"] == workload]
         systems = list(dict.fromkeys(r["system"] for r in rows))
 
-        def med(system: str, key: str) -> float | None:
+        def med(system: str, key: str, rows: list[dict] = rows) -> float | None:
             vals = [r[key] for r in rows if r["system"] == system and key in r]
             return statistics.median(vals) if vals else None
 
-        redis_best = min(med(s, "wall_us") for s in systems if s.startswith("redis"))
+        redis_best = min(w for s in systems if s.startswith("redis") if (w := med(s, "wall_us")) is not None)
         floor = med("tcp floor", "wall_us")
         out += [f"### {workload}s, c=1, 1.2 MB (µs per request, medians of {max(r['repeat'] for r in rows)})", "",
                 "| system | wall | ops/s | server CPU | client CPU | ops/s over Redis's best | wall over the TCP floor's |"
                 " per-repeat wall |", "|---|---|---|---|---|---|---|---|"]
         for s in systems:
             wall = med(s, "wall_us")
+            assert wall is not None, f"{s}: no wall time"
             cpu = [med(s, k) for k in ("server_cpu_us", "client_cpu_us")]
             reps = ", ".join(f"{r['wall_us']:.0f}" for r in rows if r["system"] == s)
             out.append(f"| {s} | {wall:.1f} | {1e6 / wall:,.0f} | "
@@ -310,6 +303,8 @@ def main() -> None:
     for tool in ("perf", "redis-server", "redis-benchmark", "redis-cli") + (("cc",) if a.floor or a.floor_splice else ()):
         if not shutil.which(tool):
             sys.exit(f"{tool} not found on PATH")
+    head = header(versions=versions("kvtier", "perf", "redis-server", "redis-benchmark",
+                                    *(("cc",) if a.floor or a.floor_splice else ()), paths={"kvtier": BIN}))
     workloads = a.workload.split(",")
     if not set(workloads) <= {"read", "write"}:
         sys.exit(f"--workload: read and/or write, not {a.workload}")
@@ -373,16 +368,18 @@ def main() -> None:
         # system there, per workload and system when several ran.
         summary.update(med if workloads == ["write"] else {workload: med})
     what = " and ".join(f"{w}s" for w in workloads)
-    write_record(a.out, f"c=1 {what} of 1.2 MB blocks: CPU per request on each side, kvtier vs Redis",
-                 "cpu-split.py", placement={"server_cpu": 1, "client_cpu": 0},
-                 clients={"kvtier": "kvtier bench (data plane)",
-                          "redis": "redis-benchmark -t set -r 100000000 (writes), -t get (reads)",
-                          **({"tcp floor": "scripts/tcp-floor.c client"} if a.floor else {}),
-                          **({"tcp floor, spliced send": "scripts/tcp-floor.c client (write-splice, read-splice)"}
-                             if a.floor_splice else {})},
-                 floor_buffers=a.floor_buffers,
-                 binaries={k: str(v) for k, v in systems.items() if v is not None}, summary=summary, rows=rows,
-                 **({"baselines": cost_split().baselines(argparse.Namespace(server_cpu="1"))} if a.baselines else {}))
+    write_record(a.out, {
+        "title": f"c=1 {what} of 1.2 MB blocks: CPU per request on each side, kvtier vs Redis",
+        "placement": {"server_cpu": 1, "client_cpu": 0},
+        "clients": {"kvtier": "kvtier bench (data plane)",
+                    "redis": "redis-benchmark -t set -r 100000000 (writes), -t get (reads)",
+                    **({"tcp floor": "scripts/tcp-floor.c client"} if a.floor else {}),
+                    **({"tcp floor, spliced send": "scripts/tcp-floor.c client (write-splice, read-splice)"}
+                       if a.floor_splice else {})},
+        "floor_buffers": a.floor_buffers,
+        "binaries": {k: str(v) for k, v in systems.items() if v is not None}, "summary": summary, "rows": rows,
+        **({"baselines": cost_split().baselines(argparse.Namespace(server_cpu="1"))} if a.baselines else {}),
+    }, head)
 
 
 if __name__ == "__main__":

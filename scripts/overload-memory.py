@@ -21,34 +21,21 @@ usage: .venv/bin/python scripts/overload-memory.py [--conns 16] [--wire-mib 120]
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
-import os
-import platform
 import socket
-import subprocess
 import sys
-import tempfile
-import threading
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "python"))
+from _perf import ROOT
 
-from kvtier._proto import load  # noqa: E402
-from kvtier.server import Server  # noqa: E402
-from kvtier.wire import HEADER, MAGIC, Kind, parse_addr  # noqa: E402
+from kvtier._proto import load
+from kvtier.wire import HEADER, MAGIC, Kind, parse_addr
+from perf import Sampler, header, versions, write_record
+from perf.services import kvtier_server, release_binary
 
 MIB = 1 << 20
 BEFORE = '[server]\nrequest_memory = "1TiB"\nread_timeout = "1h"\nidle_timeout = "1h"\n'
-
-
-def rss_mib(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    raise RuntimeError("no VmRSS")
 
 
 def wire_upload(addr, mib: int, i: int, pb) -> socket.socket:
@@ -86,47 +73,31 @@ def refused(s: socket.socket) -> str | None:
 
 
 def attack(kind: str, conns: int, mib: int, hold: float, limits_on: bool, binary: Path) -> dict:
-    cfg = tempfile.NamedTemporaryFile("w", suffix=".toml", delete=False)
-    cfg.write("" if limits_on else BEFORE)
-    cfg.close()
-    server = Server.start(binary, ["--config", cfg.name, "--memory-capacity", "512MiB",
-                                   "--max-block-size", "256MiB", "--max-message-size", "512MiB"])
+    server = kvtier_server(binary, ["--memory-capacity", "512MiB", "--max-block-size", "256MiB",
+                                    "--max-message-size", "512MiB"], config="" if limits_on else BEFORE)
     pb = load()
     try:
         time.sleep(0.2)
-        base = rss_mib(server.pid)
-        addr = parse_addr(server.ready["data"] if kind == "wire" else server.http)
-        peak = [base]
-        stop = threading.Event()
-
-        def sample():
-            while not stop.is_set():
+        target = server.ready["data"] if kind == "wire" else server.http
+        assert target, f"the server has no {kind} listener"
+        addr = parse_addr(str(target))
+        with Sampler(server.pid, 0.05) as rss:
+            socks = []
+            chunk = b"\0" * MIB
+            start = time.monotonic()
+            for i in range(conns):
+                s = (wire_upload if kind == "wire" else http_upload)(addr, mib, i, pb)
+                s.settimeout(30)
+                sent = 0
                 try:
-                    peak[0] = max(peak[0], rss_mib(server.pid))
+                    while sent < (mib - 1) * MIB:
+                        s.sendall(chunk)
+                        sent += MIB
                 except OSError:
-                    return
-                time.sleep(0.05)
-
-        t = threading.Thread(target=sample, daemon=True)
-        t.start()
-        socks = []
-        chunk = b"\0" * MIB
-        start = time.monotonic()
-        for i in range(conns):
-            s = (wire_upload if kind == "wire" else http_upload)(addr, mib, i, pb)
-            s.settimeout(30)
-            sent = 0
-            try:
-                while sent < (mib - 1) * MIB:
-                    s.sendall(chunk)
-                    sent += MIB
-            except OSError:
-                pass  # refused: the server closed while we sent
-            socks.append(s)
-        time.sleep(hold)
-        outcomes = [refused(s) for s in socks]
-        stop.set()
-        t.join()
+                    pass  # refused: the server closed while we sent
+                socks.append(s)
+            time.sleep(hold)
+            outcomes = [refused(s) for s in socks]
         elapsed = time.monotonic() - start
         for s in socks:
             s.close()
@@ -135,16 +106,15 @@ def attack(kind: str, conns: int, mib: int, hold: float, limits_on: bool, binary
             "limits": "defaults" if limits_on else "off",
             "connections": conns,
             "announced_mib_each": mib,
-            "rss_before_mib": round(base, 1),
-            "rss_peak_mib": round(peak[0], 1),
-            "rss_growth_mib": round(peak[0] - base, 1),
+            "rss_before_mib": rss.result()["rss_before_mib"],
+            "rss_peak_mib": rss.result()["rss_peak_mib"],
+            "rss_growth_mib": round(rss.rss_peak - rss.rss_before, 1),
             "refused_or_closed": sum(o is not None for o in outcomes),
             "still_waiting": sum(o is None for o in outcomes),
             "seconds": round(elapsed, 2),
         }
     finally:
         server.stop()
-        os.unlink(cfg.name)
 
 
 def main() -> None:
@@ -153,32 +123,26 @@ def main() -> None:
     ap.add_argument("--wire-mib", type=int, default=120)
     ap.add_argument("--http-mib", type=int, default=60)
     ap.add_argument("--hold", type=float, default=3.0)
-    ap.add_argument("--binary", default=os.environ.get("KVTIER_BIN", str(ROOT / "target/release/kvtier")))
+    ap.add_argument("--binary", default=str(release_binary()))
     ap.add_argument("--out", default=str(ROOT / "notes/011-overload-memory.json"))
     a = ap.parse_args()
     binary = Path(a.binary)
     if not binary.is_file():
         sys.exit(f"{binary} not found: cargo build --release -p kvtier (or --binary)")
+    head = header(versions=versions("kvtier", paths={"kvtier": binary}))
     results = []
     for kind, mib in (("wire", a.wire_mib), ("http", a.http_mib)):
         for limits_on in (False, True):
             r = attack(kind, a.conns, mib, a.hold, limits_on, binary)
             print(json.dumps(r), flush=True)
             results.append(r)
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-    record = {
+    write_record(a.out, {
         "title": "Server memory under stalled uploads, request limits off vs on",
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "git_commit": commit,
-        "machine": {"host": platform.node(), "cpus": os.cpu_count(), "kernel": platform.release()},
         "binary": str(binary.relative_to(ROOT)) if binary.is_relative_to(ROOT) else str(binary),
-        "command": "scripts/overload-memory.py " + " ".join(sys.argv[1:]),
         "settings": {"memory_capacity_mib": 512, "request_memory": "default (a quarter of the memory tier: 128 MiB)",
                      "before": BEFORE.strip().splitlines()[1:], "hold_seconds": a.hold},
         "results": results,
-    }
-    Path(a.out).write_text(json.dumps(record, indent=1) + "\n")
-    print(f"wrote {a.out}")
+    }, head)
 
 
 if __name__ == "__main__":
