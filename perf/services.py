@@ -144,7 +144,7 @@ class Service:
 
 def kvtier_server(binary: str | os.PathLike[str] | None = None, args: Sequence[str] = (),
                   cpus: Iterable[int] | None = None, config: str | None = None,
-                  env: Mapping[str, str] | None = None, listen: str = "127.0.0.1:0",
+                  env: Mapping[str, str | None] | None = None, listen: str = "127.0.0.1:0",
                   wrap: Sequence[str] = (), timeout: float = 60.0) -> Server:
     """``kvtier serve`` started by the SDK's :meth:`Server.start`: ready once
     it prints its addresses (``server.grpc``, ``server.ready["data"]``,
@@ -154,7 +154,7 @@ def kvtier_server(binary: str | os.PathLike[str] | None = None, args: Sequence[s
     its runtime sizes itself to them (pinning a running server leaves every
     worker on fewer cores, notes/028). ``config``: TOML text, passed as
     ``--config``. ``env``: added to this process's environment
-    (``_RJEM_MALLOC_CONF``, say). ``wrap``: a command prefix that execs the
+    (``_RJEM_MALLOC_CONF``, say; ``None`` removes a variable). ``wrap``: a command prefix that execs the
     server, such as ``["ip", "netns", "exec", NS]``; the server keeps the
     PID it is started with, so it is still stopped by its own PID.
     """
@@ -173,8 +173,10 @@ def kvtier_server(binary: str | os.PathLike[str] | None = None, args: Sequence[s
             script.write_text(f'#!/bin/sh\nexec {shlex.join([*wrap, str(exe.resolve())])} "$@"\n')
             script.chmod(0o755)
             exe = script
-        return Server.start(binary=exe, args=extra, timeout=timeout, listen=listen, cpus=cpus,
-                            env={**os.environ, **env} if env else None)
+        full = None
+        if env:
+            full = {k: v for k, v in {**os.environ, **env}.items() if v is not None}
+        return Server.start(binary=exe, args=extra, timeout=timeout, listen=listen, cpus=cpus, env=full)
     finally:
         # Read at start: the config and the wrapper are not needed once it is ready.
         shutil.rmtree(tmp, ignore_errors=True)

@@ -29,19 +29,20 @@ Usage: scripts/bench-ab.py BASE [--head REV] [--repeat 3] [--duration 3s]
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import os
-import platform
 import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
-import time
 from pathlib import Path
+from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
+from _perf import ROOT
+
+from perf import header, versions, write_record
+from perf.services import Server, kvtier_server
+
 SIZE = 1258291
 CONC = "1,8,32"
 
@@ -104,31 +105,19 @@ def engine_run(exe: Path, home: Path, filt: str | None = None) -> dict[str, floa
     return out
 
 
-def start_server(kvtier: Path, work: Path, cpu: str) -> tuple[subprocess.Popen, str]:
-    cfg = work / "ab-server.toml"
-    cfg.write_text('[server]\ndata_tcp_congestion = ""\n')
-    ready = work / "ready.json"
-    ready.unlink(missing_ok=True)
-    log = open(work / "server.log", "a")
-    p = subprocess.Popen(["taskset", "-c", cpu, str(kvtier), "serve", "--config", str(cfg),
-                          "--listen", "127.0.0.1:0", "--data-listen", "auto", "--http-listen", "",
-                          "--memory-capacity", "2GiB", "--ready-json"],
-                         stdout=open(ready, "w"), stderr=log)
-    end = time.monotonic() + 60
-    while not (ready.exists() and ready.stat().st_size > 0):
-        if p.poll() is not None:
-            sys.exit(f"{kvtier} serve exited; see {work / 'server.log'}")
-        if time.monotonic() > end:
-            p.kill()
-            sys.exit("kvtier serve never became ready")
-        time.sleep(0.05)
-    return p, json.loads(ready.read_text())["grpc"][0]
+def start_server(kvtier: Path, cpu: str) -> Server:
+    """`kvtier serve` of one revision, started on `cpu` (its runtime sizes
+    itself to it), on the system's congestion control (older revisions
+    defaulted the data plane to reno)."""
+    return kvtier_server(kvtier, ["--data-listen", "auto", "--memory-capacity", "2GiB"],
+                         cpus=[int(c) for c in cpu.split(",")], config='[server]\ndata_tcp_congestion = ""\n')
 
 
 def data_plane_run(server_bin: Path, bench_bin: Path, work: Path, args) -> dict:
     results = {}
     for w in args.workloads.split(","):
-        p, grpc = start_server(server_bin, work, args.server_cpu)
+        srv = start_server(server_bin, args.server_cpu)
+        grpc = srv.grpc
         try:
             out = work / f"dp-{w}"
             if out.exists():
@@ -139,8 +128,7 @@ def data_plane_run(server_bin: Path, bench_bin: Path, work: Path, args) -> dict:
                            check=True, stdout=subprocess.DEVNULL)
             rec = json.loads((out / "record.json").read_text())
         finally:
-            p.terminate()
-            p.wait(timeout=30)
+            srv.stop(30)
         for step in rec["steps"]:
             c = step["mode"]["concurrency"]
             op = step["ops"]["lookup" if w == "lookup" else w]
@@ -186,15 +174,17 @@ def main() -> int:
         ap.error("BASE is required unless --render is given")
 
     base, head = rev_sha(args.base), rev_sha(args.head)
+    head_ = header()
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     bins = {base: build(base, work, not args.skip_engine), head: build(head, work, not args.skip_engine)}
+    head_["versions"] = versions("kvtier", paths={"kvtier": bins[head]["kvtier"]})
     runs: dict[str, list] = {base: [], head: []}
     for r in range(args.repeat):
         order = (base, head) if r % 2 == 0 else (head, base)
         for sha in order:
             print(f"repeat {r}: {sha[:10]}", flush=True)
-            one = {"repeat": r}
+            one: dict[str, Any] = {"repeat": r}
             if not args.skip_engine:
                 one["engine_ns"] = engine_run(bins[sha]["engine"], work / f"crit-{sha[:10]}-{r}",
                                               args.engine_filter)
@@ -228,14 +218,9 @@ def main() -> int:
             row["p99_ratio"] = med(row["head_p99_us"]) / med(row["base_p99_us"])
         dp_rows.append(row)
 
-    cmd = "scripts/bench-ab.py " + " ".join(sys.argv[1:])
-    record = {
-        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "git_commit": head,
+    fields = {
+        "head_commit": head,
         "base_commit": base,
-        "machine": {"host": platform.node(), "cpus": os.cpu_count(), "kernel": platform.release(),
-                    "congestion_control": Path("/proc/sys/net/ipv4/tcp_congestion_control").read_text().strip()},
-        "command": cmd,
         "settings": {"repeat": args.repeat, "duration": args.duration, "server_cpu": args.server_cpu,
                      "gen_cpu": args.gen_cpu, "value_size": SIZE, "concurrency": CONC,
                      "workloads": args.workloads},
@@ -243,8 +228,7 @@ def main() -> int:
         "data_plane": dp_rows,
         "runs": runs,
     }
-    if args.record:
-        Path(args.record).write_text(json.dumps(record, indent=1) + "\n")
+    record = write_record(args.record, fields, head_) if args.record else {**head_, **fields}
     write_note(record, args.note)
     return 0
 
@@ -262,7 +246,8 @@ def write_note(record: dict, note_path: str | None) -> None:
 
 
 def render(rec: dict) -> str:
-    out = [f"Base `{rec['base_commit'][:10]}`, head `{rec['git_commit'][:10]}`, {rec['date']}, "
+    head = rec.get("head_commit") or rec["git_commit"]  # git_commit: records before perf's header
+    out = [f"Base `{rec['base_commit'][:10]}`, head `{head[:10]}`, {rec['date']}, "
            f"{rec['settings']['repeat']} alternating repeats; `{rec['command']}`.", ""]
     if rec["engine"]:
         out += ["### Engine (criterion, in process): median time per operation", "",

@@ -31,24 +31,24 @@ the numbers are what N nodes on one box cost and give, not N machines.
 from __future__ import annotations
 
 import argparse
-import datetime
 import hashlib
 import json
 import os
-import platform
 import shutil
 import signal
 import socket
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 import urllib.request
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from _perf import ROOT
 
+from perf import header, versions
+from perf import record as record_with_header
+from perf.services import Server, kvtier_server
 
 _USED: set[int] = set()
 
@@ -69,30 +69,31 @@ class Node:
     def __init__(self, kvtier: Path, work: Path, i: int):
         self.kvtier, self.work, self.i = kvtier, work / f"node{i}", i
         self.work.mkdir(parents=True, exist_ok=True)
+        # The node list names every member before any starts: fixed ports.
         self.grpc = f"127.0.0.1:{free_port()}"
         self.data = f"127.0.0.1:{free_port()}"
-        self.http = f"127.0.0.1:{free_port()}"
-        self.proc: subprocess.Popen | None = None
+        self.http = ""  # the ephemeral port the node reports when ready
+        self.server: Server | None = None
 
     def start(self, members: list[str], a) -> None:
-        ready = self.work / "ready.json"
-        ready.unlink(missing_ok=True)
-        args = [str(self.kvtier), "serve", "--listen", self.grpc, "--data-listen", self.data,
-                "--http-listen", self.http, "--memory-capacity", a.memory, "--ready-json"]
+        args = ["--data-listen", self.data, "--memory-capacity", a.memory]
         if len(members) > 1:
             args += ["--cluster-nodes", ",".join(f"grpc://{m}" for m in members),
                      "--cluster-self", f"grpc://{self.grpc}", "--cluster-replicas", str(min(2, len(members)))]
-        self.proc = subprocess.Popen(args, stdout=open(ready, "w"), stderr=open(self.work / "log", "a"))
-        end = time.monotonic() + 60
-        while not (ready.exists() and ready.stat().st_size > 0):
-            if self.proc.poll() is not None or time.monotonic() > end:
-                raise SystemExit(f"node {self.i} did not start: {(self.work / 'log').read_text()[-2000:]}")
-            time.sleep(0.05)
+        self.server = kvtier_server(self.kvtier, args, listen=self.grpc)
+        self.http = self.server.http or ""
+
+    @property
+    def running(self) -> bool:
+        return self.server is not None and self.server.running
 
     def kill(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
-            self.proc.wait()
+        """SIGKILL (the failover run's crash), by the node's own PID."""
+        if self.server is not None:
+            if self.server.running:
+                os.kill(self.server.pid, signal.SIGKILL)
+            self.server.stop()
+            self.server = None
 
     def metric(self, name: str, **labels: str) -> float:
         body = urllib.request.urlopen(f"http://{self.http}/metrics", timeout=10).read().decode()
@@ -172,17 +173,13 @@ def main() -> None:
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="bench-cluster-"))
-    record: dict = {
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "git_commit": subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
-                                     text=True).stdout.strip(),
-        "machine": {"host": platform.node(), "cpus": os.cpu_count(), "kernel": platform.release()},
-        "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
-        "method": __doc__.split("\n\n")[1].replace("\n", " "),
+    head = header(versions=versions("kvtier", paths={"kvtier": kvtier}))
+    record = record_with_header({
+        "method": (__doc__ or "").split("\n\n")[1].replace("\n", " "),
         "settings": {k: getattr(a, k) for k in ("nodes", "workloads", "concurrency", "duration", "warmup",
                                                   "repeat", "value_size", "memory")},
         "scaling": [],
-    }
+    }, head)
     try:
         for n in [int(x) for x in a.nodes.split(",")]:
             nodes = [Node(kvtier, work / f"n{n}", i) for i in range(n)]
@@ -211,6 +208,7 @@ def main() -> None:
     record["placement_choice"] = placement_choice()
     record["analysis"] = analyse(record)
     (out / "record.json").write_text(json.dumps(record, indent=1) + "\n")
+    print(f"wrote {out / 'record.json'}")
     (out / "summary.md").write_text(summary(record))
     print(summary(record))
 
@@ -241,7 +239,8 @@ def failover(kvtier: Path, nodes: list[Node], members: list[str], out: Path, a) 
     for path, targets in (("direct", members), ("single", members[:1])):
         for kill in (False, True):
             victim = nodes[-1]
-            if victim.proc is None or victim.proc.poll() is not None:
+            if not victim.running:
+                victim.kill()  # reaps a node killed in the previous run
                 victim.start(members, a)
             killer = None
             if kill:
@@ -329,8 +328,7 @@ def placement_choice(nodes: int = 3, replicas: int = 2, chains: int = 2000, leng
     placement function itself (python/kvtier/keys.py): how evenly blocks
     spread (busiest node's share over the mean) and how many other nodes one
     lookup through a node must ask (mean; they are asked in parallel)."""
-    sys.path.insert(0, str(ROOT / "python"))
-    from kvtier.keys import owners  # noqa: PLC0415 - the SDK's copy of the server's placement
+    from kvtier.keys import owners  # the SDK's copy of the server's placement (on sys.path through _perf)
 
     names = [f"10.0.0.{i}:50051" for i in range(nodes)]
     out = []
@@ -363,8 +361,10 @@ def flag_names(flags: list) -> list[str]:
 
 
 def summary(r: dict) -> str:
-    lines = ["# Cluster scaling on one machine", "", f"{r['date']}, commit {r['git_commit'][:10]}, "
-             f"{r['machine']['cpus']} CPUs; `{r['command']}`", "",
+    commit = r.get("commit") or r["git_commit"]
+    cores = r["machine"].get("cores", r["machine"].get("cpus"))
+    lines = ["# Cluster scaling on one machine", "", f"{r['date']}, commit {commit[:10]}, "
+             f"{cores} CPUs; `{r['command']}`", "",
              "| nodes | workload | path | c | ops/s (min–max) | p99 ms (min–max) | errors | gen CPU | flags |",
              "|---|---|---|---|---|---|---|---|---|"]
     for e in r["scaling"]:

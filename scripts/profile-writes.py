@@ -21,18 +21,18 @@ usage: python3 scripts/profile-writes.py [--kvtier target/release/kvtier]
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
-import os
-import platform
 import re
 import statistics
 import subprocess
 import tempfile
-import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from _perf import ROOT
+
+from perf import Sampler, header, versions, write_record
+from perf.services import Server, kvtier_server
+
 SETTINGS = {
     # jemalloc 5.3's defaults (what kvtier shipped with until notes/025).
     "jemalloc default decay": "dirty_decay_ms:10000,muzzy_decay_ms:0",
@@ -50,24 +50,9 @@ CATEGORIES = {
 }
 
 
-def start_server(binary: Path, conf: str | None, tmp: Path, memory: str = "256MiB") -> tuple[subprocess.Popen, str]:
-    env = dict(os.environ)
-    env.pop("_RJEM_MALLOC_CONF", None)
-    if conf:
-        env["_RJEM_MALLOC_CONF"] = conf
-    ready = tmp / "ready.json"
-    p = subprocess.Popen([str(binary), "serve", "--listen", "127.0.0.1:0", "--http-listen", "",
-                          "--memory-capacity", memory, "--ready-json"],
-                         stdout=open(ready, "w"), stderr=subprocess.DEVNULL, env=env)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        try:
-            return p, json.loads(ready.read_text())["grpc"][0]
-        except (ValueError, KeyError, FileNotFoundError):
-            if p.poll() is not None:
-                raise SystemExit("kvtier serve exited")
-            time.sleep(0.05)
-    raise SystemExit("kvtier serve never became ready")
+def start_server(binary: Path, conf: str | None, memory: str = "256MiB") -> Server:
+    """A fresh server with `conf` as its _RJEM_MALLOC_CONF (None: the compiled-in setting)."""
+    return kvtier_server(binary, ["--memory-capacity", memory], env={"_RJEM_MALLOC_CONF": conf})
 
 
 def bench(binary: Path, grpc: str, out: Path, duration: float, warmup: float) -> dict:
@@ -82,7 +67,7 @@ def shares(perf_data: Path) -> dict:
     rep = subprocess.run(["perf", "report", "-i", str(perf_data), "--no-children", "--sort", "symbol",
                           "--stdio", "-g", "none"], capture_output=True, text=True).stdout
     out = {k: 0.0 for k in CATEGORIES}
-    top = []
+    top: list[dict] = []
     for line in rep.splitlines():
         m = re.match(r"\s*([\d.]+)%\s+\[[.k]\]\s+(\S+)", line)
         if not m:
@@ -99,7 +84,8 @@ def shares(perf_data: Path) -> dict:
 
 def one(binary: Path, label: str, conf: str | None, duration: float) -> dict:
     tmp = Path(tempfile.mkdtemp(prefix="kvtier-prof-"))
-    srv, grpc = start_server(binary, conf, tmp)
+    srv = start_server(binary, conf)
+    grpc = srv.grpc
     try:
         bench(binary, grpc, tmp / "fill", 1.0, 0.1)  # fill the tier: every later write evicts
         perf = subprocess.Popen(["perf", "record", "-F", "999", "-g", "-p", str(srv.pid), "-o",
@@ -112,15 +98,7 @@ def one(binary: Path, label: str, conf: str | None, duration: float) -> dict:
                 "writes_s": o["throughput_ops_s"], "p50_us": o["latency_us"]["e2e"]["p50"],
                 "p99_us": o["latency_us"]["e2e"]["p99"], "errors": o["errors"], **shares(tmp / "perf.data")}
     finally:
-        srv.terminate()
-        srv.wait()
-
-
-def rss_mib(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
+        srv.stop()
 
 
 TIER_MIB = 512
@@ -131,35 +109,22 @@ RESIDENT_LINE_MIB = TIER_MIB * 1.10 + max(TIER_MIB / 4, 64) + 64
 
 def flood(binary: Path, label: str, conf: str | None, transport: str) -> dict:
     """32 writers of 1.2 MB for 4 s against a 512 MiB tier; the server's peak RSS (sampled every 20 ms)."""
-    import threading
-
     tmp = Path(tempfile.mkdtemp(prefix="kvtier-flood-"))
-    srv, grpc = start_server(binary, conf, tmp, f"{TIER_MIB}MiB")
-    peak, stop = [rss_mib(srv.pid)], threading.Event()
-    idle = peak[0]
-
-    def sample():
-        while not stop.is_set():
-            peak[0] = max(peak[0], rss_mib(srv.pid))
-            time.sleep(0.02)
-
-    t = threading.Thread(target=sample, daemon=True)
-    t.start()
+    srv = start_server(binary, conf, f"{TIER_MIB}MiB")
     try:
-        subprocess.run([str(binary), "bench", "--target", f"grpc://{grpc}", "--workload", "write",
-                        "--value-size", "1258291", "--concurrency", "32", "--transport", transport,
-                        "--duration", "4s", "--warmup", "1s", "--quiet", "--out", str(tmp / "b")],
-                       check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        with Sampler(srv.pid, 0.02) as rss:
+            subprocess.run([str(binary), "bench", "--target", f"grpc://{srv.grpc}", "--workload", "write",
+                            "--value-size", "1258291", "--concurrency", "32", "--transport", transport,
+                            "--duration", "4s", "--warmup", "1s", "--quiet", "--out", str(tmp / "b")],
+                           check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         rec = json.loads((tmp / "b" / "record.json").read_text())
     finally:
-        stop.set()
-        t.join()
-        srv.terminate()
-        srv.wait()
+        srv.stop()
+    idle, peak = rss.rss_before, rss.rss_peak
     o = rec["steps"][0]["ops"]["write"]
     return {"setting": label, "transport": transport, "writes_s": o["throughput_ops_s"],
-            "rss_idle_mib": idle, "rss_peak_mib": peak[0], "rss_over_budget": peak[0] / TIER_MIB,
-            "resident_line_mib": RESIDENT_LINE_MIB, "within_resident_line": peak[0] <= RESIDENT_LINE_MIB}
+            "rss_idle_mib": idle, "rss_peak_mib": peak, "rss_over_budget": peak / TIER_MIB,
+            "resident_line_mib": RESIDENT_LINE_MIB, "within_resident_line": peak <= RESIDENT_LINE_MIB}
 
 
 def main() -> None:
@@ -170,6 +135,7 @@ def main() -> None:
     ap.add_argument("--flood-repeat", type=int, default=1)
     ap.add_argument("--out", default=str(ROOT / "notes/016-allocator-decay.json"))
     a = ap.parse_args()
+    head = header(versions=versions("kvtier", "perf", paths={"kvtier": a.kvtier}))
     rows = []
     for r in range(a.repeat):
         for label, conf in SETTINGS.items():
@@ -204,25 +170,16 @@ def main() -> None:
         for fs in [[f for f in floods if f["transport"] == t and f["setting"] == label]]
     }
     base, new, shipped = (summary[k]["writes_s_median"] for k in SETTINGS)
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-    record = {
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "git_commit": commit,
-        "machine": {"hostname": platform.node(), "cores": os.cpu_count(), "kernel": platform.release()},
-        "command": "python3 scripts/profile-writes.py " + " ".join(
-            f"--{k} {v}" for k, v in (("repeat", a.repeat), ("duration", a.duration),
-                                      ("flood-repeat", a.flood_repeat))),
+    write_record(a.out, {
         "rows": rows,
         "summary": summary,
         "writes_ratio_no_purge_over_default": new / base if base else None,
         "writes_ratio_shipped_over_default": shipped / base if base else None,
         "flood_32_writers": floods,
         "flood_summary": flood_summary,
-    }
-    Path(a.out).write_text(json.dumps(record, indent=1) + "\n")
+    }, head)
     print(json.dumps(summary, indent=1))
     print(json.dumps(flood_summary, indent=1))
-    print(f"wrote {a.out}")
 
 
 if __name__ == "__main__":
