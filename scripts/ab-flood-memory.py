@@ -25,24 +25,21 @@ and RSS / memory tier. The target (issue 18): RSS within the memory tier
 from __future__ import annotations
 
 import argparse
-import datetime
 import importlib.util
 import json
-import os
-import platform
 import statistics
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "python"))
+from _perf import ROOT
+
+from perf import Sampler, header, tool_version, versions, write_record
+from perf.services import kvtier_server
+
 _spec = importlib.util.spec_from_file_location("overload_knee", ROOT / "scripts/overload-knee.py")
+assert _spec is not None and _spec.loader is not None
 ok = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(ok)
-
-from kvtier.server import Server  # noqa: E402
 
 TIER_MIB = 512
 REQUEST_MIB = 128  # request_memory's default: a quarter of the tier
@@ -51,21 +48,20 @@ LINE_MIB = TIER_MIB * 1.1 + REQUEST_MIB + 64
 
 def one(binary: Path, variant: str, transport: str) -> dict:
     d = Path(tempfile.mkdtemp(prefix="kvtier-flood-"))
-    cfg = d / "server.toml"
-    cfg.write_text('[server]\nresident_limit = "1TiB"\n' if variant == "copy" else "")
-    srv = Server.start(binary, ["--config", str(cfg), "--memory-capacity", f"{TIER_MIB}MiB"])
+    srv = kvtier_server(binary, ["--memory-capacity", f"{TIER_MIB}MiB"],
+                        config='[server]\nresident_limit = "1TiB"\n' if variant == "copy" else "")
     try:
-        rss = ok.RssPeak(srv.pid)
-        rec = ok.bench(binary, srv, d / "bench", [
-            "--workload", "write", "--concurrency", "32", "--transport", transport,
-            "--duration", "4s", "--warmup", "1s"])
-        peak = rss.stop()
+        with Sampler(srv.pid, 0.02) as rss:
+            rec = ok.bench(binary, srv, d / "bench", [
+                "--workload", "write", "--concurrency", "32", "--transport", transport,
+                "--duration", "4s", "--warmup", "1s"])
+        peak = rss.rss_peak
         s = ok.step_summary(rec["steps"][0], "write")
         return {
             "variant": variant, "transport": transport,
             "answered_writes_s": s["admitted_ops_s_median"], "p99_ms": s["p99_ms_median"], "errors": s["errors"],
-            "rss_idle_mib": rss.base, "rss_peak_mib": peak, "rss_over_tier": peak / TIER_MIB,
-            "within_line": peak <= LINE_MIB + rss.base,
+            "rss_idle_mib": rss.rss_before, "rss_peak_mib": peak, "rss_over_tier": peak / TIER_MIB,
+            "within_line": peak <= LINE_MIB + rss.rss_before,
             "command": rec["_cmd"],
         }
     finally:
@@ -80,6 +76,7 @@ def main() -> None:
     ap.add_argument("--out", default=str(ROOT / "notes/024-flood-memory.json"))
     a = ap.parse_args()
     bins = {"base": Path(a.base), "copy": Path(a.kvtier), "copy+limit": Path(a.kvtier)}
+    head = header(versions=versions("kvtier", paths={"kvtier": a.kvtier}))
     runs = []
     for rep in range(a.repeat):
         for transport in ("grpc", "data-plane"):
@@ -103,22 +100,12 @@ def main() -> None:
                 "errors": sum(r["errors"] for r in rs),
                 "all_within_line": all(r["within_line"] for r in rs),
             })
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", "crates"], cwd=ROOT,
-                           capture_output=True, text=True).stdout.strip()
-    base_commit = subprocess.run([a.base, "--version"], capture_output=True, text=True).stdout.strip()
-    record = {
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "git_commit": commit + ("-dirty" if dirty else ""),
-        "base_binary": {"path": a.base, "version": base_commit},
-        "machine": {"hostname": platform.node(), "cores": os.cpu_count(), "kernel": platform.release()},
-        "command": " ".join(["scripts/ab-flood-memory.py", *sys.argv[1:]]),
+    write_record(a.out, {
+        "base_binary": {"path": a.base, "version": f"kvtier {tool_version('kvtier', a.base)}"},
         "memory_tier_mib": TIER_MIB, "request_memory_mib": REQUEST_MIB, "line_mib": LINE_MIB,
         "rows": rows, "runs": runs,
-    }
-    Path(a.out).write_text(json.dumps(record, indent=1) + "\n")
+    }, head)
     print(json.dumps(rows, indent=1))
-    print(f"wrote {a.out}")
 
 
 if __name__ == "__main__":

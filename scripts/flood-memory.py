@@ -23,23 +23,20 @@ usage: python3 scripts/flood-memory.py [--kvtier target/release/kvtier]
 from __future__ import annotations
 
 import argparse
-import datetime
 import importlib.util
 import json
-import os
-import platform
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "python"))
+from _perf import ROOT
+
+from perf import Sampler, header, versions, write_record
+from perf.services import kvtier_server
+
 _spec = importlib.util.spec_from_file_location("overload_knee", ROOT / "scripts/overload-knee.py")
+assert _spec is not None and _spec.loader is not None
 ok = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(ok)
-
-from kvtier.server import Server  # noqa: E402
 
 BUDGET_MIB = 512
 WINDOWS = {
@@ -52,32 +49,21 @@ DECAY = {"default": None, "no decay": "dirty_decay_ms:0,muzzy_decay_ms:0"}
 
 def one(binary: Path, windows: str, decay: str, writers: int) -> dict:
     d = Path(tempfile.mkdtemp(prefix="kvtier-flood-"))
-    (d / "server.toml").write_text(WINDOWS[windows])
-    env_before = os.environ.get("_RJEM_MALLOC_CONF")
-    if DECAY[decay]:
-        os.environ["_RJEM_MALLOC_CONF"] = DECAY[decay]
-    else:
-        os.environ.pop("_RJEM_MALLOC_CONF", None)
+    srv = kvtier_server(binary, ["--memory-capacity", f"{BUDGET_MIB}MiB"], config=WINDOWS[windows],
+                        env={"_RJEM_MALLOC_CONF": DECAY[decay]})
     try:
-        srv = Server.start(binary, ["--config", str(d / "server.toml"), "--memory-capacity", f"{BUDGET_MIB}MiB"])
-    finally:
-        if env_before is None:
-            os.environ.pop("_RJEM_MALLOC_CONF", None)
-        else:
-            os.environ["_RJEM_MALLOC_CONF"] = env_before
-    try:
-        rss = ok.RssPeak(srv.pid)
-        rec = ok.bench(binary, srv, d / "bench", [
-            "--workload", "write", "--concurrency", str(writers), "--transport", "grpc",
-            "--duration", "4s", "--warmup", "1s"])
-        peak = rss.stop()
+        with Sampler(srv.pid, 0.02) as rss:
+            rec = ok.bench(binary, srv, d / "bench", [
+                "--workload", "write", "--concurrency", str(writers), "--transport", "grpc",
+                "--duration", "4s", "--warmup", "1s"])
+        peak = rss.rss_peak
         s = ok.step_summary(rec["steps"][0], "write")
         return {
             "windows": windows, "jemalloc_decay": decay, "writers": writers,
             "answered_writes_s": s["admitted_ops_s_median"], "p99_ms": s["p99_ms_median"],
             "errors": s["errors"],
-            "rss_idle_mib": rss.base, "rss_peak_mib": peak, "rss_over_budget": peak / BUDGET_MIB,
-            "within_budget_plus_10pct_plus_idle": peak <= BUDGET_MIB * 1.10 + rss.base,
+            "rss_idle_mib": rss.rss_before, "rss_peak_mib": peak, "rss_over_budget": peak / BUDGET_MIB,
+            "within_budget_plus_10pct_plus_idle": peak <= BUDGET_MIB * 1.10 + rss.rss_before,
             "command": rec["_cmd"],
         }
     finally:
@@ -90,6 +76,7 @@ def main() -> None:
     ap.add_argument("--out", default=str(ROOT / "notes/014-grpc-flood-memory.json"))
     a = ap.parse_args()
     binary = Path(a.kvtier)
+    head = header(versions=versions("kvtier", paths={"kvtier": binary}))
     rows = []
     for windows in WINDOWS:
         for writers in (32, 1):
@@ -98,19 +85,7 @@ def main() -> None:
     for writers in (32, 1):
         rows.append(one(binary, "32/64 MiB (default)", "no decay", writers))
         print(json.dumps({k: v for k, v in rows[-1].items() if k != "command"}), flush=True)
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
-                           capture_output=True, text=True).stdout.strip()
-    record = {
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "git_commit": commit + ("-dirty" if dirty else ""),
-        "machine": {"hostname": platform.node(), "cores": os.cpu_count(), "kernel": platform.release()},
-        "command": " ".join([sys.executable, *sys.argv]),
-        "memory_budget_mib": BUDGET_MIB,
-        "rows": rows,
-    }
-    Path(a.out).write_text(json.dumps(record, indent=1) + "\n")
-    print(f"wrote {a.out}")
+    write_record(a.out, {"memory_budget_mib": BUDGET_MIB, "rows": rows}, head)
 
 
 if __name__ == "__main__":

@@ -27,64 +27,23 @@ usage: python3 scripts/overload-knee.py [--kvtier target/release/kvtier]
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
-import os
-import platform
 import statistics
 import subprocess
-import sys
 import tempfile
-import threading
 import time
 import urllib.request
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "python"))
+from _perf import ROOT
 
-from kvtier.server import Server  # noqa: E402
+from perf import Sampler, header, versions, write_record
+from perf.services import Server, kvtier_server
 
 MIB = 1 << 20
 # --pin: the server's threads on CPU 0, the generator on CPU 1 (taskset), so
 # neither takes the other's core and the server's own queueing is what it sees.
 PIN = False
-
-
-def rss_mib(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    raise RuntimeError("no VmRSS")
-
-
-class RssPeak:
-    """Samples a process's RSS every 20 ms while active."""
-
-    def __init__(self, pid: int):
-        self.pid, self.peak, self._stop = pid, 0.0, threading.Event()
-        self.base = rss_mib(pid)
-        self._t = threading.Thread(target=self._run, daemon=True)
-        self._t.start()
-
-    def _run(self):
-        while not self._stop.is_set():
-            try:
-                self.peak = max(self.peak, rss_mib(self.pid))
-            except (FileNotFoundError, ProcessLookupError):
-                return
-            time.sleep(0.02)
-
-    def stop(self) -> float:
-        self._stop.set()
-        self._t.join()
-        return self.peak
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a process so far."""
-    f = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def metric(http: str, name: str, labels: str = "") -> float:
@@ -140,24 +99,24 @@ def serve(binary: Path, tmp: Path, mode: str, memory: str) -> Server:
     # one CPU. Pinning a running server instead (taskset -a -p) leaves it with
     # one worker per CPU it started with, all on one core (notes/028: a ~4 ms
     # p99 step).
-    return Server.start(binary, ["--memory-capacity", memory, "--concurrency-limit", mode],
-                        cpus={0} if PIN else None)
+    return kvtier_server(binary, ["--memory-capacity", memory, "--concurrency-limit", mode],
+                         cpus={0} if PIN else None)
 
 
 def overload(binary: Path, tmp: Path, mode: str, c: int, common: list[str]) -> dict:
     front = "grpc" if "grpc" in common else "data"
     srv = serve(binary, tmp, mode, "1GiB")
     try:
-        rss = RssPeak(srv.pid)
-        cpu0, t0 = cpu_seconds(srv.pid), time.monotonic()
-        rec = bench(binary, srv, tmp / f"over-{mode}-{front}", ["--workload", "read", "--concurrency", str(c), *common])
-        peak = rss.stop()
+        assert srv.http, "the server's HTTP listener (metrics) is off"
+        # RSS every 20 ms, and the server's CPU time over the bench's whole run (warm-up included).
+        with Sampler(srv.pid, 0.02) as rss:
+            rec = bench(binary, srv, tmp / f"over-{mode}-{front}",
+                        ["--workload", "read", "--concurrency", str(c), *common])
         s = step_summary(rec["steps"][0], "read")
-        # The server's CPU time over the bench's whole run (warm-up included).
-        s["server_cpu_utilisation"] = (cpu_seconds(srv.pid) - cpu0) / (time.monotonic() - t0)
+        s["server_cpu_utilisation"] = rss.result()["cpu_utilisation"]
         s["server_shed_total"] = metric(srv.http, "kvtier_shed_total")
         s["limit_at_end"] = metric(srv.http, "kvtier_concurrency_limit", f'{{front="{front}"}}')
-        s["server_rss_mib"] = {"idle": rss.base, "peak": peak}
+        s["server_rss_mib"] = {"idle": rss.rss_before, "peak": rss.rss_peak}
         s["command"] = rec["_cmd"]
         return s
     finally:
@@ -168,21 +127,21 @@ def flood(binary: Path, tmp: Path, transport: str, duration: str) -> dict:
     srv = serve(binary, tmp, "static", "512MiB")
     try:
         time.sleep(0.5)
-        rss = RssPeak(srv.pid)
-        rec = bench(
-            binary, srv, tmp / f"flood-{transport}",
-            ["--workload", "write", "--concurrency", "32", "--transport", transport,
-             "--duration", duration, "--warmup", "1s"],
-        )
-        peak = rss.stop()
+        with Sampler(srv.pid, 0.02) as rss:
+            rec = bench(
+                binary, srv, tmp / f"flood-{transport}",
+                ["--workload", "write", "--concurrency", "32", "--transport", transport,
+                 "--duration", duration, "--warmup", "1s"],
+            )
+        peak = rss.rss_peak
         s = step_summary(rec["steps"][0], "write")
         budget = 512.0
         s.update({
             "memory_capacity_mib": budget,
-            "server_rss_mib": {"idle": rss.base, "peak": peak},
+            "server_rss_mib": {"idle": rss.rss_before, "peak": peak},
             "ratio_to_budget": peak / budget,
             # The idle server's RSS is the fixed overhead (binary, runtime, allocator arenas).
-            "within_budget_plus_10pct_plus_idle": peak <= budget * 1.10 + rss.base,
+            "within_budget_plus_10pct_plus_idle": peak <= budget * 1.10 + rss.rss_before,
             "command": rec["_cmd"],
         })
         return s
@@ -206,23 +165,13 @@ def main() -> None:
     global PIN
     PIN = a.pin
     binary = Path(a.kvtier)
+    head = header(versions=versions("kvtier", paths={"kvtier": binary}))
     results = {tr: measure(binary, a, tr) for tr in a.transports.split(",")}
     floods = {}
     if not a.no_flood:
         with tempfile.TemporaryDirectory(prefix="kvtier-flood-") as t:
             floods = {tr: flood(binary, Path(t), tr, a.duration) for tr in ("data-plane", "grpc")}
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-    dirty = bool(subprocess.run(["git", "status", "--porcelain"], cwd=ROOT, capture_output=True, text=True).stdout.strip())
-    record = {
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "git_commit": commit + ("-dirty" if dirty else ""),
-        "machine": {"host": platform.node(), "cpus": os.cpu_count(), "kernel": platform.release()},
-        "command": " ".join([sys.executable, *sys.argv]),
-        "pinned": PIN,
-        "reads": results,
-        "write_flood_32": floods,
-    }
-    Path(a.out).write_text(json.dumps(record, indent=2) + "\n")
+    write_record(a.out, {"pinned": PIN, "reads": results, "write_flood_32": floods}, head, indent=2)
     print(json.dumps({"verdicts": {tr: r["verdict_at_10x_knee"] for tr, r in results.items()},
                       "knees": {tr: r["knee"] for tr, r in results.items()},
                       "flood": {k: (v["server_rss_mib"], v["ratio_to_budget"]) for k, v in floods.items()}},
