@@ -13,16 +13,15 @@ binary's repeats. Writes OUT/record.json and OUT/summary.md.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
-import os
-import platform
 import statistics
 import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from _perf import ROOT
+
+from perf import header, versions, write_record
 
 
 def run(binary: str, out: Path, a) -> dict:
@@ -55,6 +54,8 @@ def main() -> None:
     a = ap.parse_args()
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
+    head = header(versions={**versions(), "kvtier (A)": versions("kvtier", paths={"kvtier": a.a})["kvtier"],
+                            "kvtier (B)": versions("kvtier", paths={"kvtier": a.b})["kvtier"]})
     runs: list[dict] = []
     for r in range(a.rounds):
         for label, binary in (("A", a.a), ("B", a.b)):
@@ -69,20 +70,14 @@ def main() -> None:
         p99 = {lab: statistics.median(x[path]["p99_ms"] for x in runs if x["binary"] == lab) for lab in ("A", "B")}
         result[path] = {"median_reads_s": med, "median_p99_ms": p99, "b_over_a": med["B"] / med["A"],
                         "p99_b_over_a": p99["B"] / p99["A"]}
-    record = {
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "git_commit": subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
-                                     text=True).stdout.strip(),
+    write_record(out / "record.json", {
         "a_commit": a.a_commit,
-        "machine": {"host": platform.node(), "cpus": os.cpu_count(), "kernel": platform.release()},
-        "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
-        "method": __doc__.split("\n\n")[0].replace("\n", " "),
+        "method": (__doc__ or "").split("\n\n")[0].replace("\n", " "),
         "value_size": a.value_size,
         "blocks_per_read": 256,
         "runs": runs,
         "result": result,
-    }
-    (out / "record.json").write_text(json.dumps(record, indent=1) + "\n")
+    }, head)
     lines = ["| path | A reads/s | B reads/s | B/A | A p99 ms | B p99 ms |", "|---|---|---|---|---|---|"]
     for path, x in result.items():
         lines.append(f"| {path} | {x['median_reads_s']['A']:.3f} | {x['median_reads_s']['B']:.3f} | "

@@ -20,78 +20,32 @@ cargo (builds target/release/kvtier). Each engine runs in its own process
 from __future__ import annotations
 
 import argparse
-import base64
-import datetime
-import hashlib
-import hmac
 import json
 import os
-import platform
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "python"))
-from kvtier.server import free_port_pair  # noqa: E402
+from _perf import ROOT
 
-AZ_ACCOUNT = "devstoreaccount1"
-AZ_KEY = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
+from kvtier.server import free_port_pair
+from perf import HEADER_KEYS, header, versions, write_record
+from perf.services import Azurite
 
 
-# -- Azurite ------------------------------------------------------------------
+def _vllm_versions() -> dict:
+    from importlib.metadata import PackageNotFoundError, version
 
-class Azurite:
-    def __init__(self, workdir: Path):
-        main = ROOT / ".tools/azurite/node_modules/azurite/dist/src/blob/main.js"
-        if not main.exists():
-            raise SystemExit(f"Azurite not found at {main}: run scripts/setup.sh --test")
-        self.dir = workdir / "azurite"
-        self.dir.mkdir(parents=True, exist_ok=True)
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
-        self.proc = subprocess.Popen(
-            ["node", str(main), "--blobHost", "127.0.0.1", "--blobPort", str(self.port), "--location", str(self.dir),
-             "--skipApiVersionCheck", "--loose", "--silent"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
-        )
-        end = time.monotonic() + 60
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
-                break
-            except OSError:
-                if self.proc.poll() is not None or time.monotonic() > end:
-                    raise SystemExit("Azurite did not start")
-                time.sleep(0.1)
-        self.create_container("kvtier")
-
-    @property
-    def endpoint(self) -> str:
-        return f"http://127.0.0.1:{self.port}/{AZ_ACCOUNT}"
-
-    def create_container(self, name: str) -> None:
-        date = datetime.datetime.now(datetime.timezone.utc).strftime("%a, %d %b %Y %H:%M:%S GMT")
-        path = f"/{AZ_ACCOUNT}/{name}"
-        sts = "PUT\n" + "\n" * 11 + f"x-ms-date:{date}\nx-ms-version:2021-08-06\n/{AZ_ACCOUNT}{path}\nrestype:container"
-        sig = base64.b64encode(hmac.new(base64.b64decode(AZ_KEY), sts.encode(), hashlib.sha256).digest()).decode()
-        req = (f"PUT {path}?restype=container HTTP/1.1\r\nHost: 127.0.0.1:{self.port}\r\nx-ms-date: {date}\r\n"
-               f"x-ms-version: 2021-08-06\r\nAuthorization: SharedKey {AZ_ACCOUNT}:{sig}\r\nContent-Length: 0\r\n"
-               "Connection: close\r\n\r\n")
-        with socket.create_connection(("127.0.0.1", self.port), timeout=10) as s:
-            s.sendall(req.encode())
-            status = s.recv(4096).split(b" ", 2)[1]
-        if status not in (b"201", b"409"):
-            raise SystemExit(f"Azurite refused to create container {name}: {status!r}")
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(timeout=30)
+    out: dict[str, str | None] = {}
+    for pkg in ("vllm", "torch"):
+        try:
+            out[pkg] = version(pkg)
+        except PackageNotFoundError:
+            out[pkg] = None
+    return out
 
 
 def kvtier_config(path: Path, disk: Path, azurite: Azurite) -> Path:
@@ -106,8 +60,8 @@ sync = "batch"
 url = "az://kvtier/vllm-bench"
 write_policy = "write-through"
 [object_store.options]
-azure_storage_account_name = "{AZ_ACCOUNT}"
-azure_storage_account_key = "{AZ_KEY}"
+azure_storage_account_name = "{azurite.account}"
+azure_storage_account_key = "{azurite.key}"
 azure_storage_endpoint = "{azurite.endpoint}"
 azure_allow_http = "true"
 """)
@@ -127,15 +81,15 @@ def engine_main(spec_path: str) -> None:
     from vllm.config import KVTransferConfig
 
     from kvtier import Client
-    from kvtier.server import Server
     from kvtier.vllm.common import chain_keys
     from kvtier.vllm.testing import prompt_tokens
+    from perf.services import kvtier_server
 
     stats_path = Path(spec["workdir"]) / f"stats-{spec['name']}.jsonl"
     server = None
     kw = {}
     if spec["mode"] != "baseline":
-        server = Server.start(binary=spec["kvtier_bin"], listen=spec["url"], args=["--config", spec["config"]])
+        server = kvtier_server(spec["kvtier_bin"], ["--config", spec["config"]], listen=spec["url"])
         kw["kv_transfer_config"] = KVTransferConfig(
             kv_connector="KvtierConnector", kv_connector_module_path="kvtier.vllm", kv_role="kv_both",
             kv_connector_extra_config={"url": spec["url"], "stats_file": str(stats_path), "load_mode": spec["mode"]},
@@ -147,7 +101,7 @@ def engine_main(spec_path: str) -> None:
     params = SamplingParams(max_tokens=1, temperature=0.0, logprobs=5)
 
     def stat_lines():
-        return [json.loads(l) for l in stats_path.read_text().splitlines()] if stats_path.exists() else []
+        return [json.loads(line) for line in stats_path.read_text().splitlines()] if stats_path.exists() else []
 
     def run(tokens):
         llm.reset_prefix_cache()
@@ -156,8 +110,8 @@ def engine_main(spec_path: str) -> None:
         r = llm.generate([{"prompt_token_ids": tokens}], params, use_tqdm=False)[0]
         ttft = time.monotonic() - t
         new = stat_lines()[mark:]
-        lookup = next((e for e in new if e["event"] == "lookup"), {})
-        load = next((e for e in new if e["event"] == "load"), {})
+        lookup: dict = next((e for e in new if e["event"] == "lookup"), {})
+        load: dict = next((e for e in new if e["event"] == "load"), {})
         lp = {str(k): v.logprob for k, v in r.outputs[0].logprobs[0].items()}
         return {"ttft_s": ttft, "cached_tokens": r.num_cached_tokens or 0, "logprobs": lp,
                 "token": r.outputs[0].token_ids[0], "lookup_us": lookup.get("us"), "tiers": lookup.get("tiers"),
@@ -166,11 +120,12 @@ def engine_main(spec_path: str) -> None:
 
     def restart(wipe_disk: bool):
         nonlocal server
+        assert server is not None, "restart() is for the kvtier engines"
         server.stop()
         if wipe_disk:
             shutil.rmtree(spec["disk"])
             os.makedirs(spec["disk"])
-        server = Server.start(binary=spec["kvtier_bin"], listen=spec["url"], args=["--config", spec["config"]])
+        server = kvtier_server(spec["kvtier_bin"], ["--config", spec["config"]], listen=spec["url"])
 
     warm = prompt_tokens(256, seed=999)
     run(warm)  # the first generate of an engine pays one-off costs
@@ -238,7 +193,7 @@ def main() -> None:
     if args.engine:
         return engine_main(args.engine)
 
-    from kvtier.vllm.testing import SIZES, make_model
+    from kvtier.vllm.testing import make_model
 
     work = (ROOT / args.workdir).resolve()
     model_dir = ROOT / "out" / f"bench-vllm-model-{args.model_size}"
@@ -249,7 +204,7 @@ def main() -> None:
     if args.from_results:
         spec0 = json.loads((work / "spec-baseline.json").read_text())
         runs = {p.stem.removeprefix("result-"): json.loads(p.read_text()) for p in sorted(work.glob("result-*.json"))}
-        return write_record(args, runs, n_params, run_info(work), spec0["dtype"])
+        return write_note_record(args, runs, n_params, run_info(work), spec0["dtype"])
     only = [x for x in args.only.split(",") if x]
     if only and not (work / "run.json").exists():
         raise SystemExit(f"--only needs the earlier run in {work}")
@@ -257,16 +212,12 @@ def main() -> None:
         shutil.rmtree(work)
     work.mkdir(parents=True, exist_ok=True)
     if not only:
-        (work / "run.json").write_text(json.dumps({
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "commit": subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-        + ("" if subprocess.run(["git", "diff", "--quiet"], cwd=ROOT).returncode == 0 else "-dirty"),
-        "machine": f"{platform.platform()}; {os.cpu_count()} CPUs",
-        "command": " ".join([".tools/vllm/bin/python", "scripts/bench-vllm.py"] + sys.argv[1:]),
-    }))
+        # The run's header, taken at its start (a later --only or --from-results writes the record).
+        (work / "run.json").write_text(json.dumps(header(versions=versions(known=_vllm_versions()))))
     kvtier_bin = ROOT / "target/release/kvtier"
     subprocess.run(["cargo", "build", "--release", "-q", "-p", "kvtier"], cwd=ROOT, check=True)
-    azurite = Azurite(work)
+    azurite = Azurite.start(work / "azurite")
+    azurite.create_container("kvtier")
     sizes = [int(s) for s in args.sizes.split(",")]
     modes = args.modes.split(",")
     port = free_port_pair()
@@ -275,7 +226,7 @@ def main() -> None:
     config = kvtier_config(work / "kvtier.toml", disk, azurite)
 
     runs = {}
-    plan = [("baseline", "baseline", [])] + [(m, m, ["memory", "disk", "object"] if m == "sync" else ["memory"])
+    plan: list[tuple[str, str, list[str]]] = [("baseline", "baseline", [])] + [(m, m, ["memory", "disk", "object"] if m == "sync" else ["memory"])
                                               for m in modes]
     try:
         for name, mode, tiers in plan:
@@ -298,26 +249,22 @@ def main() -> None:
         azurite.stop()
     info = run_info(work)
     if only:
+        now = header()
         info["reruns"] = info.get("reruns", []) + [{
-            "engines": only,
-            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "commit": subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip(),
-            "command": " ".join([".tools/vllm/bin/python", "scripts/bench-vllm.py"] + sys.argv[1:]),
-        }]
+            "engines": only, **{k: now[k] for k in ("date", "commit", "dirty", "command")}}]
         (work / "run.json").write_text(json.dumps(info))
-    write_record(args, runs, n_params, info, args.dtype)
+    write_note_record(args, runs, n_params, info, args.dtype)
 
 
 def run_info(work: Path) -> dict:
-    """Date, commit, machine and command of the run in ``work`` (recorded at its start)."""
+    """The header of the run in ``work`` (taken at its start), and its reruns."""
     p = work / "run.json"
     if p.exists():
         return json.loads(p.read_text())
-    return {"date": "unknown", "commit": "unknown", "machine": f"{platform.platform()}; {os.cpu_count()} CPUs",
-            "command": "unknown (run.json missing)"}
+    return {**dict.fromkeys(HEADER_KEYS), "command": "unknown (run.json missing)"}
 
 
-def write_record(args, runs: dict, n_params: int, info: dict, dtype: str) -> None:
+def write_note_record(args, runs: dict, n_params: int, info: dict, dtype: str) -> None:
     """The perf record, built from the engines' raw results.
 
     Recompute TTFT, the ratio's denominator, is the faster of two
@@ -357,9 +304,12 @@ def write_record(args, runs: dict, n_params: int, info: dict, dtype: str) -> Non
                     "first_token_equal": all(x["token"] == base[size]["recompute"][0]["token"] for x in xs),
                     "max_logprob_diff": max((max_diff(x["logprobs"], ref_lp) or 0) for x in xs),
                 })
-    record = {
+    head = {k: info.get(k) for k in HEADER_KEYS}
+    if isinstance(head["commit"], str) and head["commit"].endswith("-dirty"):  # a run.json from before perf's header
+        head["commit"], head["dirty"] = head["commit"][: -len("-dirty")], True
+    record = write_record(ROOT / args.out, {
         "note": "009-vllm-ttft",
-        **info,
+        **{k: v for k, v in info.items() if k not in HEADER_KEYS},
         "model": {"size": args.model_size, "shape": SIZES[args.model_size], "parameters": n_params, "dtype": dtype,
                   "weights": "random (kvtier.vllm.testing.make_model, seed 0)"},
         "engine_load_s": {k: v["load_s"] for k, v in runs.items()},
@@ -368,10 +318,7 @@ def write_record(args, runs: dict, n_params: int, info: dict, dtype: str) -> Non
                              "same_engine_miss_ttft_s": miss.get(size)} for size, e in base.items()},
         "cached": rows,
         "raw": runs,
-    }
-    out = ROOT / args.out
-    out.write_text(json.dumps(record, indent=1))
-    print(f"wrote {out}")
+    }, head)
     print(table(record))
 
 

@@ -1,12 +1,14 @@
 #!/usr/bin/env python3
-"""Collects criterion estimates into a perf record (date, commit, machine, command, results)."""
-import datetime
+"""Collects criterion estimates into a perf record (perf's header, then the
+results). Usage: criterion_record.py COMMAND CRITERION_DIR OUT.json, COMMAND
+being what ran the benchmarks (scripts/bench-engine.sh)."""
 import json
-import os
-import platform
-import subprocess
 import sys
 from pathlib import Path
+
+import _perf  # noqa: F401 (puts perf on sys.path)
+
+from perf import header, versions, write_record
 
 command, root, out = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
 results = {}
@@ -24,14 +26,5 @@ for est in sorted(root.glob("*/*/*/new/estimates.json")) + sorted(root.glob("*/*
         "elements_per_iter": elems,
         "ops_per_s": elems * 1e9 / med if med else None,
     }
-mem_kib = int(next(l for l in open("/proc/meminfo") if l.startswith("MemTotal")).split()[1])
-record = {
-    "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-    "git_commit": subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip(),
-    "machine": {"cpus": os.cpu_count(), "memory_gib": round(mem_kib / 2**20, 1), "kernel": platform.release(),
-                "cpu": next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "")},
-    "command": command,
-    "results": results,
-}
-out.write_text(json.dumps(record, indent=1) + "\n")
-print(f"wrote {out} ({len(results)} benchmarks)")
+write_record(out, {"results": results}, header(command=command, versions=versions("rustc", "cargo")))
+print(f"{len(results)} benchmarks")

@@ -26,22 +26,18 @@ Writes DIR/record.json and DIR/summary.md; exits 1 if any check fails.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
-import platform
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
+import _perf  # noqa: F401 (puts perf and the SDK on sys.path)
 import torch
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "python"))
-
-from kvtier.vllm.layout import PayloadLayout  # noqa: E402
+from kvtier.vllm.layout import PayloadLayout
+from perf import header, versions
 
 checks: list[dict] = []
 
@@ -178,7 +174,7 @@ def speed(dev, repeats) -> dict:
 
 def end_to_end(dev, kvtier_bin: str, repeats: int) -> dict:
     from kvtier import Block, Client
-    from kvtier.server import Server
+    from perf.services import find_binary, kvtier_server
 
     layers, heads, block, content, n = 32, 8, 16, 256, 64
     cs = caches(layers, 256, heads, block, content, torch.bfloat16, dev, True, seed=11)
@@ -187,7 +183,7 @@ def end_to_end(dev, kvtier_bin: str, repeats: int) -> dict:
     ids = list(range(0, 4 * n, 4))
     keys = [f"blk-{i:04d}".encode() for i in range(n)]
     out = {}
-    with Server.start(binary=kvtier_bin, args=["--memory-capacity", "4GiB"]) as srv, Client(srv.grpc) as c:
+    with kvtier_server(kvtier_bin or find_binary(), ["--memory-capacity", "4GiB"]) as srv, Client(srv.grpc) as c:
         saves, loads = [], []
         for r in range(repeats):
             ns = f"gpu-check/{r}"
@@ -210,7 +206,7 @@ def end_to_end(dev, kvtier_bin: str, repeats: int) -> dict:
             host = back2.host_rows(n)
             if host is None:  # a CPU dry run: host_rows saves nothing there
                 host = torch.empty((n, lay.nbytes), dtype=torch.uint8)
-            got2 = c.read(ns, keys, into=lambda i, size: host[i].numpy())
+            got2 = c.read(ns, keys, into=lambda i, size, host=host: host[i].numpy())
             t7 = time.perf_counter()
             back2.scatter_many(ids, got2.payloads, host=host)
             t8 = time.perf_counter()
@@ -236,18 +232,6 @@ def end_to_end(dev, kvtier_bin: str, repeats: int) -> dict:
     return out
 
 
-def git_commit() -> str:
-    """``$KVTIER_COMMIT`` (a device machine's copy of the tree may carry a stale
-    .git), else the checkout's HEAD."""
-    if os.environ.get("KVTIER_COMMIT"):
-        return os.environ["KVTIER_COMMIT"]
-    try:
-        return subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True,
-                              check=True).stdout.strip()
-    except Exception:  # noqa: BLE001 - the device copy of the tree may carry no .git
-        return os.environ.get("KVTIER_COMMIT", "unknown")
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", required=True)
@@ -259,13 +243,13 @@ def main() -> int:
         print("gpu-check: no CUDA device visible to torch", file=sys.stderr)
         return 2
     dev = torch.device(a.device)
-    rec = {
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "git_commit": git_commit(),
-        "machine": {"gpu": torch.cuda.get_device_name(0) if dev.type == "cuda" else "none (cpu dry run)", "torch": torch.__version__, "cuda": torch.version.cuda,
-                    "cpus": os.cpu_count(), "python": platform.python_version()},
-        "command": "PYTHONPATH=python python3 scripts/gpu-check.py " + " ".join(sys.argv[1:]),
-    }
+    rec = header(versions=versions(known={"torch": torch.__version__, "cuda": torch.version.cuda}))
+    if a.kvtier:
+        rec["versions"].update(versions("kvtier", paths={"kvtier": a.kvtier}))
+    # A device machine's copy of the tree may carry no (or a stale) .git: $KVTIER_COMMIT names the commit.
+    if os.environ.get("KVTIER_COMMIT"):
+        rec["commit"], rec["dirty"] = os.environ["KVTIER_COMMIT"], None
+    rec["machine"]["gpu"] = torch.cuda.get_device_name(0) if dev.type == "cuda" else "none (cpu dry run)"
     correctness(dev)
     rec["speed"] = speed(dev, a.repeats)
     rec["end_to_end"] = end_to_end(dev, a.kvtier, max(3, a.repeats // 2))
@@ -274,9 +258,9 @@ def main() -> int:
     rec["passed"] = not failed
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "record.json").write_text(json.dumps(rec, indent=2) + "\n")
+    (out / "record.json").write_text(json.dumps(rec, indent=2) + "\n")  # rec starts with perf's header
     s, e = rec["speed"], rec["end_to_end"]
-    lines = [f"# GPU check on {rec['machine']['gpu']} (torch {rec['machine']['torch']})", "",
+    lines = [f"# GPU check on {rec['machine']['gpu']} (torch {rec['versions']['torch']})", "",
              f"{len(checks) - len(failed)} of {len(checks)} checks passed.", "",
              f"Speed, {s['shape']['blocks_per_call']} blocks of {s['shape']['payload_bytes']} bytes per call, "
              f"median of {2 * s['repeats']}:", "", "| step | ms | GB/s |", "|---|---|---|"]
