@@ -37,14 +37,11 @@ Writes OUT/record.json and OUT/summary.md. Needs root and MinIO
 from __future__ import annotations
 
 import argparse
-import datetime
 import hashlib
-import hmac
 import http.client
 import importlib.util
 import json
 import os
-import platform
 import signal
 import statistics
 import subprocess
@@ -52,20 +49,24 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
+from _perf import ROOT
+
+from perf import header, versions, write_record
+from perf.services import MINIO_PASSWORD, MINIO_USER, Minio, Server, create_bucket, kvtier_server
+
 _spec = importlib.util.spec_from_file_location("netlab", ROOT / "scripts" / "netlab.py")
+assert _spec is not None and _spec.loader is not None
 netlab = importlib.util.module_from_spec(_spec)
-assert _spec.loader is not None
 _spec.loader.exec_module(netlab)
 
 MINIO_PORT = 9000
-MINIO_USER, MINIO_PASSWORD = "kvtieradmin", "kvtieradmin-secret"
 BUCKET = "kvtier-cold"
 BLOCKS = 256
 GRPC_PORT = 7711  # kvtier in the client namespace; data plane on the next port, HTTP on the one after
 
-MODES = {
+MODES: dict[str, dict[str, Any]] = {
     "serial": {"read_ahead": 1, "prefetch": False, "stripes": 1},
     "parallel-4": {"read_ahead": 4, "prefetch": False, "stripes": 1},
     "parallel-16": {"read_ahead": 16, "prefetch": False, "stripes": 1},
@@ -84,56 +85,7 @@ def server_ip() -> str:
     return netlab.SERVER_IP.split("/")[0]
 
 
-def minio_path() -> str:
-    for p in (os.environ.get("KVTIER_MINIO"), ROOT / ".tools/bin/minio", Path.home() / "go/bin/minio"):
-        if p and Path(p).is_file():
-            return str(p)
-    raise SystemExit("MinIO not found (.tools/bin/minio, ~/go/bin/minio or $KVTIER_MINIO): "
-                     "run scripts/setup.sh --test")
-
-
 # -- in the client namespace ------------------------------------------------
-
-def http_status(host: str, port: int, method: str, path: str, headers: dict | None = None) -> int | None:
-    try:
-        c = http.client.HTTPConnection(host, port, timeout=2)
-        c.request(method, path, headers=headers or {})
-        return c.getresponse().status
-    except OSError:
-        return None
-
-
-def create_bucket(host: str, port: int, bucket: str) -> None:
-    """PUT /bucket signed with AWS SigV4 (object_store never creates buckets)."""
-    end = time.monotonic() + 60
-    while http_status(host, port, "GET", "/minio/health/ready") != 200:
-        if time.monotonic() > end:
-            raise SystemExit("MinIO did not become ready across the lab")
-        time.sleep(0.1)
-    while True:
-        amz_date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-        date = amz_date[:8]
-        hosthdr = f"{host}:{port}"
-        ph = hashlib.sha256(b"").hexdigest()
-        canonical = (f"PUT\n/{bucket}\n\nhost:{hosthdr}\nx-amz-content-sha256:{ph}\nx-amz-date:{amz_date}\n\n"
-                     f"host;x-amz-content-sha256;x-amz-date\n{ph}")
-        scope = f"{date}/us-east-1/s3/aws4_request"
-        sts = f"AWS4-HMAC-SHA256\n{amz_date}\n{scope}\n{hashlib.sha256(canonical.encode()).hexdigest()}"
-        k = hmac.new(f"AWS4{MINIO_PASSWORD}".encode(), date.encode(), hashlib.sha256).digest()
-        for part in ("us-east-1", "s3", "aws4_request"):
-            k = hmac.new(k, part.encode(), hashlib.sha256).digest()
-        sig = hmac.new(k, sts.encode(), hashlib.sha256).hexdigest()
-        st = http_status(host, port, "PUT", f"/{bucket}", {
-            "Host": hosthdr, "x-amz-content-sha256": ph, "x-amz-date": amz_date, "Content-Length": "0",
-            "Authorization": f"AWS4-HMAC-SHA256 Credential={MINIO_USER}/{scope}, "
-                             f"SignedHeaders=host;x-amz-content-sha256;x-amz-date, Signature={sig}"})
-        if st in (200, 409):
-            return
-        if st == 503 and time.monotonic() < end:  # MinIO answers 503 for a moment after ready
-            time.sleep(0.1)
-            continue
-        raise SystemExit(f"creating bucket {bucket}: HTTP {st}")
-
 
 def write_config(path: Path, read_ahead: int, prefetch: bool, policy: str) -> None:
     path.write_text(f"""[object_store]
@@ -150,33 +102,22 @@ aws_region = "us-east-1"
 """)
 
 
-def start_kvtier(kvtier: str, config: Path, log: Path) -> subprocess.Popen:
-    ready = config.with_suffix(".ready")
-    ready.unlink(missing_ok=True)
-    p = subprocess.Popen([kvtier, "serve", "--config", str(config), "--insecure",
-                          "--listen", f"127.0.0.1:{GRPC_PORT}", "--data-listen", "auto",
-                          "--http-listen", f"127.0.0.1:{GRPC_PORT + 2}", "--memory-capacity", "3GiB",
-                          "--ready-json"], stdout=open(ready, "w"), stderr=open(log, "a"))
-    end = time.monotonic() + 60
-    while not (ready.exists() and ready.stat().st_size > 0):
-        if p.poll() is not None or time.monotonic() > end:
-            p.kill()
-            raise SystemExit(f"kvtier serve did not start; see {log}")
-        time.sleep(0.05)
-    return p
+def start_kvtier(kvtier: str, config: Path) -> Server:
+    """kvtier on loopback in this (the client's) namespace, empty memory, no disk: every block is cold."""
+    return kvtier_server(kvtier, ["--config", str(config), "--insecure", "--data-listen", "auto",
+                                  "--memory-capacity", "3GiB"], listen=f"127.0.0.1:{GRPC_PORT}")
 
 
-def stop(p: subprocess.Popen) -> None:
-    p.send_signal(signal.SIGTERM)
-    try:
-        p.wait(30)
-    except subprocess.TimeoutExpired:
-        p.kill()
-        p.wait()
+def stop(srv: Server, log: Path) -> None:
+    """Stops the server, its log appended to `log`."""
+    with open(log, "a") as f:
+        f.write(srv.stderr_text())
+    srv.stop(30)
 
 
-def object_counters() -> dict:
-    c = http.client.HTTPConnection("127.0.0.1", GRPC_PORT + 2, timeout=5)
+def object_counters(http_addr: str) -> dict:
+    host, port = http_addr.rsplit(":", 1)
+    c = http.client.HTTPConnection(host, int(port), timeout=5)
     c.request("GET", "/metrics")
     out = {}
     for line in c.getresponse().read().decode().splitlines():
@@ -193,7 +134,6 @@ def chain(size: int) -> tuple[list[bytes], list[bytes]]:
 
 
 def client_run(a) -> None:
-    sys.path.insert(0, str(ROOT / "python"))
     import kvtier
 
     work = Path(a.work)
@@ -207,7 +147,7 @@ def client_run(a) -> None:
         keys, payloads = chain(size)
         cfg = work / "fill.toml"
         write_config(cfg, 16, False, "write-through")
-        p = start_kvtier(a.kvtier, cfg, log)
+        p = start_kvtier(a.kvtier, cfg)
         try:
             c = kvtier.Client(f"127.0.0.1:{GRPC_PORT}", timeout=300)
             for i in range(0, BLOCKS, 16):
@@ -216,13 +156,13 @@ def client_run(a) -> None:
                              for j in range(i, i + 16)])
             c.close()
         finally:
-            stop(p)
+            stop(p, log)
         for rep in range(a.repeat):
             for mode in modes:
                 m = MODES[mode]
                 cfg = work / f"{mode}.toml"
                 write_config(cfg, m["read_ahead"], m["prefetch"], "write-back")
-                p = start_kvtier(a.kvtier, cfg, log)
+                p = start_kvtier(a.kvtier, cfg)
                 try:
                     kw = {"read_stripes": m["stripes"]} if m["stripes"] else {}
                     c = kvtier.Client(f"127.0.0.1:{GRPC_PORT}", timeout=300, **kw)
@@ -238,10 +178,11 @@ def client_run(a) -> None:
                     t2 = time.monotonic()
                     got = [bytes(b.payload) for b in r.blocks]
                     ok = found == BLOCKS and got == payloads
-                    counters = object_counters()
+                    assert p.http, "the server's HTTP listener (metrics) is off"
+                    counters = object_counters(p.http)
                     c.close()
                 finally:
-                    stop(p)
+                    stop(p, log)
                 e = {"value_size": size, "mode": mode, **m, "repeat": rep, "found": found,
                      "returned": len(got), "intact": ok, "lookup_s": t1 - t0, "gap_s": t1g - t1,
                      "read_s": t2 - t1g, "total_s": (t1 - t0) + (t2 - t1g), "counters": counters}
@@ -267,6 +208,7 @@ def main() -> int:
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     rate = netlab.parse_rate(a.rate)
+    head = header(versions=versions("kvtier", "minio", paths={"kvtier": a.kvtier}))
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     with netlab.Lab(str(os.getpid() % 100000)) as lab, tempfile.TemporaryDirectory() as tmp:
         lab.set_link(0, None)
@@ -279,13 +221,9 @@ def main() -> int:
         link = max(one, many)
         print(f"rtt {a.rtt:g} ms: measured {measured:.2f} ({'ok' if ok else 'OFF'}); probe 1 stream "
               f"{one:.0f} Mbit/s, 8 streams {many:.0f} Mbit/s", flush=True)
-        minio = subprocess.Popen(
-            ["ip", "netns", "exec", lab.server_ns, minio_path(), "server", f"{tmp}/data",
-             "--address", f"{server_ip()}:{MINIO_PORT}", "--console-address", f"{server_ip()}:{MINIO_PORT + 1}",
-             "--quiet"],
-            env={**os.environ, "MINIO_ROOT_USER": MINIO_USER, "MINIO_ROOT_PASSWORD": MINIO_PASSWORD,
-                 "MINIO_BROWSER": "off", "MINIO_UPDATE": "off"},
-            stdout=open(out / "minio.log", "w"), stderr=subprocess.STDOUT)
+        # MinIO in the server namespace: this process cannot reach it; the client side creates the bucket.
+        minio = Minio.start(Path(tmp), host=server_ip(), port=MINIO_PORT, console_port=MINIO_PORT + 1,
+                            wrap=["ip", "netns", "exec", lab.server_ns], log=out / "minio.log", probe=False)
         try:
             py = ROOT / ".venv/bin/python"  # the Python SDK's dependencies (make test creates it)
             r = subprocess.run(["ip", "netns", "exec", lab.client_ns, str(py if py.exists() else sys.executable),
@@ -297,21 +235,11 @@ def main() -> int:
                 raise SystemExit(f"the client side failed ({r.returncode}); see {out / 'server.log'}")
             results = json.loads(r.stdout)
         finally:
-            minio.terminate()
-            try:
-                minio.wait(30)
-            except subprocess.TimeoutExpired:
-                minio.kill()
-                minio.wait()
+            minio.stop(30)
     for p in out.glob("*.toml"):
         p.unlink()
     for p in out.glob("*.ready"):
         p.unlink()
-    commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], text=True,
-                            stdout=subprocess.PIPE).stdout.strip()
-    if subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no", "--", "crates"],
-                      text=True, stdout=subprocess.PIPE).stdout.strip():
-        commit += "-dirty"  # the binary may hold uncommitted changes
     rows = []
     for size in sorted({e["value_size"] for e in results}, reverse=True):
         bytes_ = size * BLOCKS
@@ -325,12 +253,7 @@ def main() -> int:
                          "goodput_mbit_s": bytes_ * 8 / med / 1e6, "bound_s": bound, "within_bound": med <= bound,
                          "floor_s": bound / 3, "of_floor": med / (bound / 3),
                          "all_intact": all(e["intact"] for e in es)})
-    record = {
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "git_commit": commit,
-        "machine": {"hostname": platform.node(), "cores": os.cpu_count(), "kernel": platform.release(),
-                    "congestion_control": Path("/proc/sys/net/ipv4/tcp_congestion_control").read_text().strip()},
-        "command": " ".join(["scripts/netlab-cold.py", *sys.argv[1:]]),
+    record = write_record(out / "record.json", {
         "method": "scripts/netlab.py's lab with MinIO in the server namespace; kvtier serve and the Python client "
                   "on loopback in the client namespace; per repeat and mode a fresh kvtier (every block cold), "
                   "one Lookup + one Read of a 256-block chain, timed from the Lookup to the Read's last byte; "
@@ -341,8 +264,7 @@ def main() -> int:
         "link_mbit_s": link, "blocks": BLOCKS, "modes": {m: MODES[m] for m in a.modes.split(",")},
         "rows": rows, "runs": results,
         "validation": {"rtt_ok": ok, "all_intact": all(e["intact"] for e in results)},
-    }
-    (out / "record.json").write_text(json.dumps(record, indent=1) + "\n")
+    }, head)
     (out / "summary.md").write_text(summary(record))
     print(summary(record))
     return 0
@@ -351,7 +273,7 @@ def main() -> int:
 def summary(rec: dict) -> str:
     lines = [f"Cold 256-block prefix reads from MinIO behind {rec['rtt_ms_measured']:.1f} ms RTT "
              f"(configured {rec['rtt_ms_configured']:g}), link {rec['link_mbit_s']:.0f} Mbit/s measured, "
-             f"`{rec['command']}` at {rec['git_commit'][:10]}, {rec['date']}.", "",
+             f"`{rec['command']}` at {(rec.get('commit') or rec['git_commit'])[:10]}, {rec['date']}.", "",
              "Lookup + Read, seconds (median of repeats); floor = one RTT + the chain at the link's rate; "
              "the bound is 3 x floor.", "",
              "| block | mode | total s (repeats) | lookup s | read s | Mbit/s | x floor | within 3 x floor |",

@@ -26,23 +26,23 @@ Writes OUT/record.json and OUT/summary.md. Needs root.
 from __future__ import annotations
 
 import argparse
-import datetime
 import importlib.util
-import json
 import os
-import platform
 import shutil
 import signal
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from _perf import ROOT
+
+from perf import header, stamp_file, versions, write_record
+from perf.services import Server, kvtier_server
+
 _spec = importlib.util.spec_from_file_location("netlab", ROOT / "scripts" / "netlab.py")
+assert _spec is not None and _spec.loader is not None
 netlab = importlib.util.module_from_spec(_spec)
-assert _spec.loader is not None
 _spec.loader.exec_module(netlab)
 
 GRPC_PORT = 7611  # the data plane listens on the next port
@@ -52,23 +52,14 @@ def in_ns(ns: str, *args: str, **kw) -> subprocess.Popen:
     return subprocess.Popen(["ip", "netns", "exec", ns, *args], **kw)
 
 
-def start_server(lab, kvtier: Path, work: Path) -> subprocess.Popen:
-    ready = work / "ready.json"
-    ready.unlink(missing_ok=True)
-    p = in_ns(lab.server_ns, str(kvtier), "serve", "--insecure",
-              "--listen", f"{netlab.SERVER_IP.split('/')[0]}:{GRPC_PORT}", "--data-listen", "auto",
-              "--http-listen", "", "--memory-capacity", "3GiB", "--ready-json",
-              stdout=open(ready, "w"), stderr=open(work / "server.log", "a"))
-    end = time.monotonic() + 60
-    while not (ready.exists() and ready.stat().st_size > 0):
-        if p.poll() is not None or time.monotonic() > end:
-            p.kill()
-            raise SystemExit(f"kvtier serve did not start; see {work / 'server.log'}")
-        time.sleep(0.05)
-    return p
+def start_server(lab, kvtier: Path) -> Server:
+    """kvtier serve in the lab's server namespace (its PID is the server's: `ip netns exec` execs it)."""
+    return kvtier_server(kvtier, ["--insecure", "--data-listen", "auto", "--memory-capacity", "3GiB"],
+                         listen=f"{netlab.SERVER_IP.split('/')[0]}:{GRPC_PORT}",
+                         wrap=["ip", "netns", "exec", lab.server_ns])
 
 
-def bench(lab, kvtier: Path, out: Path, stripes: int, a) -> dict:
+def bench(lab, kvtier: Path, out: Path, stripes: int, a, head: dict) -> dict:
     if out.exists():
         shutil.rmtree(out)
     target = f"grpc://{netlab.SERVER_IP.split('/')[0]}:{GRPC_PORT}"
@@ -79,7 +70,7 @@ def bench(lab, kvtier: Path, out: Path, stripes: int, a) -> dict:
     p = in_ns(lab.client_ns, *cmd, stdout=subprocess.DEVNULL, stderr=open(out.parent / "bench.log", "a"))
     if p.wait() != 0:
         raise SystemExit(f"kvtier bench failed; see {out.parent / 'bench.log'}")
-    rec = json.loads((out / "record.json").read_text())
+    rec = stamp_file(out / "record.json", head)  # the bench's own record, given the run's header
     step = rec["steps"][0]
     op = step["ops"]["prefix-read"]
     # One worker reads one prefix at a time, so a read's wall time is its
@@ -121,6 +112,7 @@ def main() -> int:
     kvtier = Path(a.kvtier).resolve()
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
+    head = header(versions=versions("kvtier", paths={"kvtier": kvtier}))
     rate = netlab.parse_rate(a.rate)
     link_s = 5.0
     entries = []
@@ -142,10 +134,10 @@ def main() -> int:
             link = max(one, many)
             print(f"rtt {rtt:g} ms: measured {measured:.2f} ({'ok' if ok else 'OFF'}); probe 1 stream "
                   f"{one:.0f} Mbit/s, {a.link_streams} streams {many:.0f} Mbit/s", flush=True)
-            server = start_server(lab, kvtier, out)
+            server = start_server(lab, kvtier)
             try:
                 for s in [int(x) for x in a.stripes.split(",") if x.strip()]:
-                    r = bench(lab, kvtier, out / f"rtt{rtt:g}-stripes{s}", s, a)
+                    r = bench(lab, kvtier, out / f"rtt{rtt:g}-stripes{s}", s, a, head)
                     r.update({"rtt_ms_configured": rtt, "rtt_ms_measured": measured, "rtt_ok": ok,
                               "link_mbit_s_1_stream": one, f"link_mbit_s_{a.link_streams}_streams": many,
                               "link_mbit_s": link, "of_link": r["goodput_mbit_s"] / link if link else None})
@@ -153,30 +145,20 @@ def main() -> int:
                     print(f"  stripes {s}: {r['goodput_mbit_s']:.0f} Mbit/s ({r['of_link']:.0%} of the link), "
                           f"read p50 {r['read_ms_p50']:.0f} ms, errors {r['errors']}", flush=True)
             finally:
-                server.terminate()
-                server.wait(30)
-    commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], text=True,
-                            stdout=subprocess.PIPE).stdout.strip()
-    if subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no", "--", "crates"],
-                      text=True, stdout=subprocess.PIPE).stdout.strip():
-        commit += "-dirty"  # the binary may hold uncommitted changes
-    record = {
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "git_commit": commit,
-        "machine": {"hostname": platform.node(), "cores": os.cpu_count(), "kernel": platform.release(),
-                    "congestion_control": Path("/proc/sys/net/ipv4/tcp_congestion_control").read_text().strip()},
-        "command": " ".join(["scripts/netlab-prefix.py", *sys.argv[1:]]),
+                with open(out / "server.log", "a") as log:
+                    log.write(server.stderr_text())
+                server.stop(30)
+    record = write_record(out / "record.json", {
         "method": "scripts/netlab.py's lab; kvtier serve in the server namespace, kvtier bench --workload "
                   "prefix-read (one Lookup + one Read of 256 blocks) at concurrency 1 in the client namespace; "
-                  "goodput = payload bytes per read / median read time (per repeat, then the median of repeats' medians); link = the lab's TCP probe "
-                  "in the same run, best of 1 and N streams",
+                  "goodput = payload bytes per read / median read time (per repeat, then the median of repeats' "
+                  "medians); link = the lab's TCP probe in the same run, best of 1 and N streams",
         "rate_mbit": rate / 1e6 if rate else None, "base_rtt_ms": base, "value_size": a.value_size,
         "client_rmem": a.client_rmem or None,
         "blocks_per_read": 256, "entries": entries,
         "validation": {"rtt_all_ok": all(e["rtt_ok"] for e in entries),
                        "no_errors": all(e["errors"] == 0 for e in entries)},
-    }
-    (out / "record.json").write_text(json.dumps(record, indent=1) + "\n")
+    }, head)
     (out / "summary.md").write_text(summary(record))
     print(summary(record))
     return 0
@@ -187,7 +169,7 @@ def summary(rec: dict) -> str:
     rtts = sorted({e["rtt_ms_configured"] for e in rec["entries"]})
     rate = f"{rec['rate_mbit']:g} Mbit/s link" if rec["rate_mbit"] else "no rate limit"
     lines = [f"256-block prefix reads ({rec['value_size'] / 1e6:.2f} MB blocks), {rate}, "
-             f"`{rec['command']}` at {rec['git_commit'][:10]}, {rec['date']}.", "",
+             f"`{rec['command']}` at {(rec.get('commit') or rec['git_commit'])[:10]}, {rec['date']}.", "",
              "Goodput in Mbit/s and, in brackets, as a share of the link's best probe in the same run.", "",
              "| RTT (measured) | link probe: 1 stream / best | " + " | ".join(
                  f"{s} stripe{'s' if s > 1 else ''}" for s in stripes) + " |",

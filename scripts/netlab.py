@@ -34,11 +34,9 @@ from __future__ import annotations
 
 import argparse
 import collections
-import datetime
 import fcntl
 import json
 import os
-import platform
 import select
 import signal
 import socket
@@ -48,8 +46,12 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
+import _perf  # noqa: F401 (puts perf on sys.path)
+
+from perf import HEADER_KEYS, header, write_record
+
 TUNSETIFF, IFF_TUN, IFF_NO_PI = 0x400454CA, 0x0001, 0x1000
 MTU = 1500
 QUEUE_BYTES = 1000 * MTU
@@ -102,7 +104,7 @@ def delayline(fd_a: int, fd_b: int, one_way_s: float, rate_bps: float | None, st
     # the loop learns its own wake-up lateness (an EWMA of how late past
     # its target it woke, capped at 1 ms) and aims that much early.
     early = 0.0
-    dirs = {fd_a: [fd_b, collections.deque(), 0.0], fd_b: [fd_a, collections.deque(), 0.0]}
+    dirs: dict[int, list[Any]] = {fd_a: [fd_b, collections.deque(), 0.0], fd_b: [fd_a, collections.deque(), 0.0]}
     stats = {"forwarded": 0, "dropped": 0}
     watched = [fd_a, fd_b, stop_fd]
     while True:
@@ -159,7 +161,9 @@ def sink(port: int, streams: int) -> None:
     for c in conns:
         ep.register(c.fileno(), select.EPOLLIN)
     by_fd = {c.fileno(): c for c in conns}
-    total, first, last, open_ = 0, None, None, len(conns)
+    total, open_ = 0, len(conns)
+    first: float | None = None
+    last = 0.0
     buf = bytearray(1 << 20)
     while open_:
         for fd, _ in ep.poll(5.0):
@@ -260,6 +264,7 @@ class Lab:
 
     def stop_line(self) -> None:
         if self.line is not None:
+            assert self.stop_w is not None, "start_line sets both"
             os.close(self.stop_w)
             try:
                 self.line.wait(10)
@@ -275,6 +280,7 @@ class Lab:
         return p
 
     def wait_ready(self, p: subprocess.Popen) -> None:
+        assert p.stdout is not None, "run_in pipes stdout"
         line = p.stdout.readline()
         if line.strip() != "ready":
             raise SystemExit(f"lab process did not start: {line!r}")
@@ -324,8 +330,9 @@ def summary(record: dict) -> str:
     lines = [
         "# Network lab: TCP throughput vs RTT and streams",
         "",
-        f"{record['date']}, commit `{(record['git_commit'] or '?')[:10]}`, {record['machine']['hostname']}; "
-        f"link: {'%g Mbit/s' % rate if rate else 'no rate limit (the delay line is the only limit)'}; "
+        f"{record['date']}, commit `{(record.get('commit') or record.get('git_commit') or '?')[:10]}`, "
+        f"{record['machine']['hostname']}; "
+        f"link: {f'{rate:g} Mbit/s' if rate else 'no rate limit (the delay line is the only limit)'}; "
         f"{record['duration_s']:g} s per entry; client -> server (the sink measures).",
         "",
         "| RTT configured ms | RTT measured ms | RTT within 10 % | streams | Gbit/s | Mbit/s | seed 003 (1 stream, c>s / s>c) Mbit/s |",
@@ -353,19 +360,18 @@ def note_record(out: Path, dirs: list[Path]) -> None:
     with each run's command, validation and entries as the lab wrote them."""
     runs = {d.name: json.loads((d / "record.json").read_text()) for d in dirs}
     first = next(iter(runs.values()))
-    record = {
-        "date": max(r["date"] for r in runs.values()),
-        "git_commit": first["git_commit"],
-        "machine": first["machine"],
-        "command": " && ".join(r["command"] for r in runs.values()),
+    head = {k: first.get(k) for k in HEADER_KEYS}
+    head["date"] = max(r["date"] for r in runs.values())
+    head["command"] = " && ".join(r["command"] for r in runs.values())
+    dirty = [r.get("dirty") for r in runs.values()]
+    head["dirty"] = True if any(dirty) else (False if all(d is False for d in dirty) else None)
+    write_record(out, {
         "method": first["method"],
-        "results": {name: {k: r[k] for k in ("command", "date", "git_commit", "rate_mbit", "duration_s",
-                                               "base_rtt_ms", "validation", "entries")}
+        "results": {name: {k: r.get(k) for k in ("command", "date", "commit", "rate_mbit", "duration_s",
+                                                   "base_rtt_ms", "validation", "entries")}
                     for name, r in runs.items()},
         "seed_003_mbit_s": first["seed_003_mbit_s"],
-    }
-    out.write_text(json.dumps(record, indent=1) + "\n")
-    print(f"wrote {out}")
+    }, head)
 
 
 def main() -> None:
@@ -423,6 +429,7 @@ def main() -> None:
     seconds = parse_seconds(a.duration)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
+    head = header()
     entries = []
     # Ctrl-C and SIGTERM still tear the lab down (the with-block's __exit__).
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
@@ -449,18 +456,10 @@ def main() -> None:
                     entries.append({"rtt_ms_configured": rtt, "rtt_ms_measured": measured, "rtt_ok": ok,
                                     "streams": 16, "gbit_s": t16["gbit_s"], "bytes": t16["bytes"],
                                     "seconds": t16["seconds"], "rate_mbit": rate / 1e6, "validation_only": True})
-    commit = sh("git", "-C", str(ROOT), "rev-parse", "HEAD", check=False).stdout.strip() or None
-    if commit and sh("git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no",
-                     "--", "scripts", check=False).stdout.strip():
-        commit += "-dirty"
     rate_held = None
     if rate:
         rate_held = all(e["gbit_s"] * 1e9 <= rate * 1.02 for e in entries if e["streams"] == 16)
-    record = {
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "git_commit": commit,
-        "machine": {"hostname": platform.node(), "cores": os.cpu_count(), "kernel": platform.release()},
-        "command": " ".join(["scripts/netlab.sh", *sys.argv[1:]]),
+    record = write_record(out / "record.json", {
         "method": "two network namespaces joined by a user-space TUN delay line (scripts/netlab.py); "
                   "RTT = median TCP connect time; throughput = bytes received by the sink / its receive window",
         "mtu": MTU, "queue_bytes": QUEUE_BYTES, "duration_s": seconds, "base_rtt_ms": base,
@@ -468,10 +467,9 @@ def main() -> None:
         "entries": entries,
         "validation": {"rtt_all_ok": all(e["rtt_ok"] for e in entries), "rate_held": rate_held},
         "seed_003_mbit_s": {str(k): v for k, v in SEED_003.items()},
-    }
-    (out / "record.json").write_text(json.dumps(record, indent=1) + "\n")
+    }, head)
     (out / "summary.md").write_text(summary(record))
-    print(f"wrote {out / 'record.json'} and {out / 'summary.md'}")
+    print(f"wrote {out / 'summary.md'}")
 
 
 if __name__ == "__main__":
