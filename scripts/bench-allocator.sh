@@ -32,7 +32,8 @@ for r in $(seq "$ROUNDS"); do
   run jemalloc "$OUT/bin/kvtier-jemalloc" "" "$r"
 done
 python3 - "$OUT" "$ROUNDS" <<'PY'
-import json, sys, statistics, subprocess, datetime, os, platform
+import json, sys, statistics
+from perf import header, versions, write_record  # run from the repository root: perf/ is on sys.path
 out, rounds = sys.argv[1], int(sys.argv[2])
 res = {}
 for name in ["glibc", "glibc-tunables", "jemalloc"]:
@@ -48,12 +49,9 @@ summary = {n: {c: {"median_ops_per_s": statistics.median(x["ops_per_s"] for x in
                    "median_p50_us": statistics.median(x["p50_us"] for x in v),
                    "median_p99_us": statistics.median(x["p99_us"] for x in v), "runs": v}
                for c, v in cs.items()} for n, cs in res.items()}
-mem = int(next(l for l in open("/proc/meminfo") if l.startswith("MemTotal")).split()[1])
-record = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-          "git_commit": subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip(),
-          "machine": {"cpus": os.cpu_count(), "memory_gib": round(mem / 2**20, 1), "kernel": platform.release()},
-          "command": f"scripts/bench-allocator.sh (ROUNDS={rounds})", "results": summary}
-json.dump(record, open("notes/007-allocator.json", "w"), indent=1)
+head = header(command=f"ROUNDS={rounds} scripts/bench-allocator.sh",
+              versions=versions("kvtier", paths={"kvtier": f"{out}/bin/kvtier-jemalloc"}))
+write_record("notes/007-allocator.json", {"results": summary}, head)
 for n, cs in summary.items():
     for c, v in cs.items():
         print(f"{n:16s} {c:10s} {v['median_ops_per_s']:8.0f} ops/s  p50 {v['median_p50_us']/1000:6.2f} ms  p99 {v['median_p99_us']/1000:6.2f} ms")

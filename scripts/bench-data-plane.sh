@@ -83,6 +83,7 @@ for w in read write; do
     --concurrency "$C" --duration "$DURATION" --warmup "$WARMUP" --repeat "$REPEAT" \
     --peer redis://spawn,mooncake://spawn --peer-tool --peer-cpus "$SERVER_CPU" --probe \
     --out "$OUT/$w"
+  python3 -m perf.stamp "$OUT/$w/record.json" --versions redis-server,redis-benchmark,mooncake --kvtier "$BIN"
 done
 
 if [ "$NOTE" = 1 ]; then

@@ -74,7 +74,8 @@ cmd=("$BENCH" --dir "$BENCH_DIR/tiers" --blocks "$BLOCKS" --conc "$CONC" --repea
 
 # --- Record: medians, ratios, machine -------------------------------------------
 python3 - "$raw" "$BENCH_DIR/tiers.json" "$OUT_JSON" "${cmd[*]}" "$BENCH_DIR" <<'EOF'
-import json, os, statistics, subprocess, sys, datetime
+import json, os, statistics, subprocess, sys
+from perf import header, versions, write_record  # run from the repository root: perf/ is on sys.path
 raw_path, tiers_path, out_path, cmd, bench_dir = sys.argv[1:6]
 raw = [json.loads(l) for l in open(raw_path) if l.strip()]
 tiers = json.load(open(tiers_path))
@@ -112,21 +113,12 @@ def sh(c):
         return subprocess.run(c, shell=True, capture_output=True, text=True).stdout.strip()
     except Exception:
         return None
-mem_kib = int(next(l.split()[1] for l in open("/proc/meminfo") if l.startswith("MemTotal")))
 dev = sh(f"df --output=source,fstype,size {bench_dir} | tail -1")
-rec = {
-    "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-    "git_commit": sh("git rev-parse HEAD"),
-    "git_dirty": bool(sh("git status --porcelain --untracked-files=no")),
-    "machine": {
-        "nproc": os.cpu_count(),
-        "cpu": sh("grep -m1 'model name' /proc/cpuinfo | cut -d: -f2").strip() if sh("true") is not None else None,
-        "memory_gib": round(mem_kib / 2**20, 1),
-        "disk": dev,
-        "disk_rotational_flag": sh("cat /sys/block/$(basename $(df --output=source " + bench_dir + " | tail -1))/queue/rotational 2>/dev/null"),
-        "kernel": sh("uname -r"),
-    },
-    "command": "scripts/bench-disk.sh  (" + cmd + ")",
+head = header(command="scripts/bench-disk.sh  (" + cmd + ")", versions=versions("fio"))
+head["machine"]["disk"] = dev
+head["machine"]["disk_rotational_flag"] = sh(
+    "cat /sys/block/$(basename $(df --output=source " + bench_dir + " | tail -1))/queue/rotational 2>/dev/null")
+write_record(out_path, {
     "method": tiers["mode"] + "; raw baseline by fio/dd on the same filesystem in the same run; medians over repeats",
     "block_bytes": tiers["block_bytes"],
     "blocks_per_phase": tiers["blocks_per_phase"],
@@ -136,10 +128,7 @@ rec = {
     "results": rows,
     "restart": restart,
     "raw_samples": tiers["results"],
-}
-os.makedirs(os.path.dirname(out_path) or ".", exist_ok=True)
-json.dump(rec, open(out_path, "w"), indent=2)
-print(f"wrote {out_path}", file=sys.stderr)
+}, head, indent=2)
 print(f"{'tier':<12}{'op':<11}{'conc':>5}{'MB/s':>10}{'p50 ms':>9}{'p99 ms':>9}{'x raw':>8}", file=sys.stderr)
 for r in rows:
     print(f"{r['tier']:<12}{r['op']:<11}{r['conc']:>5}{r['mb_per_s']:>10.0f}{r['p50_ms']:>9.2f}{r['p99_ms']:>9.2f}{(r['ratio_to_raw_seq'] or 0):>8.2f}", file=sys.stderr)

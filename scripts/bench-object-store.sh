@@ -14,3 +14,5 @@ export BENCH_COMMIT=$(git rev-parse HEAD 2>/dev/null || echo unknown)$(git diff 
 export BENCH_MACHINE="$(uname -srm); $(nproc) CPUs; $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
 export BENCH_COMMAND="PROFILE=$PROFILE REPEATS=${REPEATS:-3} scripts/bench-object-store.sh $OUT"
 cargo run -q "${flag[@]}" -p kvtier-server --example object_bench -- "$OUT"
+# The example writes date, commit and machine from BENCH_*; perf adds the rest of its header.
+python3 -m perf.stamp "$OUT" --versions azurite

@@ -3,7 +3,7 @@
 # Redis side by side (notes 004 and 005). Usage:
 #   scripts/seed-sweeps.sh 004   # seed 000: 1.2 MB lookup/read/write (mixed), concurrency 1-200
 #   scripts/seed-sweeps.sh 005   # seed 001: conversation workload, processes x concurrency
-# Writes notes/NNN-*.json (the bench record = the perf record) and the summary
+# Writes notes/NNN-*.json (the bench record with perf's header = the perf record) and the summary
 # and report beside it in notes/NNN-*/. DURATION / WARMUP / REPEAT override the defaults.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -26,5 +26,7 @@ esac
 out=notes/$name
 rm -rf "$out"
 "$BIN" bench "${args[@]}" --duration "$DURATION" --warmup "$WARMUP" --repeat "$REPEAT" --out "$out"
+# perf's header (commit, dirty, versions) added to the bench's record (perf/README.md)
+python3 -m perf.stamp "$out/record.json" --versions redis-server --kvtier "$BIN"
 cp "$out/record.json" "notes/$name.json"
 echo "perf record: notes/$name.json; summary: $out/summary.md; report: $out/report.html"
