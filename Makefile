@@ -44,7 +44,7 @@ arch:
 	python3 scripts/check-architecture.py
 
 lint-py: setup-test
-	.venv/bin/ruff check python perf scripts/_perf.py
+	.venv/bin/ruff check python perf scripts
 	cd python && ../.venv/bin/mypy
 	.venv/bin/mypy
 

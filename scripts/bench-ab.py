@@ -40,7 +40,7 @@ from typing import Any
 
 from _perf import ROOT
 
-from perf import header, versions, write_record
+from perf import header, order, summarize, versions, write_record
 from perf.services import Server, kvtier_server
 
 SIZE = 1258291
@@ -181,8 +181,7 @@ def main() -> int:
     head_["versions"] = versions("kvtier", paths={"kvtier": bins[head]["kvtier"]})
     runs: dict[str, list] = {base: [], head: []}
     for r in range(args.repeat):
-        order = (base, head) if r % 2 == 0 else (head, base)
-        for sha in order:
+        for sha in order([base, head], r):  # A B, B A, ...
             print(f"repeat {r}: {sha[:10]}", flush=True)
             one: dict[str, Any] = {"repeat": r}
             if not args.skip_engine:
@@ -216,6 +215,9 @@ def main() -> int:
         if not row["excluded"]:
             row["ops_ratio"] = med(row["head_ops_s"]) / med(row["base_ops_s"])
             row["p99_ratio"] = med(row["head_p99_us"]) / med(row["base_p99_us"])
+        # Repeats outside 0.75-1.33x their side's median, shown next to the ratio (perf.ab).
+        row["outliers"] = [sm.describe(side, " ops/s") for side in ("base", "head")
+                           if (sm := summarize(row[f"{side}_ops_s"])).outliers]
         dp_rows.append(row)
 
     fields = {
@@ -267,6 +269,10 @@ def render(rec: dict) -> str:
             (f"no ratio: {r['excluded']}", "")
         out.append(f"| {r['step']} | {' / '.join(f'{x:.0f}' for x in r['base_ops_s'])} | "
                    f"{' / '.join(f'{x:.0f}' for x in r['head_ops_s'])} | {rat[0]} | {rat[1]} |")
+    # Records before perf.ab carry no "outliers".
+    flagged = [f"- {r['step']}: {'; '.join(r['outliers'])}" for r in rec["data_plane"] if r.get("outliers")]
+    if flagged:
+        out += ["", "Repeats outside 0.75–1.33× their median (kept in the medians above):", "", *flagged]
     return "\n".join(out) + "\n"
 
 
