@@ -94,6 +94,8 @@ class Service:
         self.proc = proc
         self.log = log
         self.returncode: int | None = None
+        #: A temporary directory this service was given by start(): removed by stop().
+        self.owned_dir: Path | None = None
 
     @property
     def pid(self) -> int:
@@ -130,6 +132,9 @@ class Service:
                 self.proc.kill()
                 self.proc.wait(timeout=10)
         self.returncode = self.proc.returncode
+        if self.owned_dir is not None:
+            shutil.rmtree(self.owned_dir, ignore_errors=True)
+            self.owned_dir = None
         return self.returncode
 
     def __enter__(self) -> Service:
@@ -281,6 +286,7 @@ class Minio(Service):
         env = {"MINIO_ROOT_USER": MINIO_USER, "MINIO_ROOT_PASSWORD": MINIO_PASSWORD, "MINIO_BROWSER": "off",
                "MINIO_UPDATE": "off"}
         m = cls(cls._spawn(cmd, log, env=env, wrap=wrap), host, port, d, log)
+        m.owned_dir = d if directory is None else None
         if probe:
             try:
                 _wait(m.ready, m.proc, "MinIO", timeout, log)
@@ -373,6 +379,7 @@ class Azurite(Service):
         cmd = ["node", str(azurite_main()), "--blobHost", "127.0.0.1", "--blobPort", str(port),
                "--location", str(d), "--skipApiVersionCheck", "--loose", "--silent"]
         a = cls(cls._spawn(cmd, log), port, d, log)
+        a.owned_dir = d if directory is None else None
         try:
             # Any HTTP answer means the blob service is listening.
             _wait(lambda: _http_status("127.0.0.1", port, "GET", f"/{AZURITE_ACCOUNT}?comp=list") is not None,
