@@ -1,6 +1,6 @@
 # kvtier: the two set-up commands are `make demo` and `make test`; both install
 # what they need (scripts/setup.sh) on a fresh machine.
-.PHONY: demo test install setup setup-test setup-vllm setup-integrations build release fmt clippy arch lint-py py-stubs rust-test py-test vllm-test integrations-test bench clean
+.PHONY: demo test install setup setup-test setup-vllm setup-integrations build release native fmt clippy arch lint-py py-stubs rust-test py-test vllm-test integrations-test bench clean
 
 CARGO ?= cargo
 
@@ -13,7 +13,7 @@ setup-test:
 release: setup
 	$(CARGO) build --release -p kvtier
 
-demo: release
+demo: release native
 	scripts/demo.sh
 
 # Puts `kvtier` on PATH (~/.cargo/bin); the Python SDK: pip install -e python
@@ -21,6 +21,11 @@ demo: release
 # `setup`'s apt packages and Python venv.
 install:
 	$(CARGO) install --locked --path crates/kvtier
+
+# kvtier._native, the Rust client core as a Python extension (crates/kvtier-py),
+# into python/kvtier/ where every venv's editable install and PYTHONPATH=python find it.
+native: setup
+	PYTHON=.venv/bin/python scripts/build-native.sh
 
 fmt:
 	$(CARGO) fmt --all -- --check
@@ -43,7 +48,7 @@ arch:
 	python3 scripts/check-architecture.py --self-test
 	python3 scripts/check-architecture.py
 
-lint-py: setup-test
+lint-py: setup-test native
 	.venv/bin/ruff check python perf scripts
 	cd python && ../.venv/bin/mypy
 	.venv/bin/mypy
@@ -53,7 +58,7 @@ lint-py: setup-test
 py-stubs: setup
 	PYTHONPATH=python .venv/bin/python -m kvtier._proto
 
-py-test:
+py-test: native
 	.venv/bin/python -m pytest -q python/tests --ignore=python/tests/vllm --ignore=python/tests/integrations
 
 # vLLM's CPU build lives in its own venv (.tools/vllm, ~6.5 GB, kept between runs).
@@ -63,17 +68,17 @@ setup-vllm:
 # The Python suites use target/debug/kvtier as `cargo test` left it (their
 # conftest builds it when missing); a separate `cargo build -p kvtier` would
 # compile the workspace again with other features.
-vllm-test: setup-vllm
+vllm-test: setup-vllm native
 	.tools/vllm/bin/python -m pytest -q python/tests/vllm
 
 # LMCache and SGLang's storage interface in their own venv (.tools/lmcache, ~1.5 GB; torch shared with .tools/vllm).
 setup-integrations:
 	@scripts/setup-lmcache.sh
 
-integrations-test: setup-integrations
+integrations-test: setup-integrations native
 	.tools/lmcache/bin/python -m pytest -q python/tests/integrations
 
-test: setup-test fmt clippy arch lint-py rust-test py-test vllm-test integrations-test
+test: setup-test fmt clippy arch native lint-py rust-test py-test vllm-test integrations-test
 
 bench:
 	scripts/bench-engine.sh

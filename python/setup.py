@@ -11,20 +11,46 @@ change and grpcio-tools is installed.
 
 An sdist carries a copy of ``proto/`` (the proto files live outside this
 directory in the repository), so a wheel can be built from it.
+
+``kvtier._native``, the Rust client core as an extension module
+(crates/kvtier-py), is built by ``scripts/build-native.sh`` into
+``kvtier/_native.abi3.so`` when it is missing and the repository's crates are
+beside this directory (a checkout; cargo compiles it once for every venv),
+and ships in the wheel, which is then tagged for CPython >= 3.11's stable ABI
+on this platform. Built where there are no crates (an sdist), the package has
+no native core and reads and writes over gRPC (kvtier.dataplane says why).
 """
 from __future__ import annotations
 
 import importlib.util
 import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 from types import ModuleType
 
-from setuptools import setup
+from setuptools import Distribution, setup
 from setuptools.command.build_py import build_py
 from setuptools.command.sdist import sdist
 
 HERE = Path(__file__).resolve().parent
+NATIVE = HERE / "kvtier" / "_native.abi3.so"
+BUILD_NATIVE = HERE.parent / "scripts" / "build-native.sh"
+
+
+def _ensure_native() -> None:
+    """Builds kvtier/_native.abi3.so from the repository's crates if it is missing."""
+    if NATIVE.exists() or not BUILD_NATIVE.exists() or not (HERE.parent / "crates" / "kvtier-py").is_dir():
+        return
+    subprocess.run([str(BUILD_NATIVE)], check=True, env={**os.environ, "PYTHON": sys.executable})
+
+
+class NativeDistribution(Distribution):
+    """A distribution that is not pure Python when it carries the native core."""
+
+    def has_ext_modules(self) -> bool:
+        return NATIVE.exists()
 
 
 def _protogen() -> ModuleType:
@@ -50,6 +76,7 @@ class BuildPyWithStubs(build_py):
     """``build_py`` that also generates ``kvtier/_gen`` from the proto files."""
 
     def run(self) -> None:
+        _ensure_native()
         super().run()
         gen = _protogen()
         root = _proto_root(gen)
@@ -85,4 +112,9 @@ class SdistWithProtos(sdist):
             shutil.copyfile(root / f, dest)
 
 
-setup(cmdclass={"build_py": BuildPyWithStubs, "sdist": SdistWithProtos})
+_ensure_native()
+setup(
+    cmdclass={"build_py": BuildPyWithStubs, "sdist": SdistWithProtos},
+    distclass=NativeDistribution,
+    options={"bdist_wheel": {"py_limited_api": "cp311"}} if NATIVE.exists() else {},
+)

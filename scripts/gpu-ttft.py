@@ -12,7 +12,7 @@ nothing downloaded; transformers' eager ``DynamicCache``) runs prompts of 4k,
    GPU, copied into pinned host memory in one transfer and written to kvtier
    under its chain key (``Client.keys_for``, parent to child), in writes of at
    most 128 MiB (the server takes messages up to 256 MiB);
-3. **cached**: a Lookup, one ``Client.read(..., into=...)`` straight into a
+3. **cached**: a Lookup, one ``Client.read_into(...)`` straight into a
    preallocated pinned buffer, one host-to-GPU copy on a side stream, the
    blocks viewed as the cache layout and put in a fresh ``DynamicCache``, then
    one forward over the uncached tail (``--tail``, default 1 token: a fully
@@ -52,8 +52,10 @@ heads, 2 KV heads of 16) at 256 and 512 tokens in seconds: ``make test`` does
 (python/tests/vllm/test_gpu_ttft.py). ``KVTIER_COMMIT`` names the commit where
 the machine's copy of the tree has no usable .git.
 
-Needs torch, transformers 5.x, grpcio, protobuf, xxhash and **crc32c**:
-without crc32c every payload's checksum is computed in pure Python (~10 MB/s,
+Needs torch, transformers 5.x, grpcio, protobuf, xxhash, and the SDK's
+native core (``python/kvtier/_native.abi3.so``, ``make native``: it computes
+the checksums) or else **crc32c**:
+without either, every payload's checksum is computed in pure Python (~10 MB/s,
 hours at these sizes), so a CUDA run refuses to start. A machine that reaches
 no package index takes it as a wheel fetched elsewhere,
 
@@ -93,6 +95,7 @@ kvtier = importlib.import_module("kvtier")
 token_chain = importlib.import_module("kvtier.client").token_chain
 find_binary = importlib.import_module("kvtier.server").find_binary
 CRC_ACCELERATED = importlib.import_module("kvtier._crc").ACCELERATED
+NATIVE = importlib.import_module("kvtier.dataplane").available()
 
 BLOCK = 128  # tokens per kvtier block
 WRITE_BATCH = 128 << 20  # bytes per Write call
@@ -281,9 +284,6 @@ def run_length(model, client: kvtier.Client, n: int, a, dev: torch.device, shape
         stream.synchronize()
         torch.cuda.current_stream(dev).wait_stream(stream)
 
-    def into(i: int, size: int):
-        return rows[i] if size == block_bytes else None  # a wrong size arrives as bytes: the byte check fails
-
     loads, worst, top1, equal, same_cache = [], 0.0, True, True, False
     values_at = heads * BLOCK * dim  # element index of layer 0's V in a payload
     for _ in range(a.repeats + 1):  # the first is a warm-up, recorded apart
@@ -292,7 +292,7 @@ def run_length(model, client: kvtier.Client, n: int, a, dev: torch.device, shape
         t0 = clock.now()
         hit = client.lookup(ns, keys=keys[:nb], lease_ms=60_000)
         t1 = time.perf_counter()
-        got = client.read(ns, keys[:hit.found], lease_id=hit.lease_id, timeout=BIG_TIMEOUT, into=into)
+        got = client.read_into(ns, keys[:hit.found], rows[:hit.found], lease_id=hit.lease_id, timeout=BIG_TIMEOUT)
         t2 = time.perf_counter()
         if a.corrupt_for_test:
             corrupt(load_host[nb // 2], values_at)
@@ -448,7 +448,8 @@ def connect(stack: contextlib.ExitStack, binary: Path, want: str, capacity: str,
         stack.callback(client.close)
         dp = client.data_plane()
         rec.update({"transport": transport, "client_target": target, "transport_notes": notes,
-                    "data_plane": "gRPC (no data plane)" if dp is None else repr(dp)})
+                    "data_plane": "gRPC (no data plane)" if dp is None else repr(dp),
+                    "copies_by_memory": dp is not None and dp.copies_by_memory})
         print(f"transport {transport}: client {target}, payloads via {rec['data_plane']}", flush=True)
         return client
     return None
@@ -507,7 +508,7 @@ def main() -> int:
     if dev.type == "cuda" and not torch.cuda.is_available():
         print("gpu-ttft: no CUDA device visible to torch", file=sys.stderr)
         return 2
-    if dev.type == "cuda" and not CRC_ACCELERATED:
+    if dev.type == "cuda" and not CRC_ACCELERATED and not NATIVE:
         print("gpu-ttft: the crc32c package is missing: every checksum would be computed in pure Python "
               "(~10 MB/s, hours for these sizes); install it (see the docstring)", file=sys.stderr)
         return 2

@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import socket
+import struct
 import sys
 import time
 from pathlib import Path
@@ -30,11 +31,14 @@ from pathlib import Path
 from _perf import ROOT
 
 from kvtier._proto import load
-from kvtier.wire import HEADER, MAGIC, Kind, parse_addr
+from kvtier.dataplane import parse_addr
 from perf import Sampler, header, versions, write_record
 from perf.services import kvtier_server, release_binary
 
 MIB = 1 << 20
+# The data plane's frame header (docs/wire.md): magic, kind, flags, reserved, id, meta_len, data_len.
+HEADER = struct.Struct("<4sBBHQII")
+MAGIC, WRITE = b"KVW1", 2
 BEFORE = '[server]\nrequest_memory = "1TiB"\nread_timeout = "1h"\nidle_timeout = "1h"\n'
 
 
@@ -45,7 +49,7 @@ def wire_upload(addr, mib: int, i: int, pb) -> socket.socket:
         payload_lengths=[size],
     ).SerializeToString()
     s = socket.create_connection(addr)
-    s.sendall(HEADER.pack(MAGIC, Kind.WRITE, 0, 0, i + 1, len(meta), size) + meta)
+    s.sendall(HEADER.pack(MAGIC, WRITE, 0, 0, i + 1, len(meta), size) + meta)
     return s
 
 

@@ -6,9 +6,10 @@
 * Retries of idempotent calls (all kvtier.v1 calls are) on ``UNAVAILABLE``
   with exponential backoff and jitter, within the deadline.
 * End-to-end checksums: CRC32C computed on write, verified on read.
-* ``read`` / ``write`` over the server's bulk data plane (``docs/wire.md``,
-  :mod:`kvtier.wire`) when it advertises one; gRPC otherwise. Long reads
-  are striped over several data-plane connections, as the Rust client does.
+* ``read`` / ``write`` over the server's same-host socket (``docs/local.md``:
+  blocks copied straight into the caller's buffers) or bulk data plane
+  (``docs/wire.md``) when it advertises one, by the Rust client core
+  (:mod:`kvtier.dataplane`); gRPC otherwise. The transport in use is logged once.
 * The key scheme, so callers can pass tokens instead of keys.
 
 >>> from kvtier import Client
@@ -19,7 +20,6 @@
 from __future__ import annotations
 
 import enum
-import functools
 import itertools
 import logging
 import os
@@ -33,8 +33,8 @@ from typing import TYPE_CHECKING, Any, Callable, TypeVar, Union
 
 import grpc
 
+from . import dataplane as _dp
 from . import keys as _keys
-from . import wire as _wire
 from ._crc import crc32c
 from ._proto import load as _load_proto
 from .errors import KvtierError
@@ -251,12 +251,29 @@ class StatsResult:
     timing: ServerTiming
     data_listen: str = ""
     """The data-plane address the server advertises (empty: none)."""
+    local_listen: str = ""
+    """The same-host socket's path the server advertises (empty: none; docs/local.md)."""
+    max_message_size: int = 0
+    """The largest request the server accepts (0: not said)."""
+    instance_id: int = 0
+    """Random at each server start: tells two servers apart."""
 
     def tier(self, tier: Tier) -> TierStats | None:
         return next((t for t in self.tiers if t.tier == tier), None)
 
 
+def _local_path(t: str) -> str | None:
+    """The socket path of a ``unix:///path`` (or ``unix:/path``) target."""
+    for scheme in ("unix://", "unix:"):
+        if t.startswith(scheme):
+            return t[len(scheme):]
+    return None
+
+
 def _target(t: str) -> str:
+    local = _local_path(t)
+    if local is not None:
+        return f"unix:{local}"
     for scheme in ("http://", "grpc://", "https://"):
         if t.startswith(scheme):
             t = t[len(scheme):]
@@ -317,13 +334,13 @@ class Client:
     :param data_connections: data-plane connections (at most one request in
         flight on each); 0 means as many as ``connections``.
     :param read_stripes: most data-plane connections one long read is
-        striped over (default :data:`kvtier.wire.MAX_STRIPES`, 8; 1: never
+        striped over (default :data:`kvtier.dataplane.MAX_STRIPES`, 8; 1: never
         stripe). A read is split into contiguous runs of at least
-        :data:`kvtier.wire.STRIPE_MIN_BLOCKS` (8) keys, so from 16 keys on,
+        :data:`kvtier.dataplane.STRIPE_MIN_BLOCKS` (8) keys, so from 16 keys on,
         and never over more connections than ``data_connections`` allows;
-        the runs are read at once on separate threads, and the answer is
-        still one prefix in key order (:meth:`read`, docs/wire.md). The Rust
-        client's ``ClientConfig::read_stripes``; reads over gRPC are not striped.
+        the runs are read at once, and the answer is still one prefix in key
+        order (:meth:`read`, docs/wire.md). The Rust client's
+        ``ClientConfig::read_stripes``; reads over gRPC are not striped.
     :param data_tcp_congestion: TCP congestion control of data-plane
         connections (``None`` or ``""``: the system default), as in the Rust client.
     :param token: bearer token for a server with authentication on
@@ -335,6 +352,9 @@ class Client:
         clients, with ``tls_key``. Defaults: ``$KVTIER_TLS_CERT``, ``$KVTIER_TLS_KEY``.
     :param tls_server_name: the name the server's certificate carries, when
         it is not the host of ``target``.
+    :param same_host: move reads and writes to the server's same-host socket
+        when it advertises one that exists here and leads back to it
+        (docs/local.md); ``False`` stays on the TCP data plane.
     :param salt: secret salt for keys computed from tokens (docs/keys.md): a
         tenant's keys then cannot be computed, so not pre-written, by anyone
         without it. Never sent to the server. Default: ``$KVTIER_KEY_SALT``.
@@ -366,8 +386,9 @@ class Client:
         tls_cert: str | None = None,
         tls_key: str | None = None,
         tls_server_name: str | None = None,
-        read_stripes: int = _wire.MAX_STRIPES,
+        read_stripes: int = _dp.MAX_STRIPES,
         retry_shed: bool = True,
+        same_host: bool = True,
     ):
         _keys.check_block_size(block_size)
         _keys.key_len(hash)  # validates the name
@@ -382,6 +403,7 @@ class Client:
         if not isinstance(target, str):  # only a subclass gets here with a list
             raise TypeError(f"{type(self).__name__} takes one address, not {type(target).__name__}")
         self.target = _target(target)
+        self._local = _local_path(target)
         self.timeout = float(timeout)
         self.block_size = block_size
         self.hash = hash
@@ -407,6 +429,10 @@ class Client:
             ("grpc.min_reconnect_backoff_ms", 100),
             ("grpc.max_reconnect_backoff_ms", 2_000),
         ]
+        if self._local is not None:
+            # grpcio would send the socket's path as :authority, which HTTP/2
+            # servers refuse.
+            options.append(("grpc.default_authority", "localhost"))
         if token is None:
             token = os.environ.get("KVTIER_TOKEN") or None
         self._token = token
@@ -420,7 +446,10 @@ class Client:
         if tls_cert and not want_tls:
             raise ValueError("a client certificate needs tls_ca (TLS is off without it)")
         self._tls: ssl.SSLContext | None = None
+        self._tls_pems: tuple[bytes | None, bytes | None, bytes | None] | None = None
         self._tls_name = tls_server_name or self.target.rsplit(":", 1)[0].strip("[]")
+        if want_tls and self._local is not None:
+            raise ValueError("TLS is not used on the same-host socket (unix://): drop the TLS settings")
         if want_tls:
             ca_pem = None
             if tls_ca:
@@ -442,6 +471,7 @@ class Client:
             self._tls = ssl.create_default_context(cafile=tls_ca or None)
             if tls_cert:
                 self._tls.load_cert_chain(tls_cert, tls_key)
+            self._tls_pems = (ca_pem, cert_pem, key_pem)
         else:
             self._channels = [grpc.insecure_channel(self.target, options=options) for _ in range(connections)]
         if token:
@@ -455,7 +485,8 @@ class Client:
         self._data_connections = data_connections or connections
         self._data_tcp_congestion = data_tcp_congestion or None
         self._read_stripes = read_stripes
-        self._wire: _wire.WirePool | None = None
+        self._same_host = same_host
+        self._wire: _dp.DataPlane | None = None
         self._wire_known = not self._data_plane  # True once discovery has run
         self._wire_lock = threading.Lock()
 
@@ -486,47 +517,86 @@ class Client:
             if self._wire is not None:
                 self._wire.close()
 
-    def data_plane(self) -> _wire.WirePool | None:
-        """The data-plane pool ``read`` / ``write`` use, or ``None`` when they use gRPC.
+    def data_plane(self) -> _dp.DataPlane | None:
+        """The data plane ``read`` / ``write`` use, or ``None`` when they use gRPC.
 
-        The first call asks the server (``Stats.data_listen``) and opens one
-        data-plane connection; errors of that call, and a data plane that
-        refuses the token, propagate and discovery is tried again next time.
-        An advertised data plane that cannot be reached (a container that
-        publishes only the gRPC port, say) is logged once and this client
-        uses gRPC from then on, as the Rust client does.
+        The first call asks the server (``Stats``) and connects, choosing as
+        the Rust client does: the same-host socket when the target is
+        ``unix://PATH``, or when the server advertises one that exists here
+        and leads back to the same server (``Stats.instance_id``); else the
+        TCP data plane (``Stats.data_listen``); else gRPC. The choice is
+        logged once. Errors of that call, and a data plane that refuses the
+        token, propagate and discovery is tried again next time. An
+        advertised data plane that cannot be reached (a container that
+        publishes only the gRPC port, say) is logged and this client uses
+        gRPC from then on; so does a Python without ``kvtier._native``.
         """
         if self._wire_known:
             return self._wire
         with self._wire_lock:
             if not self._wire_known:
-                advertised = self.stats().data_listen
-                if advertised:
-                    pool = _wire.WirePool(
-                        _data_plane_addr(self.target, advertised),
-                        connections=self._data_connections,
-                        congestion=self._data_tcp_congestion,
-                        max_reply=MAX_MESSAGE_SIZE,
-                        token=self._token,
-                        tls=self._tls,
-                        server_hostname=self._tls_name,
-                        max_stripes=self._read_stripes,
-                    )
-                    try:
-                        pool.warm(self.timeout)
-                    except KvtierError as e:
-                        pool.close()
-                        if e.code not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
-                            raise
-                        _log.warning(
-                            "kvtier: the data plane %s advertised by %s cannot be reached (%s); "
-                            "reads and writes use gRPC",
-                            pool, self.target, e,
-                        )
-                    else:
-                        self._wire = pool
+                self._wire = self._discover()
                 self._wire_known = True
         return self._wire
+
+    def _discover(self) -> _dp.DataPlane | None:
+        if not _dp.available():
+            _log.warning("kvtier transport: gRPC for reads and writes of %s (%s)", self.target, _dp.why_unavailable())
+            return None
+        st = self.stats()
+        common = dict(
+            connections=self._data_connections, timeout=self.timeout, token=self._token,
+            max_stripes=self._read_stripes, max_request=st.max_message_size,
+        )
+        if self._local is not None:
+            pool: _dp.DataPlane | None = _dp.DataPlane(f"unix://{self._local}", **common)
+            _log.info("kvtier transport: same-host socket %s (given), payloads copied by memory", self._local)
+            return pool
+        if self._same_host and st.local_listen and os.path.exists(st.local_listen):
+            upgraded = self._upgrade(st, common)
+            if upgraded is not None:
+                return upgraded
+        if not st.data_listen:
+            _log.info("kvtier transport: gRPC (%s offers no data plane)", self.target)
+            return None
+        host, port = _data_plane_addr(self.target, st.data_listen)
+        tls: dict[str, Any] = {}
+        if self._tls_pems is not None:
+            ca, cert, key = self._tls_pems
+            tls = dict(tls_ca=ca or b"", tls_cert=cert, tls_key=key, tls_server_name=self._tls_name)
+        try:
+            pool = _dp.DataPlane(f"[{host}]:{port}" if ":" in host else f"{host}:{port}",
+                                 congestion=self._data_tcp_congestion, **common, **tls)
+        except KvtierError as e:
+            if e.code not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+                raise
+            _log.warning(
+                "kvtier transport: gRPC (the data plane %s:%s advertised by %s cannot be reached: %s)",
+                host, port, self.target, e,
+            )
+            return None
+        _log.info("kvtier transport: TCP data plane %s:%s (advertised by %s)", host, port, self.target)
+        return pool
+
+    def _upgrade(self, st: StatsResult, common: dict[str, Any]) -> _dp.DataPlane | None:
+        """The advertised same-host socket, if it leads back to this server
+        (a socket at that path on this host may be another kvtier's)."""
+        path = st.local_listen
+        try:
+            with grpc.insecure_channel(f"unix:{path}", options=[("grpc.default_authority", "localhost")]) as ch:
+                md = [("authorization", f"Bearer {self._token}")] if self._token else None
+                there = self._pb.v1_grpc.KvTierStub(ch).Stats(self._pb.v1.StatsRequest(), timeout=self.timeout,
+                                                              metadata=md)
+            if there.instance_id != st.instance_id or not st.instance_id:
+                _log.debug("kvtier: the socket %s is another server's", path)
+                return None
+            pool = _dp.DataPlane(f"unix://{path}", **common)
+        except (grpc.RpcError, KvtierError) as e:
+            _log.debug("kvtier: the same-host socket %s is not usable from here: %s", path, e)
+            return None
+        _log.info("kvtier transport: same-host socket %s (advertised by %s), payloads copied by memory",
+                  path, self.target)
+        return pool
 
     def __enter__(self) -> Client:
         return self
@@ -659,23 +729,26 @@ class Client:
         same buffers again.
 
         Over the data plane a read of 16 keys or more is striped
-        (``read_stripes``, at most ``data_connections``): contiguous runs of keys are read at once on
-        separate connections and threads, and joined in key order up to the
-        first run that stopped short (a missing block, the deadline), whose
-        reason the result carries, exactly as one request would answer. So
-        ``into`` may then be called from several threads at once, and may
-        have been called, and its buffers filled, for blocks after the first
-        missing one that the result leaves out. An error in any run fails
-        the whole read (and ``UNAVAILABLE`` retries all of it), unless the
-        run lies wholly after a run that stopped short.
+        (``read_stripes``, at most ``data_connections``): contiguous runs of
+        keys are read at once on separate connections, and joined in key
+        order up to the first run that stopped short (a missing block, the
+        deadline), whose reason the result carries, exactly as one request
+        would answer. An error in any run fails the whole read (and
+        ``UNAVAILABLE`` retries all of it).
+
+        ``into`` is called once the blocks have arrived, and each payload is
+        copied into its buffer: :meth:`read_into`, which names the buffers
+        up front, has them filled directly (by the server itself on the
+        same-host socket) and is the fast path.
         """
         ks = _check_keys(keys)
         pool = self.data_plane()
         if pool is not None:
-            (blocks, done), us = self._retrying(
-                lambda t: self._wire_read(pool, namespace, ks, lease_id, t, into), timeout
-            )
-            return self._read_result(blocks, ks, done, us)
+            got, us = self._retrying(lambda t: pool.read(namespace, ks, lease_id, t), timeout)
+            blocks = [ReadBlock(i, k, p, n, payload, Tier.of(tier)) for i, k, p, n, payload, tier in got[0]]
+            if into is not None:
+                blocks = [_copy_into(b, into) for b in blocks]
+            return self._native_result(blocks, ks, got, us)
         req = self._pb.v1.ReadRequest(namespace=namespace, keys=ks, lease_id=lease_id)
 
         def attempt(stub, t):
@@ -694,70 +767,53 @@ class Client:
             blocks = [_copy_into(b, into) for b in blocks]
         return self._read_result(blocks, ks, done, us)
 
-    def _wire_read(self, pool: _wire.WirePool, namespace: str, ks: list[bytes], lease_id: int, timeout: float,
-                   into=None):
-        """A data-plane read within ``timeout``. Returns the blocks and a
-        ``ReadDone`` for all of them (server timings summed).
+    def read_into(
+        self,
+        namespace: str,
+        keys: Sequence[bytes],
+        buffers: Sequence[Any],
+        lease_id: int = 0,
+        timeout: float | None = None,
+    ) -> ReadResult:
+        """Reads ``keys`` in order into ``buffers``, one writable C-contiguous
+        buffer per key (``bytearray``, ``memoryview``, a numpy array, a torch
+        tensor's ``.numpy()`` view), each at least its block's size; stops at
+        the first missing block.
 
-        A long read is striped as the Rust client's ``WireClient::read``:
-        the keys are cut into ``pool.stripes_for`` contiguous runs read at
-        once (:meth:`_wire_read_run`, one request in flight per run), and the
-        runs are joined in order up to the first that stopped short, whose
-        reason the result carries; later runs' blocks are dropped, their
-        timings not counted and their errors ignored."""
-        pb = self._pb.v1
-        end = time.monotonic() + timeout
-        n = pool.stripes_for(len(ks))
-        if n <= 1:
-            blocks, reason, timing = self._wire_read_run(pool, namespace, ks, range(len(ks)), lease_id, end, into)
-        else:
-            runs = _wire.stripe_bounds(len(ks), n)
-            parts = pool.parallel([
-                functools.partial(self._wire_read_run, pool, namespace, ks, r, lease_id, end, into) for r in runs
-            ])
-            blocks, reason, timing = [], "", pb.ServerTiming()
-            for run, (part, err) in zip(runs, parts):
-                if err is not None:
-                    raise err
-                assert part is not None
-                got, reason, t = part
-                blocks += got
-                _add_timing(timing, t)
-                if len(got) < len(run):
-                    break
-        return blocks, pb.ReadDone(
-            returned=len(blocks),
-            requested=len(ks),
-            partial=len(blocks) < len(ks),
-            reason=reason,
-            timing=timing,
-        )
+        Each block's ``payload`` is a memoryview of the filled bytes of its
+        buffer. On the same-host socket the server copies the blocks into the
+        buffers itself (one copy, no bytes through the socket; docs/local.md);
+        over the TCP data plane they are received straight into them, each
+        checksum verified; over gRPC they are copied in. A buffer too small
+        for its block raises ``KvtierError(INVALID_ARGUMENT)``; one that is
+        read-only or not contiguous, ``ValueError``. After an error
+        the buffers' contents are unspecified; a retried call fills them again.
+        """
+        ks = _check_keys(keys)
+        if len(buffers) != len(ks):
+            raise ValueError(f"{len(ks)} keys but {len(buffers)} buffers")
+        pool = self.data_plane()
+        if pool is None:
+            r = self.read(namespace, ks, lease_id, timeout)
+            blocks = []
+            for b in r.blocks:
+                try:
+                    filled = _fill(buffers[b.index], b.payload)
+                except ValueError as e:
+                    raise KvtierError(grpc.StatusCode.INVALID_ARGUMENT, f"buffer {b.index}: {e}") from None
+                blocks.append(ReadBlock(b.index, b.key, b.parent, b.token_count, filled, b.tier))
+            return ReadResult(blocks, r.requested, r.partial, r.reason, r.timing)
+        got, us = self._retrying(lambda t: pool.read_into(namespace, ks, lease_id, buffers, t), timeout)
+        blocks = [
+            ReadBlock(i, k, p, n, memoryview(buffers[i]).cast("B")[:length], Tier.of(tier))
+            for i, k, p, n, length, tier in got[0]
+        ]
+        return self._native_result(blocks, ks, got, us)
 
-    def _wire_read_run(self, pool: _wire.WirePool, namespace: str, ks: list[bytes], run: range, lease_id: int,
-                       end: float, into=None) -> tuple[list[ReadBlock], str, Any]:
-        """Reads ``ks[run]`` before ``end`` (``time.monotonic()``), one request
-        at a time; replies that end at their size limit (reason ``size``) are
-        continued from the first key not returned. Block indexes (and those
-        ``into`` sees) are positions in ``ks``. Returns the blocks, the last
-        reply's reason and the server timings summed."""
-        pb = self._pb.v1
-        blocks: list[ReadBlock] = []
-        timing = pb.ServerTiming()
-        while True:
-            start = run.start + len(blocks)
-            shifted = (lambda i, n, s=start: into(i + s, n)) if into is not None else None
-            reply, data = pool.read(namespace, ks[start:run.stop], lease_id, max(1e-3, end - time.monotonic()),
-                                    shifted)
-            got = len(blocks)
-            for rb, payload in zip(reply.blocks, data):
-                rb.index += start
-                blocks.append(self._to_read_block(rb, payload))
-            done = reply.done if reply.HasField("done") else pb.ReadDone()
-            _add_timing(timing, done.timing)
-            if done.reason != _wire.SIZE or len(blocks) >= len(run):
-                return blocks, done.reason, timing
-            if len(blocks) == got:
-                raise KvtierError(grpc.StatusCode.UNAVAILABLE, f"data plane {pool!r}: a reply ended for size without a block")
+    @staticmethod
+    def _native_result(blocks: list[ReadBlock], ks: list[bytes], got, us: int) -> ReadResult:
+        _, partial, reason, timing = got
+        return ReadResult(blocks, len(ks), partial, reason, ServerTiming(elapsed_us=us, **timing))
 
     @staticmethod
     def _read_result(blocks: list[ReadBlock], ks: list[bytes], done, us: int) -> ReadResult:
@@ -832,9 +888,10 @@ class Client:
         """
         pool = self.data_plane()
         if pool is not None:
-            payloads: list[bytes] = []
-            pbs = self._pb_blocks(blocks, payloads)
-            r, us = self._retrying(lambda t: pool.write(namespace, pbs, payloads, t), timeout)
+            # Checksums are computed by the native core, payloads passed as they are.
+            items = [_native_block(b) for b in blocks]
+            (stored, existing, timing), us = self._retrying(lambda t: pool.write(namespace, items, t), timeout)
+            return WriteResult(stored, existing, ServerTiming(elapsed_us=us, **timing))
         else:
             req = self._pb.v1.WriteRequest(namespace=namespace, blocks=self._pb_blocks(blocks))
             r, us = self._call(lambda s, t: s.Write(req, timeout=t), timeout)
@@ -909,6 +966,9 @@ class Client:
             version=r.version,
             timing=ServerTiming._of(r, us),
             data_listen=r.data_listen,
+            local_listen=r.local_listen,
+            max_message_size=r.max_message_size,
+            instance_id=r.instance_id,
         )
 
 
@@ -954,6 +1014,14 @@ def _add_timing(a, b) -> None:
     """Adds server timing ``b`` to ``a`` (``kvtier.v1.ServerTiming`` messages)."""
     for f in _TIMING_FIELDS:
         setattr(a, f, getattr(a, f) + getattr(b, f))
+
+
+def _native_block(b: Block) -> tuple[bytes, bytes | None, int, Any, int]:
+    """A block as the native core takes it; a payload given as parts is joined (copied)."""
+    if not isinstance(b, Block):
+        raise TypeError(f"expected kvtier.Block, got {type(b).__name__}")
+    payload = _joined(b.payload) if isinstance(b.payload, (list, tuple)) else b.payload
+    return bytes(b.key), bytes(b.parent) if b.parent else None, b.token_count, payload, b.ttl_ms
 
 
 def _as_parts(payload):
@@ -1008,24 +1076,26 @@ def _fill(view_or_parts, payload) -> memoryview | list[memoryview]:
 
 
 def _copy_into(b: ReadBlock, into) -> ReadBlock:
-    """gRPC path of ``read(into=...)``: the payload copied into the caller's buffer."""
+    """``read(into=...)``: the payload copied into the caller's buffer. A
+    buffer that cannot take it is the caller's mistake: INVALID_ARGUMENT,
+    not retried."""
     buf = into(b.index, len(b.payload))
     if buf is None:
         return b
     try:
         filled = _fill(buf, b.payload)
     except ValueError as e:
-        raise ValueError(f"buffer for block {b.index}: {e}") from None
+        raise KvtierError(grpc.StatusCode.INVALID_ARGUMENT, f"buffer for block {b.index}: {e}") from None
     return ReadBlock(b.index, b.key, b.parent, b.token_count, filled, b.tier)
 
 
 def _data_plane_addr(target: str, advertised: str) -> tuple[str, int]:
     """Where to dial the data plane: the advertised address, with an
     unspecified host (``0.0.0.0``, ``::``) replaced by the gRPC target's host."""
-    host, port = _wire.parse_addr(advertised)
+    host, port = _dp.parse_addr(advertised)
     if host in ("0.0.0.0", "::", ""):
         try:
-            host = _wire.parse_addr(target)[0]
+            host = _dp.parse_addr(target)[0]
         except ValueError:
             host = "127.0.0.1"
     return host, port

@@ -405,6 +405,21 @@ class ClusterClient:
             r = dataclasses.replace(r, lease_node=node)
         return r
 
+    def read_into(
+        self,
+        namespace: str,
+        keys: Sequence[bytes],
+        buffers: Sequence[Any],
+        lease_id: int = 0,
+        timeout: float | None = None,
+        lease_node: str | None = None,
+    ) -> ReadResult:
+        """:meth:`kvtier.Client.read_into` for a cluster: ``keys`` read from
+        their owners into ``buffers`` (one per key), in ``keys``' order."""
+        if len(buffers) != len(keys):
+            raise ValueError(f"{len(keys)} keys but {len(buffers)} buffers")
+        return self.read(namespace, keys, lease_id, timeout, into=lambda i, n: buffers[i], lease_node=lease_node)
+
     def read(
         self,
         namespace: str,

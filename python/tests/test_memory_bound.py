@@ -23,8 +23,10 @@ from pathlib import Path
 import pytest
 
 from kvtier._proto import load
+from kvtier.dataplane import parse_addr
 from kvtier.server import Server
-from kvtier.wire import HEADER, MAGIC, Kind, parse_addr
+
+from frames import HEADER, MAGIC, Kind
 
 MIB = 1 << 20
 TIER_MIB = 128

@@ -1,22 +1,18 @@
 """Long reads striped over data-plane connections (docs/wire.md), as the Rust
-client's ``WireClient::read`` does: against the real server, and against a
-pool that answers from a dict (timings, errors, concurrency)."""
+client's ``WireClient::read`` does, since it is that code (kvtier._native):
+against the real server. The rules themselves (stripe counts, joining runs
+that stopped short, errors in any run) are tested in crates/kvtier-client."""
 from __future__ import annotations
 
 import os
 import re
-import threading
 import urllib.request
 from pathlib import Path
 
-import grpc
 import pytest
 
-from kvtier import Block, Client, KvtierError, keys
-from kvtier._crc import crc32c
-from kvtier.pb import v1 as pb
-from kvtier.pb import wire as wpb
-from kvtier.wire import MAX_STRIPES, STRIPE_MIN_BLOCKS, WirePool, stripe_bounds
+from kvtier import Block, Client, keys
+from kvtier.dataplane import MAX_STRIPES, STRIPE_MIN_BLOCKS
 
 BS = 128
 SIZE = 100_000
@@ -42,7 +38,7 @@ def wire_reads(server) -> float:
 # -- the rules ---------------------------------------------------------------
 
 
-def test_thresholds_are_the_rust_clients():
+def test_the_defaults_are_the_rust_clients():
     # The tests run from a kvtier checkout: a missing Rust source is a failure, not a skip.
     assert RUST_WIRE.is_file(), f"{RUST_WIRE} is missing"
     src = RUST_WIRE.read_text()
@@ -51,34 +47,12 @@ def test_thresholds_are_the_rust_clients():
         assert m and int(m.group(1)) == value, name
 
 
-@pytest.mark.parametrize(
-    "connections, max_stripes, blocks, stripes",
-    [
-        (4, 8, 0, 1), (4, 8, 15, 1), (4, 8, 16, 2), (4, 8, 23, 2), (4, 8, 24, 3), (4, 8, 40, 4),
-        (8, 8, 40, 5), (16, 8, 1000, 8), (16, 16, 1000, 16), (16, 1, 1000, 1), (1, 8, 1000, 1), (2, 3, 64, 2),
-    ],
-)
-def test_stripes_for(connections, max_stripes, blocks, stripes):
-    """One stripe per 8 keys, at most one per connection and at most the maximum (``WireClient::stripes_for``)."""
-    assert WirePool(("127.0.0.1", 1), connections, max_stripes=max_stripes).stripes_for(blocks) == stripes
-
-
-def test_stripe_bounds_are_contiguous_and_even():
-    assert stripe_bounds(40, 4) == [range(0, 10), range(10, 20), range(20, 30), range(30, 40)]
-    assert stripe_bounds(17, 2) == [range(0, 9), range(9, 17)]
-    for n in range(16, 200):
-        for k in range(1, n // STRIPE_MIN_BLOCKS + 1):
-            runs = stripe_bounds(n, k)
-            assert [x for r in runs for x in r] == list(range(n))
-            assert max(map(len, runs)) - min(map(len, runs)) <= 1
-
-
 def test_read_stripes_reaches_the_pool(server):
     with pytest.raises(ValueError, match="read_stripes"):
         Client(server.grpc, read_stripes=0)
     with Client(server.grpc, connections=1, data_connections=2, read_stripes=3) as c:
         pool = c.data_plane()
-        assert (pool.connections, pool.max_stripes, pool.stripes_for(40)) == (2, 3, 2)
+        assert (pool.connections, pool.max_stripes) == (2, 3)
 
 
 # -- against the server ----------------------------------------------------------
@@ -117,16 +91,13 @@ def test_a_long_read_is_striped_and_comes_back_in_order(server, clients, ns):
     # into=: each payload lands in its own buffer, by its index in ks.
     bufs = [bytearray(SIZE + 7) for _ in ks]
     asked: list[tuple[int, int]] = []
-    threads = set()
 
     def into(i, n):
         asked.append((i, n))
-        threads.add(threading.get_ident())
         return bufs[i]
 
     r = c.read(ns, ks, into=into)
     assert sorted(asked) == [(i, SIZE) for i in range(40)]
-    assert len(threads) > 1, "the stripes ran on several threads"
     for i, blk in enumerate(r.blocks):
         assert blk.index == i and isinstance(blk.payload, memoryview) and blk.payload.obj is bufs[i]
         assert bytes(blk.payload) == blocks[i].payload == bytes(bufs[i][:SIZE])
@@ -150,17 +121,16 @@ def test_a_gap_cuts_the_answer_as_one_request_would(server, clients, ns, gap):
     assert (r.partial, r.reason, r.requested) == (want.partial, want.reason, want.requested) == (True, "missing", 40)
 
 
-def test_each_stripe_continues_replies_cut_for_size(server, clients, ns):
+def test_a_striped_read_into_buffers_lands_each_block_in_its_own(server, clients, ns):
     c, _ = clients
     blocks = chain_blocks(40, seed=3000)
     c.write(ns, blocks)
-    c.data_plane().max_reply = 2 * SIZE + 50_000  # two blocks per reply
     before = wire_reads(server)
-    bufs = [bytearray(SIZE) for _ in blocks]
-    r = c.read(ns, [b.key for b in blocks] + [b"absent"], into=lambda i, n: bufs[i])
-    assert wire_reads(server) == before + 4 * 5 + 1, "4 stripes of 10 (the last of 11) in replies of 2 blocks"
+    bufs = [bytearray(SIZE) for _ in range(41)]
+    r = c.read_into(ns, [b.key for b in blocks] + [b"absent"], bufs)
+    assert wire_reads(server) == before + 4, "4 stripes"
     assert [b.index for b in r.blocks] == list(range(40))
-    assert [bytes(p) for p in r.payloads] == [b.payload for b in blocks] == [bytes(b) for b in bufs]
+    assert [bytes(p) for p in r.payloads] == [b.payload for b in blocks] == [bytes(b) for b in bufs[:40]]
     assert (r.partial, r.reason, r.requested) == (True, "missing", 41)
 
 
@@ -187,87 +157,3 @@ def test_a_forked_child_stripes_on_its_own_threads(server, clients, ns):
     p.join(30)
     assert ok is True, ok
     assert c.read(ns, ks).payloads == [b.payload for b in blocks]
-
-
-# -- against a pool that answers from a dict -----------------------------------------
-
-
-class DictPool(WirePool):
-    """A data plane without a network: ``store`` maps keys to payloads; a key in
-    ``fail`` raises its error once. Every reply's server timing is 100 µs total."""
-
-    def __init__(self, store: dict[bytes, bytes], connections: int = 4):
-        super().__init__(("127.0.0.1", 1), connections=connections)
-        self.store = store
-        self.fail: dict[bytes, Exception] = {}
-        self.requests: list[list[bytes]] = []
-        self.barrier: threading.Barrier | None = None
-        self._mu = threading.Lock()
-
-    def read(self, namespace, keys, lease_id, timeout, into=None):
-        with self._mu:
-            self.requests.append(list(keys))
-        if self.barrier is not None:
-            self.barrier.wait(timeout=10)
-        blocks, payloads, reason = [], [], ""
-        for i, k in enumerate(keys):
-            with self._mu:
-                err = self.fail.pop(k, None)
-            if err is not None:
-                raise err
-            if k not in self.store:
-                reason = "missing"
-                break
-            blocks.append(pb.ReadBlock(index=i, tier=1, block=pb.Block(key=k, crc32c=crc32c(self.store[k]))))
-            payloads.append(self.store[k])
-        done = pb.ReadDone(requested=len(keys), returned=len(blocks), partial=len(blocks) < len(keys),
-                           reason=reason, timing=pb.ServerTiming(queue_us=1, total_us=100))
-        reply = wpb.WireReadReply(blocks=blocks, payload_lengths=[len(p) for p in payloads], done=done)
-        return reply, payloads
-
-
-@pytest.fixture
-def dict_client():
-    ks = [b"k%02d" % i for i in range(40)]
-    pool = DictPool({k: b"v" + k for k in ks})
-    c = Client("127.0.0.1:1", connections=1, timeout=10, retries=1)
-    c._wire, c._wire_known = pool, True
-    yield c, pool, ks
-    c.close()
-
-
-def test_stripes_are_in_flight_together_and_timings_add_up(dict_client):
-    c, pool, ks = dict_client
-    pool.barrier = threading.Barrier(4)  # passes only when all four requests are waiting at once
-    r = c.read("ns", ks)
-    assert sorted(pool.requests) == [ks[0:10], ks[10:20], ks[20:30], ks[30:40]]
-    assert [b.payload for b in r.blocks] == [b"v" + k for k in ks]
-    assert (r.timing.total_us, r.timing.queue_us) == (400, 4)
-
-
-def test_stripes_after_a_short_one_are_dropped_errors_included(dict_client):
-    """As in Rust: runs are joined up to the first that stopped short; what
-    later runs did (blocks, timings, errors) does not count."""
-    c, pool, ks = dict_client
-    del pool.store[ks[21]]
-    pool.fail[ks[35]] = KvtierError(grpc.StatusCode.DATA_LOSS, "bad block past the gap")
-    r = c.read("ns", ks)
-    assert [b.index for b in r.blocks] == list(range(21))
-    assert (r.partial, r.reason, r.timing.total_us) == (True, "missing", 300)
-
-
-def test_an_error_in_any_stripe_fails_the_read(dict_client):
-    c, pool, ks = dict_client
-    pool.fail[ks[15]] = KvtierError(grpc.StatusCode.DATA_LOSS, "bad block")
-    with pytest.raises(KvtierError) as ei:
-        c.read("ns", ks)
-    assert ei.value.code == grpc.StatusCode.DATA_LOSS and len(pool.requests) == 4, "not retried"
-
-
-def test_unavailable_in_one_stripe_retries_the_whole_read(dict_client):
-    c, pool, ks = dict_client
-    pool.fail[ks[35]] = KvtierError(grpc.StatusCode.UNAVAILABLE, "connection reset")
-    r = c.read("ns", ks)
-    assert len(r.blocks) == 40 and not r.partial
-    assert len(pool.requests) == 8, "all four stripes again"
-    assert r.timing.total_us == 400, "the successful attempt's timings"

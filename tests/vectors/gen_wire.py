@@ -6,9 +6,8 @@ Run from the repository root: PYTHONPATH=python .venv/bin/python tests/vectors/g
 The frames are built here from the layout in docs/wire.md with struct and the
 protobuf messages of proto/kvtier/v1/wire.proto, not with either
 implementation's framing code. The Rust test (crates/kvtier-proto/tests/wire_vectors.rs)
-and the Python tests (python/tests/test_wire_vectors.py) build each message
-themselves, encode it and compare bytes with "frame_hex", and decode
-"frame_hex" back. Re-run only when adding frames; never edit bytes by hand: a
+builds each message itself, encodes it and compares bytes with "frame_hex",
+and decodes "frame_hex" back (the Python SDK uses the Rust client core). Re-run only when adding frames; never edit bytes by hand: a
 frame that changes is a wire-format change.
 
 Header (24 bytes, little-endian): magic "KVW1" | kind u8 | flags u8 (0) |

@@ -25,6 +25,9 @@ pub struct ClientConfig {
     /// advertises one (docs/wire.md) and it can be reached at connect (a
     /// warning, then gRPC, when it cannot); gRPC otherwise.
     pub data_plane: bool,
+    /// Move to the server's same-host socket when it advertises one that
+    /// exists here and leads back to it (docs/local.md); `false` stays on TCP.
+    pub same_host: bool,
     /// Data-plane connections (one request in flight each); 0: `connections`.
     /// Size it to the number of concurrent callers, like a Redis client pool.
     pub data_connections: usize,
@@ -66,6 +69,7 @@ impl ClientConfig {
             block_size: kvtier_core::keys::DEFAULT_BLOCK_SIZE,
             hash: HashFn::default(),
             data_plane: true,
+            same_host: true,
             data_connections: 0,
             read_stripes: crate::wire::MAX_STRIPES,
             data_tcp_congestion: None,

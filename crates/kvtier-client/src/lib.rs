@@ -349,7 +349,7 @@ impl Client {
                 index: b.index,
                 key: b.key,
                 parent: b.parent,
-                token_count: 0,
+                token_count: b.token_count,
                 len: b.payload.len(),
                 tier: b.tier,
             });

@@ -47,7 +47,7 @@ pub(crate) async fn choose(cfg: &ClientConfig, stats: &pb::StatsResponse) -> Res
         chosen.wire = Some(w);
         return Ok(chosen);
     }
-    if !stats.local_listen.is_empty() {
+    if cfg.same_host && !stats.local_listen.is_empty() {
         match upgrade(cfg, stats).await {
             Ok(Some((grpc, w))) => {
                 log_choice(cfg, &w, "advertised by the server");

@@ -57,6 +57,8 @@ pub struct ReadBlock {
     pub key: Key,
     /// Parent key.
     pub parent: Option<Key>,
+    /// Tokens covered.
+    pub token_count: u32,
     /// Payload (checksum verified).
     pub payload: Bytes,
     /// Tier it was served from.
@@ -137,6 +139,7 @@ pub(crate) fn to_read_block_checked(
         index: b.index as usize,
         key,
         parent,
+        token_count: blk.token_count,
         payload: blk.payload,
         tier: Tier::try_from(b.tier).unwrap_or(Tier::Unspecified),
     })

@@ -131,6 +131,12 @@ class PayloadLayout:
         """Copies one payload (bytes-like of exactly ``nbytes``) into vLLM block ``block_id``."""
         self.scatter_many([block_id], [payload])
 
+    def staging_rows(self, n: int) -> torch.Tensor:
+        """A ``uint8`` buffer ``[n, nbytes]`` a read lands in before
+        :meth:`scatter_many` (given as ``host``): pinned on an accelerator
+        (the transfer to the device reads it by DMA), plain memory on the CPU."""
+        return self._rows(n)
+
     def host_rows(self, n: int) -> torch.Tensor | None:
         """A pinned ``uint8`` buffer ``[n, nbytes]`` that payloads can be
         received straight into (``Client.read(into=...)``) and then given to

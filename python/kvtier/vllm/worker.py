@@ -102,28 +102,31 @@ class WorkerSide:
 
     def _read(self, spec: LoadSpec):
         """Reads the blocks of ``spec``: (payloads of the leading blocks read and
-        checked, why the rest are missing or "", the pinned buffer whose rows
-        hold those payloads or None)."""
+        checked, why the rest are missing or "", the staging buffer whose rows
+        hold those payloads, or None when they are ``bytes``)."""
         if not self.breaker.allow():
             return [], "kvtier unreachable", None
         lease = spec.leases.get(self.namespace, 0)
         # A cluster client needs the node that granted the scheduler's lease.
         node = {"lease_node": spec.lease_nodes[self.namespace]} if self.namespace in spec.lease_nodes else {}
-        # On a GPU the payloads are received straight into pinned memory
-        # (notes/018): one copy fewer before the transfer to the device.
+        # The payloads land straight in host rows: pinned memory on a GPU
+        # (notes/018: one copy fewer before the transfer), and on the same-host
+        # socket kvtier copies them there itself (docs/local.md).
         layout = self._layout
-        host = layout.host_rows(len(spec.keys))
-        rows: dict[int, object] = {}
+        host = layout.staging_rows(len(spec.keys))
+        rows = [host[i].numpy() for i in range(len(spec.keys))]
 
-        def into(i: int, n: int):
-            if host is None or n != layout.nbytes or i >= len(host):
-                return None
-            rows[i] = host[i].numpy()
-            return rows[i]
-
+        timeout = self.cfg.load_timeout_ms / 1000
         try:
-            r = self.client.read(self.namespace, spec.keys, lease_id=lease, timeout=self.cfg.load_timeout_ms / 1000,
-                                 into=into if host is not None else None, **node)
+            try:
+                r = self.client.read_into(self.namespace, spec.keys, rows, lease_id=lease, timeout=timeout, **node)
+            except KvtierError as e:
+                if e.code != grpc.StatusCode.INVALID_ARGUMENT:
+                    raise
+                # A block larger than a row (not this model's KV): read as
+                # bytes to find it; it is deleted below.
+                r = self.client.read(self.namespace, spec.keys, lease_id=lease, timeout=timeout, **node)
+                host = None
         except Exception as e:  # noqa: BLE001 - every failure is a recompute
             if is_outage(e):
                 self.breaker.failure(e)
@@ -143,10 +146,7 @@ class WorkerSide:
             payloads.append(b.payload)
         if not why and len(payloads) < len(spec.keys):
             why = f"kvtier returned {len(payloads)} of {len(spec.keys)} blocks ({r.reason or 'missing'})"
-        # The buffer stands in for the payloads only if each one is its row.
-        whole = host is not None and all(isinstance(p, memoryview) and i in rows and p.obj is rows[i]
-                                         for i, p in enumerate(payloads))
-        return payloads, why, host if whole else None
+        return payloads, why, host
 
     def _load_now(self, spec: LoadSpec) -> None:
         t0 = time.perf_counter()

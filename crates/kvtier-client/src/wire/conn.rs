@@ -61,6 +61,21 @@ pub enum Conn {
 }
 
 impl Conn {
+    /// Lets go of a connection a forked child inherited from its parent:
+    /// closes only this process's descriptor. Dropping it would also remove
+    /// the socket from the epoll instance the two processes share, and the
+    /// parent's connection would stop hearing from the server.
+    pub(super) fn abandon(self) {
+        use std::os::fd::AsRawFd;
+        let fd = match &self {
+            Conn::Plain(s) => s.as_raw_fd(),
+            Conn::Tls(s) => s.get_ref().0.as_raw_fd(),
+            Conn::Unix(s) => s.as_raw_fd(),
+        };
+        let _ = nix::unistd::close(fd);
+        std::mem::forget(self);
+    }
+
     /// The TCP socket underneath (none on the same-host socket).
     pub fn tcp(&self) -> Option<&TcpStream> {
         match self {

@@ -26,8 +26,7 @@ pub struct FilledBlock {
     pub key: Key,
     /// Parent key.
     pub parent: Option<Key>,
-    /// Tokens covered (0 when the read fell back to gRPC, whose blocks do
-    /// not carry it to this client).
+    /// Tokens covered.
     pub token_count: u32,
     /// Payload bytes now at the start of the buffer.
     pub len: usize,

@@ -189,8 +189,9 @@ impl WireClient {
     fn take_idle(&self) -> Option<Conn> {
         let me = u64::from(std::process::id());
         if self.owner.swap(me, Ordering::AcqRel) != me {
-            // Dropping them closes only this process's copies of the sockets.
-            self.idle.lock().clear();
+            for c in std::mem::take(&mut *self.idle.lock()) {
+                c.abandon();
+            }
             return None;
         }
         self.idle.lock().pop()

@@ -1,11 +1,13 @@
-"""The Python client's data plane (kvtier.wire) against the real server, and
-against misbehaving peers (a Python socket server speaking the frame format)."""
+"""The Python client's data plane, the Rust client core (kvtier._native), over
+TCP and the same-host socket against the real server, and against misbehaving
+peers (a Python socket server speaking the frame format, tests/frames.py)."""
 from __future__ import annotations
 
 import mmap
+import multiprocessing as mp
 import os
+import signal
 import socket
-import struct
 import threading
 import time
 import urllib.request
@@ -15,11 +17,13 @@ import pytest
 
 from kvtier import Block, Client, KvtierError, keys
 from kvtier import client as kvtier_client
-from kvtier import wire as kvtier_wire
 from kvtier._crc import crc32c
+from kvtier.dataplane import DataPlane, parse_addr
 from kvtier.pb import v1 as pb
 from kvtier.pb import wire as wpb
-from kvtier.wire import HEADER, MAGIC, Kind, WirePool, parse_addr
+from kvtier.server import Server
+
+from frames import HEADER, Kind, frame
 
 BS = 128
 PAYLOAD = 1_200_000
@@ -45,8 +49,8 @@ def wire_requests(server, op: str) -> float:
 
 def test_read_and_write_go_over_the_data_plane(server, client, ns):
     pool = client.data_plane()
-    assert pool is not None
-    assert parse_addr(client.stats().data_listen)[1] == pool.addr[1]
+    assert pool is not None and pool.transport == "tcp"
+    assert pool.target.endswith(f":{parse_addr(client.stats().data_listen)[1]}")
     reads, writes = wire_requests(server, "read"), wire_requests(server, "write")
     blocks = chain_blocks(3)
     w = client.write(ns, blocks)
@@ -82,66 +86,32 @@ def test_partial_read_and_empty_payloads(client, ns):
 
 
 def test_server_errors_keep_their_status(client, ns):
-    pool = client.data_plane()
     with pytest.raises(KvtierError) as ei:
         client.read("bad namespace", [b"k"])
     assert ei.value.code == grpc.StatusCode.INVALID_ARGUMENT
-    # A bad checksum: DATA_LOSS, nothing of the batch stored.
-    good, bad = os.urandom(4096), os.urandom(4096)
+    # A block that is its own parent: refused, nothing of the batch stored.
+    good = os.urandom(4096)
     ks = keys.chain(list(range(BS * 2)))
-    pbs = [
-        pb.Block(key=ks[0], token_count=BS, crc32c=crc32c(good)),
-        pb.Block(key=ks[1], parent_key=ks[0], token_count=BS, crc32c=crc32c(bad) ^ 1),
-    ]
     with pytest.raises(KvtierError) as ei:
-        pool.write(ns, pbs, [good, bad], timeout=10)
-    assert ei.value.code == grpc.StatusCode.DATA_LOSS
+        client.write(ns, [Block(ks[0], good, token_count=BS), Block(ks[1], good, parent=ks[1], token_count=BS)])
+    assert ei.value.code == grpc.StatusCode.INVALID_ARGUMENT
     assert "blocks[1]" in ei.value.message
     assert client.lookup(ns, keys=ks).found == 0
     # The pool keeps working afterwards.
     assert client.write(ns, [Block(ks[0], good, token_count=BS)]).stored == 1
 
 
-def test_oversized_write_is_refused_before_sending(client, ns, tmp_path):
-    pool = client.data_plane()
-    dials = pool.dials
+def test_a_block_larger_than_a_request_is_refused_before_sending(client, ns, tmp_path):
     f = tmp_path / "sparse"
     with open(f, "wb") as fh:
         fh.truncate((1 << 32) + 1)  # sparse: no disk, no memory
     with open(f, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as big:
+        t0 = time.monotonic()
         with pytest.raises(KvtierError) as ei:
-            pool.write(ns, [pb.Block(key=b"k")], [big], timeout=10)
+            client.write(ns, [Block(b"k", big)])
     assert ei.value.code == grpc.StatusCode.INVALID_ARGUMENT
-    assert "split the batch" in ei.value.message
-    assert pool.dials == dials
-
-
-def test_congestion_control_is_set(server, ns):
-    def cc_of(c):
-        (sock,) = c.data_plane()._idle
-        return sock.getsockopt(socket.IPPROTO_TCP, getattr(socket, "TCP_CONGESTION", 13), 16).rstrip(b"\0")
-
-    with open("/proc/sys/net/ipv4/tcp_congestion_control", "rb") as f:
-        system = f.read().strip()
-    with Client(server.grpc, connections=1) as c:  # default: what the system runs
-        c.write(ns, chain_blocks(1, size=10))
-        assert cc_of(c) == system
-    with Client(server.grpc, connections=1, data_tcp_congestion="reno") as c:
-        c.write(ns, chain_blocks(1, seed=5, size=10))
-        assert cc_of(c) == b"reno"
-    with Client(server.grpc, connections=1, data_tcp_congestion="nosuchcc") as c:
-        assert c.write(ns, chain_blocks(1, seed=3, size=10)).stored == 1  # refused name: system default
-
-
-def test_broken_connections_are_replaced(client, ns):
-    blocks = chain_blocks(1, seed=5, size=50_000)
-    client.write(ns, blocks)
-    pool = client.data_plane()
-    before = pool.dials
-    for s in list(pool._idle):
-        s.shutdown(socket.SHUT_RDWR)  # as if the server had gone away meanwhile
-    assert client.read(ns, [blocks[0].key]).payloads == [blocks[0].payload]
-    assert pool.dials > before
+    assert "server.max_message_size" in ei.value.message
+    assert time.monotonic() - t0 < 5, "refused without sending (or checksumming) 4 GiB"
 
 
 def test_concurrent_callers_share_the_pool(server, ns):
@@ -163,7 +133,6 @@ def test_concurrent_callers_share_the_pool(server, ns):
         for t in threads:
             t.join()
         assert not errors, errors
-        assert 1 <= c.data_plane().dials <= 3, "at most data_connections connections, reused"
 
 
 def test_data_plane_off_makes_no_discovery_call(server, monkeypatch):
@@ -184,7 +153,7 @@ def test_an_unreachable_data_plane_falls_back_to_grpc(server, ns, monkeypatch, c
         assert c.data_plane() is None
         assert c.write(ns, blocks).stored == 2
         assert c.read(ns, [b.key for b in blocks]).payloads == [b.payload for b in blocks]
-    assert f"127.0.0.1:{dead}" in caplog.text and "use gRPC" in caplog.text, caplog.text
+    assert f"127.0.0.1:{dead}" in caplog.text and "transport: gRPC" in caplog.text, caplog.text
 
 
 def test_discovery_failure_propagates():
@@ -245,10 +214,6 @@ class FakePeer:
         self.sock.close()
 
 
-def frame(kind: int, rid: int, meta: bytes, data: bytes = b"", magic: bytes = MAGIC) -> bytes:
-    return HEADER.pack(magic, kind, 0, 0, rid, len(meta), len(data)) + meta + data
-
-
 def read_reply(rid: int, payload: bytes, crc: int) -> bytes:
     meta = wpb.WireReadReply(
         blocks=[pb.ReadBlock(index=0, tier=1, block=pb.Block(key=b"k", crc32c=crc))],
@@ -266,7 +231,7 @@ def fake_client():
     def make(reply, timeout=3.0, retries=1):
         peer = FakePeer(reply)
         c = Client("127.0.0.1:1", connections=1, timeout=timeout, retries=retries)
-        c._wire = WirePool(peer.addr, connections=1)
+        c._wire = DataPlane(f"{peer.addr[0]}:{peer.addr[1]}", connections=1, timeout=timeout)
         c._wire_known = True
         made.append((peer, c))
         return peer, c
@@ -310,7 +275,7 @@ def test_a_lying_server_is_caught(fake_client):
             "add up to",
         ),
         (lambda rid: frame(Kind.READ_REPLY, rid, b"\xff\xff\xff"), "bad read reply"),
-        (lambda rid: frame(Kind.WRITE_REPLY, rid, b"", b"x" * 10)[:30], "connection closed"),
+        (lambda rid: frame(Kind.WRITE_REPLY, rid, b"", b"x" * 10)[:30], "end of file"),
     ],
     ids=["magic", "request-id", "lengths", "metadata", "truncated"],
 )
@@ -325,6 +290,10 @@ def test_protocol_violations_are_unavailable_and_retried(fake_client, answer, ex
     assert ei.value.code == grpc.StatusCode.UNAVAILABLE
     assert expect in ei.value.message
     assert peer.requests == 2, "retried once on a fresh connection"
+    # The same for a read into the caller's buffers.
+    with pytest.raises(KvtierError) as ei:
+        c.read_into("ns", [b"k"], [bytearray(16)])
+    assert ei.value.code == grpc.StatusCode.UNAVAILABLE and expect in ei.value.message
 
 
 def test_error_frames_carry_the_servers_status(fake_client):
@@ -380,83 +349,36 @@ def test_a_silent_server_hits_the_deadline(fake_client):
     assert sent and 300 <= sent[0] <= 450, sent
 
 
-def test_frame_layout_matches_docs():
-    # docs/wire.md: magic, kind u8, flags u8, reserved u16, id u64, meta_len u32, data_len u32 (LE).
-    raw = frame(Kind.WRITE, 0x0102030405060708, b"ab", b"cde")
-    assert raw[:4] == b"KVW1" and raw[4] == 2 and raw[5:8] == b"\0\0\0"
-    assert struct.unpack_from("<QII", raw, 8) == (0x0102030405060708, 2, 3)
-    assert HEADER.size == 24 and raw[24:] == b"abcde"
-    assert parse_addr("[::1]:5") == ("::1", 5)
-    with pytest.raises(ValueError):
-        parse_addr("nohost")
+def _fork_read(c: Client, ns: str, key: bytes, size: int, q) -> None:
+    try:
+        buf = bytearray(size)
+        r = c.read_into(ns, [key], [buf])
+        q.put((len(r.blocks), bytes(buf)))
+    except BaseException as e:  # noqa: BLE001 - reported to the parent
+        q.put((repr(e), None))
 
 
-def test_reads_larger_than_one_reply_are_continued(server, ns):
-    with Client(server.grpc, connections=1) as c:
-        blocks = chain_blocks(6, seed=77, size=500_000)
-        c.write(ns, blocks)
-        pool = c.data_plane()
-        pool.max_reply = 1_200_000  # two blocks per reply
-        before = wire_requests(server, "read")
-        ks = [b.key for b in blocks] + [b"absent"]
-        r = c.read(ns, ks)
-        assert r.payloads == [b.payload for b in blocks]
-        assert [b.index for b in r.blocks] == list(range(6))
-        assert (r.partial, r.reason, r.requested) == (True, "missing", 7)
-        assert r.timing.total_us > 0
-        assert wire_requests(server, "read") == before + 3, "2 + 2 + 2 blocks; the third reply also finds the gap"
-        full = c.read(ns, ks[:6])
-        assert (len(full.blocks), full.partial, full.reason) == (6, False, "")
-
-
-def test_a_failure_flushes_the_idle_pool(server, ns):
-    # Four idle connections, all broken (as after a server restart): one retry
-    # is enough, because the first failure drops the other idle ones too.
-    with Client(server.grpc, connections=1, data_connections=4, retries=1) as c:
-        blocks = chain_blocks(1, seed=9, size=1000)
-        c.write(ns, blocks)
-        pool = c.data_plane()
-        socks = [pool._take(kvtier_wire._Deadline(5), 5) for _ in range(4)]
-        for s in socks:
-            pool._give_back(s)
-        assert len(pool._idle) == 4
-        for s in pool._idle:
-            s.shutdown(socket.SHUT_RDWR)
-        dials = pool.dials
-        assert c.read(ns, [blocks[0].key]).payloads == [blocks[0].payload]
-        assert pool.dials == dials + 1 and len(pool._idle) == 1
-
-
-@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
-def test_a_forked_child_gets_its_own_connections(server, ns):
-    import multiprocessing as mp
-
+@pytest.mark.parametrize("local", [False, True], ids=["tcp", "same-host"])
+def test_a_forked_child_gets_its_own_connections(local_server, ns, local):
+    """Engines fork workers: a child's reads use its own connections (on the
+    same-host socket the server copies into the child, not into the parent),
+    and the parent's connections keep working after the child has gone."""
     blocks = chain_blocks(1, seed=21, size=300_000)
-    with Client(server.grpc, connections=1) as c:
+    with Client(f"unix://{local_server.local}" if local else local_server.grpc, connections=1) as c:
         c.write(ns, blocks)
-        pool = c.data_plane()
-        (parent_sock,) = pool._idle
-        parent_port = parent_sock.getsockname()[1]
-
-        def child(q):
-            try:
-                r = c.read(ns, [blocks[0].key])
-                (sock,) = c.data_plane()._idle
-                q.put((r.payloads == [blocks[0].payload], sock.getsockname()[1]))
-            except BaseException as e:  # noqa: BLE001 - reported to the parent
-                q.put((repr(e), None))
-
+        parent_buf = bytearray(300_000)
+        assert len(c.read_into(ns, [blocks[0].key], [parent_buf]).blocks) == 1
+        parent_buf[:] = bytes(300_000)
         ctx = mp.get_context("fork")
         q = ctx.Queue()
-        p = ctx.Process(target=child, args=(q,))
+        p = ctx.Process(target=_fork_read, args=(c, ns, blocks[0].key, 300_000, q))
         p.start()
-        ok, child_port = q.get(timeout=30)
+        n, got = q.get(timeout=60)
         p.join(30)
-        assert ok is True, ok
-        assert child_port != parent_port, "the child dialled its own connection"
+        assert n == 1 and got == blocks[0].payload, n
+        assert parent_buf == bytes(300_000), "nothing was copied into the parent"
         # The parent's connection was not disturbed by the child.
         assert c.read(ns, [blocks[0].key]).payloads == [blocks[0].payload]
-        assert pool._idle == [parent_sock]
 
 
 def test_pool_writes_any_contiguous_buffer_by_its_byte_length(client, ns):
@@ -464,8 +386,7 @@ def test_pool_writes_any_contiguous_buffer_by_its_byte_length(client, ns):
 
     values = array.array("H", range(5000))  # 2-byte items: 5,000 items, 10,000 bytes
     raw = values.tobytes()
-    pool = client.data_plane()
-    w = pool.write(ns, [pb.Block(key=b"typed", crc32c=crc32c(raw))], [values], timeout=10)
+    w = client.write(ns, [Block(b"typed", values)])
     assert w.stored == 1
     assert client.read(ns, [b"typed"]).payloads == [raw]
 
@@ -478,8 +399,6 @@ def test_read_into_caller_buffers(server, ns, data_plane):
     with Client(server.grpc, connections=1, data_plane=data_plane) as c:
         blocks = chain_blocks(5, seed=91, size=300_000)
         c.write(ns, blocks)
-        if data_plane:
-            c.data_plane().max_reply = 700_000  # two blocks per reply
         bufs = {i: bytearray(400_000) for i in (0, 2, 3, 4)}  # block 1: default
         asked = []
 
@@ -496,7 +415,7 @@ def test_read_into_caller_buffers(server, ns, data_plane):
                 assert bytes(bufs[i][:300_000]) == blocks[i].payload
             else:
                 assert isinstance(blk.payload, bytes)
-        with pytest.raises(ValueError, match="need 300000"):
+        with pytest.raises(KvtierError, match="need 300000"):
             c.read(ns, [blocks[0].key], into=lambda i, n: bytearray(10))
 
 
@@ -506,6 +425,9 @@ def test_read_into_still_checks_the_checksum(fake_client):
     buf = bytearray(50_000)
     with pytest.raises(KvtierError) as ei:
         c.read("ns", [b"k"], into=lambda i, n: buf)
+    assert ei.value.code == grpc.StatusCode.DATA_LOSS
+    with pytest.raises(KvtierError) as ei:
+        c.read_into("ns", [b"k"], [buf])
     assert ei.value.code == grpc.StatusCode.DATA_LOSS
 
 
@@ -524,7 +446,7 @@ def test_gather_writes_and_scatter_reads(server, ns, data_plane):
         parts = r.blocks[0].payload
         assert isinstance(parts, list) and [bytes(p) for p in parts] == [bytes(k), bytes(v)]
         assert k2 == k and v2[:50_000] == v
-        with pytest.raises(ValueError, match="need 120000"):
+        with pytest.raises(KvtierError, match="need 120000"):
             c.read(ns, [b"page"], into=lambda i, n: [bytearray(10), bytearray(10)])
 
 
@@ -543,7 +465,7 @@ def test_tokens_reach_grpc_and_the_data_plane(kvtier_bin, tmp_path, ns):
         blocks = chain_blocks(2, seed=5, size=100_000)
         with Client(s.grpc, connections=1, token="python-token-aaaaaaaa") as c:
             assert c.write("py/" + ns, blocks).stored == 2
-            assert c.data_plane() is not None and c.data_plane().token
+            assert c.data_plane() is not None
             assert c.read("py/" + ns, [b.key for b in blocks]).payloads == [b.payload for b in blocks]
         with Client(s.grpc, connections=1, token="python-token-bbbbbbbb") as other:
             with pytest.raises(KvtierError) as ei:
@@ -556,3 +478,77 @@ def test_tokens_reach_grpc_and_the_data_plane(kvtier_bin, tmp_path, ns):
             with pytest.raises(KvtierError) as ei:
                 anon.lookup("py/" + ns, keys=[blocks[0].key])
             assert ei.value.code == grpc.StatusCode.UNAUTHENTICATED
+
+
+# -- the same-host socket (docs/local.md) --------------------------------------
+
+
+@pytest.fixture(scope="module")
+def local_server(kvtier_bin, tmp_path_factory):
+    """A server with a same-host socket; ``.local`` is its path."""
+    sock = tmp_path_factory.mktemp("local") / "kvtier.sock"
+    s = Server.start(binary=kvtier_bin, args=["--local-listen", str(sock), "--memory-capacity", "1GiB"])
+    s.local = str(sock)  # type: ignore[attr-defined]
+    yield s
+    assert s.stop() == 0
+
+
+def test_the_same_host_socket_moves_blocks_by_memory(local_server, ns, caplog):
+    blocks = chain_blocks(16, seed=3, size=4 << 20)
+    with caplog.at_level("INFO", logger="kvtier"), Client(f"unix://{local_server.local}", connections=2) as c:
+        pool = c.data_plane()
+        assert pool is not None and pool.transport == "unix" and pool.copies_by_memory
+        assert c.write(ns, blocks).stored == 16
+        bufs = [bytearray((4 << 20) + 1) for _ in range(17)]
+        r = c.read_into(ns, [b.key for b in blocks] + [b"absent-key"], bufs)
+        assert (len(r.blocks), r.partial, r.reason) == (16, True, "missing")
+        for b, blk in zip(r.blocks, blocks):
+            assert b.payload.obj is bufs[b.index] and b.payload == blk.payload
+        # Lookups go through the same socket (gRPC on it).
+        assert c.lookup(ns, keys=[b.key for b in blocks]).found == 16
+    assert "same-host socket" in caplog.text and "copied by memory" in caplog.text, caplog.text
+
+
+def test_a_client_given_the_tcp_address_upgrades_to_the_socket(local_server, ns, caplog):
+    with caplog.at_level("INFO", logger="kvtier"), Client(local_server.grpc, connections=1) as c:
+        pool = c.data_plane()
+        assert pool is not None and pool.transport == "unix", pool
+        blocks = chain_blocks(2, seed=8, size=1 << 20)
+        c.write(ns, blocks)
+        assert c.read(ns, [b.key for b in blocks]).payloads == [b.payload for b in blocks]
+    assert f"advertised by {local_server.grpc}" in caplog.text, caplog.text
+
+
+def test_a_small_buffer_is_the_callers_error(local_server, ns):
+    with Client(f"unix://{local_server.local}", connections=1) as c:
+        blocks = chain_blocks(1, seed=4, size=100_000)
+        c.write(ns, blocks)
+        with pytest.raises(KvtierError) as ei:
+            c.read_into(ns, [blocks[0].key], [bytearray(99_999)])
+        assert ei.value.code == grpc.StatusCode.INVALID_ARGUMENT, ei.value
+        with pytest.raises(ValueError, match="read-only"):
+            c.read_into(ns, [blocks[0].key], [b"read-only"])
+
+
+def test_a_restarted_server_means_errors_then_a_reconnect_never_a_hang(kvtier_bin, tmp_path, ns):
+    sock = tmp_path / "kvtier.sock"
+    args = ["--local-listen", str(sock)]
+    s = Server.start(binary=kvtier_bin, args=args)
+    blocks = chain_blocks(1, seed=6, size=200_000)
+    with Client(f"unix://{sock}", connections=1, timeout=3, retries=1) as c:
+        c.write(ns, blocks)
+        os.kill(s.pid, signal.SIGKILL)
+        s.stop()
+        t0 = time.monotonic()
+        with pytest.raises(KvtierError) as ei:
+            c.read_into(ns, [blocks[0].key], [bytearray(200_000)])
+        assert ei.value.code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+        assert time.monotonic() - t0 < 5, "failed within the deadline"
+        s2 = Server.start(binary=kvtier_bin, args=args)  # a fresh, empty server on the same path
+        try:
+            buf = bytearray(200_000)
+            assert c.read_into(ns, [blocks[0].key], [buf]).blocks == [], "a miss, on a fresh connection"
+            assert c.write(ns, blocks).stored == 1
+            assert len(c.read_into(ns, [blocks[0].key], [buf]).blocks) == 1 and buf == blocks[0].payload
+        finally:
+            s2.stop()
