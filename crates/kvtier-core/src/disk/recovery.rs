@@ -63,10 +63,31 @@ fn dir_error(dir: &Path, what: &str, e: io::Error) -> Error {
     .with_source(e)
 }
 
+/// Creates `dir` and its missing ancestors, and `fsync`s the parent of each
+/// one it created: a directory's entry is durable only once its parent is
+/// synced, and without this a power cut could take the whole tier (a
+/// `disk.dir` the server made itself, acknowledged writes and all) with it.
+fn create_dir_durable(dir: &Path) -> io::Result<()> {
+    let mut created = Vec::new();
+    let mut d = Some(dir);
+    while let Some(p) = d.filter(|p| !p.as_os_str().is_empty() && fs::metadata(p).is_err()) {
+        created.push(p);
+        d = p.parent();
+    }
+    fs::create_dir_all(dir)?;
+    for p in created.iter().rev() {
+        match p.parent().filter(|q| !q.as_os_str().is_empty()) {
+            Some(parent) => sync_dir(parent)?,
+            None => sync_dir(Path::new("."))?,
+        }
+    }
+    Ok(())
+}
+
 /// Creates the directory tree, checks or writes `FORMAT`, takes `LOCK`.
 /// Returns the lock file and the `blocks` directory.
 pub(super) fn prepare_dir(dir: &Path) -> Result<(File, PathBuf)> {
-    fs::create_dir_all(dir).map_err(|e| dir_error(dir, "cannot create it", e))?;
+    create_dir_durable(dir).map_err(|e| dir_error(dir, "cannot create it", e))?;
     let meta = fs::metadata(dir).map_err(|e| dir_error(dir, "cannot stat it", e))?;
     if !meta.is_dir() {
         return Err(Error::internal(format!(
