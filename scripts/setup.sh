@@ -22,6 +22,8 @@ if $for_tests; then
   command -v redis-benchmark >/dev/null || need_apt+=(redis-tools)
   command -v chromium >/dev/null || need_apt+=(chromium)
   command -v systemd-analyze >/dev/null || need_apt+=(systemd)
+  # libfuse 3 and fusermount3 for the power-cut file system (python/tests/powercut)
+  command -v fusermount3 >/dev/null || need_apt+=(fuse3)
 fi
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "apt-get install ${need_apt[*]}"
@@ -30,6 +32,7 @@ if [ ${#need_apt[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need_apt[@]}" >/dev/null
 fi
 if [ ! -x .venv/bin/python ] || ! .venv/bin/python -c 'import grpc_tools, xxhash, pytest, crc32c, yaml, kubernetes_validate, packaging, mypy' 2>/dev/null \
+   || ! .venv/bin/python -c 'import importlib.util as u, sys; sys.exit(u.find_spec("mfusepy") is None)' 2>/dev/null \
    || [ "$(.venv/bin/ruff --version 2>/dev/null)" != "ruff 0.17.5" ]; then
   [ -x .venv/bin/python ] || python3 -m venv .venv
   .venv/bin/pip install -q --disable-pip-version-check -r python/requirements-dev.txt
