@@ -8,6 +8,7 @@ import os
 import re
 import shutil
 import subprocess
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -40,8 +41,9 @@ def _check_config(kvtier_bin, toml_text: str, tmp_path: Path, env: dict[str, str
     return r.stdout
 
 
-def _manifests(name: str) -> dict[tuple[str, str], Any]:
-    return {(d["kind"], d["metadata"]["name"]): d for d in yaml.safe_load_all((DEPLOY / "kubernetes" / name).read_text())}
+def _manifests(name: str, text: str | None = None) -> dict[tuple[str, str], Any]:
+    text = (DEPLOY / "kubernetes" / name).read_text() if text is None else text
+    return {(d["kind"], d["metadata"]["name"]): d for d in yaml.safe_load_all(text)}
 
 
 def _check_statefulset(docs: dict[tuple[str, str], Any], name: str) -> tuple[dict, dict, dict[str, int]]:
@@ -67,7 +69,7 @@ def _check_statefulset(docs: dict[tuple[str, str], Any], name: str) -> tuple[dic
     return sts, c, ports
 
 
-@pytest.mark.parametrize("manifest", ["kvtier.yaml", "kvtier-cluster.yaml"])
+@pytest.mark.parametrize("manifest", ["kvtier.yaml", "kvtier-cluster.yaml", "kvtier-node.yaml"])
 def test_kubernetes_manifests_validate_against_the_api_schema(manifest):
     r = subprocess.run([_tool("kubernetes-validate"), "--strict", "--quiet", "--no-warn",
                         str(DEPLOY / "kubernetes" / manifest)], capture_output=True, text=True, timeout=120)
@@ -96,7 +98,7 @@ def _documented_secrets(text: str) -> dict[str, set[str]]:
     manifest's header comment: each Secret's name and its keys."""
     header = "\n".join(line[1:].strip() for line in text.splitlines() if line.startswith("#"))
     secrets: dict[str, set[str]] = {}
-    for name, args in re.findall(r"kubectl create secret generic (\S+)((?:.*\\\n)*.*)", header):
+    for name, args in re.findall(r"kubectl (?:-n \S+ )?create secret generic (\S+)((?:.*\\\n)*.*)", header):
         secrets[name] = {m[0] or Path(m[1]).name
                          for m in re.findall(r"--from-(?:literal|file)=(?:([\w.-]+)=)?([^\s\]]*)", args)}
     return secrets
@@ -176,6 +178,126 @@ def test_kubernetes_cluster_manifest_hangs_together(kvtier_bin, tmp_path):
     assert effective["cluster"]["replicas"] == cfg["cluster"]["replicas"]
     assert effective["object_store"]["url"] == cfg["object_store"]["url"]
     assert effective["server"]["listen"] == [f"0.0.0.0:{ports['grpc']}"]
+
+
+def _size(s: str) -> int:
+    """Bytes of a kvtier size ("24GiB") or a Kubernetes quantity ("32Gi")."""
+    m = re.fullmatch(r"(\d+)\s*([KMGT]?)i?B?", s)
+    assert m, f"not a size: {s!r}"
+    return int(m.group(1)) << (10 * " KMGT".index(m.group(2) or " "))
+
+
+_EXAMPLE = re.compile(r"^# --- begin example engine ---\n(.*?)^# --- end example engine ---$", re.M | re.S)
+
+
+def _header_example(text: str) -> str:
+    """The example engine manifest between the header's begin/end lines, uncommented."""
+    m = _EXAMPLE.search(text)
+    assert m, "the header shows an example engine pod"
+    return textwrap.dedent("\n".join(line[1:] for line in m.group(1).splitlines()))
+
+
+def _check_node_manifest(text: str, kvtier_bin, tmp_path: Path) -> None:
+    """kvtier-node.yaml (given as text, so a test can break it): one kvtier per
+    node, sharing its same-host socket with the engine pods through a hostPath
+    directory, the nodes one cluster over the object store."""
+    docs = _manifests("kvtier-node.yaml", text)
+    ds = docs[("DaemonSet", "kvtier-node")]
+    pod = ds["spec"]["template"]
+    spec, labels = pod["spec"], pod["metadata"]["labels"]
+    assert ds["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    others = [_manifests(f)[("StatefulSet", n)]["spec"]["template"]["metadata"]["labels"]
+              for f, n in (("kvtier.yaml", "kvtier"), ("kvtier-cluster.yaml", "kvtier-cluster"))]
+    for svc in (d for (k, _), d in docs.items() if k == "Service"):
+        assert svc["spec"]["selector"].items() <= labels.items()
+        for other in others:
+            assert not svc["spec"]["selector"].items() <= other.items(), "selects another manifest's pods too"
+    rolling = ds["spec"]["updateStrategy"]["rollingUpdate"]
+    assert str(rolling.get("maxSurge", 0)) == "0", "two kvtiers on one node would contend for the socket"
+    c = spec["containers"][0]
+    ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+    for probe in ("readinessProbe", "livenessProbe", "startupProbe"):
+        get = c[probe]["httpGet"]
+        assert get["path"] == "/healthz" and ports.get(get["port"], get["port"]) == ports["http"], probe
+    ann = pod["metadata"]["annotations"]
+    assert ann["prometheus.io/scrape"] == "true" and int(ann["prometheus.io/port"]) == ports["http"]
+    assert ann["prometheus.io/path"] == "/metrics"
+    # process_vm_writev into the engines' processes: see them, and hold
+    # SYS_PTRACE in the effective set, which capabilities.add grants only to UID 0.
+    assert spec.get("hostPID") is True, "the server must see the engines' processes"
+    sc = spec.get("securityContext", {}) | c.get("securityContext", {})
+    assert "SYS_PTRACE" in sc["capabilities"].get("add", []) and sc["capabilities"]["drop"] == ["ALL"]
+    assert sc.get("runAsUser") == 0, "a non-root user gets no effective capability from capabilities.add"
+    assert sc["allowPrivilegeEscalation"] is False and sc["readOnlyRootFilesystem"] is True
+    res = c["resources"]
+    assert {"cpu", "memory"} <= res["requests"].keys()
+    assert _size(res["requests"]["memory"]) <= _size(res["limits"]["memory"])
+    # The config: kvtier accepts it with the pod's environment (its IP
+    # 127.0.0.1, a DNS name that resolves here).
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    toml_text = docs[("ConfigMap", volumes["config"]["configMap"]["name"])]["data"]["kvtier.toml"]
+    pod_env = _pod_env(c, {"status.podIP": "127.0.0.1", "metadata.namespace": "test"})
+    headless = docs[("Service", "kvtier-node-headless")]
+    assert headless["spec"]["clusterIP"] == "None" and headless["spec"]["publishNotReadyAddresses"] is False
+    dns_host, dns_port = pod_env["KVTIER_CLUSTER_DNS"].rsplit(":", 1)
+    assert dns_host == f"{headless['metadata']['name']}.test.svc.cluster.local"
+    assert int(dns_port) == ports["grpc"] and any(p["port"] == ports["grpc"] for p in headless["spec"]["ports"])
+    pod_env["KVTIER_CLUSTER_DNS"] = f"localhost:{dns_port}"
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("KVTIER_", "AWS_", "AZURE_"))}
+    effective = tomllib.loads(_check_config(kvtier_bin, toml_text, tmp_path, env=base | pod_env))
+    assert effective["server"]["listen"] == [f"0.0.0.0:{ports['grpc']}"]
+    assert effective["server"]["http_listen"].endswith(f":{ports['http']}")
+    assert effective["engine"]["memory_capacity"] and (
+        _size(effective["engine"]["memory_capacity"]) * 6 // 5 <= _size(res["limits"]["memory"])), "blocks + ~20%"
+    assert effective["cluster"]["self"] == f"grpc://127.0.0.1:{ports['grpc']}", "a pod is named by its IP"
+    assert effective["cluster"]["replicas"] >= 2 and effective["object_store"]["url"]
+    assert effective["auth"]["public_health"] and effective["auth"]["public_metrics"], "probes carry no token"
+    env = {e["name"]: e for e in c["env"]}
+    assert env["KVTIER_CLUSTER_TOKEN"]["valueFrom"]["secretKeyRef"]["name"] == "kvtier-cluster-token"
+    # The socket: in a hostPath directory mounted where server.local_listen points.
+    sock = Path(effective["server"]["local_listen"])
+    mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
+    assert str(sock.parent) in mounts, f"nothing is mounted at {sock.parent}"
+    host = volumes[mounts[str(sock.parent)]].get("hostPath")
+    assert host and host["type"] == "DirectoryOrCreate", "the socket's directory is the node's, shared with engines"
+    url = f"unix://{sock}"
+    assert url in _EXAMPLE.sub("", text.split("\napiVersion:", 1)[0]), f"the header tells engines the URL {url}"
+    # Its mode lets the socket's group connect, and nobody else; the server
+    # can give it that owner without CAP_CHOWN (its own UID, one of its groups).
+    mode = int(effective["server"]["local_mode"], 8)
+    assert mode & 0o060 == 0o060 and mode & 0o007 == 0, oct(mode)
+    uid, gid = (int(x) for x in effective["server"]["local_owner"].split(":"))
+    assert uid == sc["runAsUser"] and gid in [sc.get("runAsGroup"), *sc.get("supplementalGroups", [])]
+    # The disk tier and the tokens come from their volumes.
+    data = Path(effective["disk"]["dir"])
+    assert any(volumes[n].get("hostPath") for m, n in mounts.items() if data.is_relative_to(m)), "disk on the node"
+    tokens = Path(effective["auth"]["tokens_file"])
+    assert volumes[mounts[str(tokens.parent)]]["secret"]["secretName"] == "kvtier-tokens"
+    secrets = _documented_secrets(text)
+    assert "tokens.toml" in secrets["kvtier-tokens"]
+    for e in c["env"]:
+        ref = e.get("valueFrom", {}).get("secretKeyRef")
+        if ref:
+            assert ref["key"] in secrets.get(ref["name"], set()), f"{e['name']}: {ref} is not in the header's commands"
+    # The header's example engine: a valid Deployment on the same nodes,
+    # mounting the same host directory at the same path, in the socket's
+    # group, its connector given the socket's URL.
+    example = tmp_path / "engine.yaml"
+    example.write_text(_header_example(text))
+    r = subprocess.run([_tool("kubernetes-validate"), "--strict", "--quiet", "--no-warn", str(example)],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    engine = yaml.safe_load(example.read_text())["spec"]["template"]["spec"]
+    assert spec["nodeSelector"].items() <= engine["nodeSelector"].items(), "engines land where kvtier runs"
+    assert gid in engine["securityContext"]["supplementalGroups"]
+    engine_mounts = {m["name"]: m["mountPath"] for m in engine["containers"][0]["volumeMounts"]}
+    shared = [v["name"] for v in engine["volumes"] if v.get("hostPath", {}).get("path") == host["path"]]
+    assert shared and engine_mounts[shared[0]] == str(sock.parent)
+    assert any(f'"url":"{url}"' in a for a in engine["containers"][0]["args"])
+
+
+def test_kubernetes_node_daemonset_hangs_together(kvtier_bin, tmp_path):
+    _check_node_manifest((DEPLOY / "kubernetes" / "kvtier-node.yaml").read_text(), kvtier_bin, tmp_path)
 
 
 def test_systemd_unit_verifies(kvtier_bin, tmp_path):
