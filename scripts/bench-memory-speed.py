@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -46,7 +47,7 @@ from kvtier import Block, Client
 from perf import header, versions, write_record
 from perf.services import Mooncake, kvtier_server, mooncake_python, release_binary
 
-MEMSPEED = ROOT / "target" / "release" / "examples" / "memspeed"
+MEMSPEED = Path(os.environ.get("KVTIER_MEMSPEED") or ROOT / "target" / "release" / "examples" / "memspeed")
 DRIVER = ROOT / "crates/kvtier-bench/src/peers/mooncake_driver.py"
 SIZES = {"4MiB": 4 << 20, "1.2MB": 1_200_000}
 BLOCKS = 128
