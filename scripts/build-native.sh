@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 PYTHON="${PYTHON:-python3}"
 CARGO="${CARGO:-cargo}"
 export PYO3_PYTHON="$("$PYTHON" -c 'import sys; print(sys.executable)')"
-"$CARGO" build -q --locked -p kvtier-py --profile native
+"$CARGO" build -q --locked -p kvtier-py --profile native --features extension-module
 target_dir="$("$CARGO" metadata --format-version 1 --no-deps | "$PYTHON" -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')"
 src="$target_dir/native/lib_native.so"
 dest="python/kvtier/_native.abi3.so"

@@ -29,9 +29,12 @@ the same bytes timed in the same run, save GB/s, peak GPU memory.
 Checks (exit 1 if any fails): every block was stored; the loaded bytes equal
 the saved ones; the cache built from them equals the prefill's K and V
 exactly (first load); and the cached run's next-token logits match the
-recompute's, compared in float32, within ``max |cached - recompute| <= 2**-5 *
-max |recompute|`` (4 to 8 bf16 ulps at the largest logit: bf16 keeps 8
-significant bits, and the two runs take different kernels). For scale the record also gives, without checking them,
+recompute's, compared in float32: the same top token, and ``max |cached -
+recompute| <= 2**-4 * max |recompute|``. On an H200 the same tail forward
+over the prefill's own cache (no kvtier involved) differed from the
+recompute by 0.27-0.31 at a largest logit of 5.7-6.0, 2^-4.3 of it
+(notes/042): the two runs take different bf16 attention kernels, so 2^-5
+failed runs whose loaded bytes and cache were exact. For scale the record also gives, without checking them,
 the difference of the same tail forward over the prefill's own cache (no
 kvtier; the cached run should equal it) and over an all-zero cache (what a
 load that copied nothing would give; with random weights the logits depend
@@ -100,7 +103,7 @@ NATIVE = importlib.import_module("kvtier.dataplane").available()
 BLOCK = 128  # tokens per kvtier block
 WRITE_BATCH = 128 << 20  # bytes per Write call
 BIG_TIMEOUT = 300.0  # seconds for one read or write of up to 4 GiB
-TOL_SCALE = 2.0 ** -5  # logits tolerance, relative to the largest reference logit
+TOL_SCALE = 2.0 ** -4  # logits tolerance, relative to the largest reference logit
 SHAPES = {
     "llama3-8b": {"layers": 32, "hidden": 4096, "heads": 32, "kv_heads": 8, "head_dim": 128,
                   "intermediate": 14336, "vocab": 128256},
@@ -346,7 +349,7 @@ def run_length(model, client: kvtier.Client, n: int, a, dev: torch.device, shape
     scale = ref.abs().max().item()
     tol = TOL_SCALE * scale
     res["logits"] = {"max_abs_diff": fin(worst), "tolerance": tol, "max_abs_ref": scale,
-                     "ok": worst <= tol, "top1_equal": top1,
+                     "ok": worst <= tol and top1, "top1_equal": top1,
                      "control_max_abs_diff": (control - ref).abs().max().item(),
                      "cached_vs_control_max_abs_diff": fin((logits - control).abs().max().item()),
                      "zero_kv_max_abs_diff": (zero - ref).abs().max().item()}
@@ -356,8 +359,9 @@ def run_length(model, client: kvtier.Client, n: int, a, dev: torch.device, shape
           f"{layers} layers of K and V, {cached} tokens, first load")
     check(f"{n} tokens: loaded KV bytes equal the saved bytes", equal,
           f"{nb} blocks of {block_bytes} bytes, {a.repeats + 1} loads")
-    check(f"{n} tokens: cached next-token logits match recompute", worst <= tol,
-          f"max |diff| {worst:.3g}, tolerance {tol:.3g} (2^-5 of max |logit| {scale:.3g}), float32")
+    check(f"{n} tokens: cached next-token logits match recompute", worst <= tol and top1,
+          f"max |diff| {worst:.3g}, tolerance {tol:.3g} (2^-4 of max |logit| {scale:.3g}), float32; "
+          f"same top token: {top1}")
     if dev.type == "cuda":
         res["peak_gpu_gib"] = torch.cuda.max_memory_allocated(dev) / 2**30
     client.delete(ns, keys[:1])
@@ -422,7 +426,8 @@ def has_local_listen(binary: Path) -> bool:
     return "--local-listen" in p.stdout
 
 
-def connect(stack: contextlib.ExitStack, binary: Path, want: str, capacity: str, tmp: str, rec: dict):
+def connect(stack: contextlib.ExitStack, binary: Path, want: str, capacity: str, tmp: str, rec: dict,
+            connections: int = 4):
     """A kvtier server and a client over ``want`` (auto: local where the binary has it, else tcp), checked
     with one small write and read; auto falls back to tcp when the local path does not work end to end."""
     local_ok = has_local_listen(binary)
@@ -433,7 +438,9 @@ def connect(stack: contextlib.ExitStack, binary: Path, want: str, capacity: str,
         args = ["--memory-capacity", capacity] + (["--local-listen", str(sock)] if transport == "local" else [])
         srv = kvtier.Server.start(binary=binary, args=args)
         target = f"unix://{sock}" if transport == "local" else srv.grpc
-        client = kvtier.Client(target, timeout=30.0)  # big reads and writes give their own
+        # Big reads and writes give their own timeouts; a long prefix is striped
+        # over the connections (on the same-host socket, copied by as many server threads).
+        client = kvtier.Client(target, timeout=30.0, connections=connections, read_stripes=connections)
         try:
             client.write("ttft-probe", [kvtier.Block(key=b"probe", payload=b"kvtier" * 100)])
             if client.read("ttft-probe", [b"probe"]).payloads != [b"kvtier" * 100]:
@@ -478,7 +485,7 @@ def summary(rec: dict) -> str:
             f"| {s['forward']:.1f} | {lo['gbps']:.2f} | {lo['h2d_floor_gbps']:.1f} | {lo['vs_h2d_floor']:.2f} "
             f"| {r['save']['gbps']:.2f} | {diff if isinstance(diff, str) else f'{diff:.3g}'} "
             f"({lg['tolerance']:.3g}){'' if lg['ok'] else ' FAIL'} | {r['bytes_equal']} |")
-    lines += ["", "Split columns in ms. Logits: float32, tolerance 2^-5 of the largest recompute logit; "
+    lines += ["", "Split columns in ms. Logits: float32, the same top token and a tolerance of 2^-4 of the largest recompute logit; "
               "for scale, the same tail forward over an all-zero cache differs by "
               + ", ".join(f"{r['logits']['zero_kv_max_abs_diff']:.3g}" for r in rec["lengths"]) + ".", "",
               f"{sum(ch['ok'] for ch in rec['checks'])} of {len(rec['checks'])} checks passed."]
@@ -501,6 +508,8 @@ def main() -> int:
     ap.add_argument("--memory-capacity", default=None, help="kvtier memory tier (default 12GiB; 256MiB on cpu); "
                     "at least twice the longest prompt's KV, since a Lookup's lease pins at most half of it")
     ap.add_argument("--write-threads", type=int, default=4, help="Write calls in flight during a save")
+    ap.add_argument("--connections", type=int, default=None,
+                    help="client connections, and so read stripes (default 16 on cuda, 4 on cpu)")
     ap.add_argument("--corrupt-for-test", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args()
     started = time.perf_counter()
@@ -526,12 +535,13 @@ def main() -> int:
                      "lengths": lengths, "repeats": a.repeats, "tail": a.tail, "write_batch_bytes": WRITE_BATCH,
                      "write_threads": a.write_threads, "transport_requested": a.transport,
                      "local_listen_supported": has_local_listen(binary),
-                     "logits_tolerance": "max|cached - recompute| <= 2^-5 * max|recompute| (float32)",
+                     "logits_tolerance": "same top token, max|cached - recompute| <= 2^-4 * max|recompute| (float32)",
                      "corrupt_for_test": a.corrupt_for_test}
     capacity = a.memory_capacity or ("256MiB" if dev.type == "cpu" else "12GiB")
     rec["config"]["memory_capacity"] = capacity
     with tempfile.TemporaryDirectory(prefix="gpu-ttft-") as tmp, contextlib.ExitStack() as stack:
-        client = connect(stack, binary, a.transport, capacity, tmp, rec)
+        connections = a.connections or (16 if dev.type == "cuda" else 4)
+        client = connect(stack, binary, a.transport, capacity, tmp, rec, connections)
         if client is None:
             print(f"gpu-ttft: no transport works: {rec.get('transport_notes')}", file=sys.stderr)
             return 2

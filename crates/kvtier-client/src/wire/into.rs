@@ -319,11 +319,7 @@ impl WireClient {
                 b.payload.len()
             )));
         }
-        let mut total = WriteResult {
-            stored: 0,
-            existing: 0,
-            timing: Default::default(),
-        };
+        let mut batches = Vec::new();
         let mut start = 0;
         while start < blocks.len() {
             let mut end = start;
@@ -337,11 +333,27 @@ impl WireClient {
                 bytes += size;
                 end += 1;
             }
-            let r = self.write_one(ns, &blocks[start..end], deadline).await?;
+            batches.push(start..end);
+            start = end;
+        }
+        // The requests go at once, each on its own pooled connection (on the
+        // same-host socket each is copied by its own server threads).
+        let parts = futures::future::join_all(
+            batches
+                .into_iter()
+                .map(|r| self.write_one(ns, &blocks[r], deadline)),
+        )
+        .await;
+        let mut total = WriteResult {
+            stored: 0,
+            existing: 0,
+            timing: Default::default(),
+        };
+        for r in parts {
+            let r = r?;
             total.stored += r.stored;
             total.existing += r.existing;
             add_timing(&mut total.timing, &r.timing);
-            start = end;
         }
         Ok(total)
     }

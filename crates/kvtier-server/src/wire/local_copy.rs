@@ -91,6 +91,16 @@ fn copy_out(pid: Pid, src: &[u8], addr: u64, i: usize) -> Result<(), CopyError> 
     Ok(())
 }
 
+/// Threads for copying `blocks` blocks of `bytes` in all: one per 8 MiB, at
+/// most one per block and per core, at most 8.
+fn copy_threads(blocks: usize, bytes: u64) -> usize {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    ((bytes >> 23) as usize)
+        .clamp(1, 8)
+        .min(cores)
+        .min(blocks.max(1))
+}
+
 /// Copies `dst.len()` bytes of the client's memory at `addr` into `dst`, a
 /// chunk at a time; returns their CRC32C, computed while each chunk is in
 /// cache.
@@ -241,21 +251,43 @@ pub(super) async fn write_from(
     let sources = req.source;
     let target = Pid::from_raw(pid);
     let copied = tokio::task::spawn_blocking(move || {
-        // Zeroed by the allocator's fresh pages (calloc), not by a pass of ours.
-        let mut buf = BytesMut::zeroed(total as usize);
-        let mut crcs = Vec::with_capacity(lengths.len());
-        let mut at = 0usize;
-        for (i, (&len, &addr)) in lengths.iter().zip(&sources).enumerate() {
-            let end = at + len as usize;
-            crcs.push(copy_in(target, &mut buf[at..end], addr, i)?);
-            at = end;
-        }
-        let mut data = buf.freeze();
+        // One buffer per block (each freed on its own when evicted), zeroed by
+        // the allocator's fresh pages (calloc), not by a pass of ours; the
+        // blocks copied by several threads at once (a write is one request:
+        // nothing else spreads it over the cores).
+        let mut bufs: Vec<BytesMut> = lengths
+            .iter()
+            .map(|&l| BytesMut::zeroed(l as usize))
+            .collect();
+        let threads = copy_threads(bufs.len(), total);
+        let per = bufs.len().div_ceil(threads).max(1);
+        let crcs = std::thread::scope(|s| {
+            let handles: Vec<_> = bufs
+                .chunks_mut(per)
+                .zip(sources.chunks(per))
+                .enumerate()
+                .map(|(c, (bs, addrs))| {
+                    s.spawn(move || {
+                        bs.iter_mut()
+                            .zip(addrs)
+                            .enumerate()
+                            .map(|(j, (b, &addr))| copy_in(target, b, addr, c * per + j))
+                            .collect::<Result<Vec<u32>, CopyError>>()
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| {
+                    h.join()
+                        .unwrap_or_else(|_| Err(CopyError::Fault(usize::MAX)))
+                })
+                .collect::<Result<Vec<Vec<u32>>, CopyError>>()
+        })?;
         Ok::<_, CopyError>(
-            lengths
-                .iter()
-                .zip(crcs)
-                .map(|(&l, crc)| (data.split_to(l as usize), crc))
+            bufs.into_iter()
+                .map(BytesMut::freeze)
+                .zip(crcs.into_iter().flatten())
                 .collect::<Vec<_>>(),
         )
     })
