@@ -278,10 +278,7 @@ pub(super) async fn write_from(
                 .collect();
             handles
                 .into_iter()
-                .map(|h| {
-                    h.join()
-                        .unwrap_or_else(|_| Err(CopyError::Fault(usize::MAX)))
-                })
+                .map(|h| h.join().unwrap_or(Err(CopyError::Denied(Errno::EIO))))
                 .collect::<Result<Vec<Vec<u32>>, CopyError>>()
         })?;
         Ok::<_, CopyError>(
