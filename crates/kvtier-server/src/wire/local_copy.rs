@@ -192,14 +192,41 @@ async fn read_into_inner(
     let mut out = reader.outcome();
     // The copies, off the async workers (a 16 MiB block takes milliseconds).
     // None starts after the deadline: the client may have stopped waiting.
+    // Several threads, each a contiguous run of blocks; the reply covers the
+    // prefix copied whole (a run cut by the deadline ends it).
+    let bytes: u64 = found.iter().map(|(p, _)| p.len() as u64).sum();
+    let threads = copy_threads(found.len(), bytes);
     let copied = tokio::task::spawn_blocking(move || {
-        for (i, (payload, addr)) in found.iter().enumerate() {
-            if deadline.is_some_and(|d| Instant::now() >= d) {
-                return Ok(i);
+        let per = found.len().div_ceil(threads).max(1);
+        let done = std::thread::scope(|s| {
+            let handles: Vec<_> = found
+                .chunks(per)
+                .enumerate()
+                .map(|(c, run)| {
+                    s.spawn(move || {
+                        for (j, (payload, addr)) in run.iter().enumerate() {
+                            if deadline.is_some_and(|d| Instant::now() >= d) {
+                                return Ok(j);
+                            }
+                            copy_out(target, payload, *addr, c * per + j)?;
+                        }
+                        Ok(run.len())
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().unwrap_or(Err(CopyError::Denied(Errno::EIO))))
+                .collect::<Result<Vec<usize>, CopyError>>()
+        })?;
+        let mut prefix = 0;
+        for (c, n) in done.into_iter().enumerate() {
+            prefix += n;
+            if n < per.min(found.len() - c * per) {
+                break;
             }
-            copy_out(target, payload, *addr, i)?;
         }
-        Ok(found.len())
+        Ok(prefix)
     })
     .await
     .map_err(|e| tonic::Status::internal(format!("copy task: {e}")))?
