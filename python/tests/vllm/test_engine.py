@@ -111,6 +111,35 @@ def test_fresh_process_loads_the_stored_prefix(fresh, baseline, stored):
     assert_same_logprobs(out[1], baseline["PX"], "P+X after P")
 
 
+@pytest.mark.parametrize("local", [False, True], ids=["tcp", "same-host"])
+def test_a_step_larger_than_the_servers_request_limit_is_stored_whole(models, kvtier_bin, baseline,
+                                                                      tmp_path_factory, local):
+    """One prefill step saves P's 16 blocks (8 MiB) at once, four times the
+    server's 2 MiB request limit: the client splits the write to fit, so every
+    block is stored and a fresh engine loads them all. Before, the write was
+    refused mid-send, reported as an outage, and nothing was cached (as with
+    an 8B model's 512 MiB steps against the default 256 MiB limit)."""
+    d = tmp_path_factory.mktemp(f"big-step-{'local' if local else 'tcp'}")
+    cfg = d / "kvtier.toml"
+    cfg.write_text('[server]\nmax_message_size = "2MiB"\n[engine]\nmax_block_size = "1MiB"\n')
+    args = ["--config", str(cfg)] + (["--local-listen", str(d / "kvtier.sock")] if local else [])
+    s = Server.start(binary=kvtier_bin, args=args)
+    try:
+        url = f"unix://{d / 'kvtier.sock'}" if local else s.grpc
+        st = d / "stats.jsonl"
+        run_engine(spec(models["m1"], {"url": url, "stats_file": str(st)}, [{"prompts": [P]}]), d / "a")
+        ns = events(st, "init")[0]["namespace"]
+        with Client(s.grpc) as c:
+            assert wait_blocks(c, ns, chain_keys(P, BS)) == 16, "the 8 MiB step was not stored whole"
+        st2 = d / "stats2.jsonl"
+        res, _ = run_engine(spec(models["m1"], {"url": url, "stats_file": str(st2)}, [{"prompts": [P]}]), d / "b")
+        load = events(st2, "load")[0]
+        assert load["loaded"] == 16 and not load["error"], load
+        assert_same_logprobs(outputs(res)[0], baseline["P"], "P loaded after a split save")
+    finally:
+        s.stop()
+
+
 def test_partial_hits_combine_with_vllms_prefix_cache(fresh, baseline):
     out, loads, _, _ = fresh
     # Only P, then H and P+X loaded anything (P+X in phase 2 was a local hit).
