@@ -53,16 +53,27 @@ def engine_ttft() -> list[str]:
             _link("009")]
 
 
-def gpu_load() -> list[str]:
-    """notes/018: a load through kvtier into pinned rows against one device-pinned copy."""
-    rec = _load("018-gpu-connector-path.json")
-    e2e, speed = rec["end_to_end"], rec["speed"]
-    floor_gbps = speed["shape"]["bytes_per_call"] / (speed["ms"]["h2d_floor"] / 1000) / 1e9
-    blocks = speed["shape"]["blocks_per_call"]
-    mib = speed["shape"]["bytes_per_call"] >> 20
-    return [f"vLLM connector load on an H100: {blocks} blocks ({mib} MiB) read from kvtier into pinned rows, then "
-            "scattered into the GPU cache", f"{e2e['load_into_pinned_gbps']:.2f} GB/s",
-            f"{floor_gbps:.1f} GB/s for one pinned-to-device copy of the same bytes (the memcpy floor)", _link("018")]
+def gpu_ttft() -> list[str]:
+    """notes/043: a cached 16k-token prompt on an H200 (Llama-3-8B shape) over the same-host socket."""
+    rec = _load("043-gpu-ttft.json")
+    row = next(r for r in rec["lengths"] if r["tokens"] == 16384)
+    ttft, recompute, load = row["cached"]["ttft_ms"], row["recompute"]["ttft_ms"], row["load"]
+    return [f"time to first token, 16k-token prompt cached in kvtier, Llama-3-8B-shaped model on an "
+            f"{rec['machine']['gpu'].removeprefix('NVIDIA ')} (same-host socket)",
+            f"{ttft:.0f} ms; load {load['gbps']:.1f} GB/s",
+            f"{recompute:.0f} ms recomputing it ({ttft / recompute:.2f}×); {load['h2d_floor_gbps']:.0f} GB/s for one "
+            f"pinned-to-GPU copy of the same bytes ({load['vs_h2d_floor']:.2f}×)", _link("043")]
+
+
+def memory_speed() -> list[str]:
+    """notes/042: a 512 MiB prefix loaded into a caller's buffer by the Python SDK on the same-host socket."""
+    rec = _load("042-memory-speed.json")
+    row = rec["results"]["4MiB"]
+    local, tcp, moon = row["py-local"]["load"], row["py-tcp"]["load"], row["mooncake"]["load"]
+    return ["a 128 × 4 MiB prefix loaded into the caller's buffer by the Python SDK on the same-host socket "
+            "(2-CPU machine)", f"{local['gbps_median']:.1f} GB/s ({local['vs_memcpy']:.2f}× memcpy)",
+            f"one memcpy of the same bytes; TCP data plane {tcp['gbps_median']:.1f} GB/s, Mooncake Store's "
+            f"get_into {moon['gbps_median']:.1f} GB/s in the same run", _link("042")]
 
 
 def data_plane() -> list[str]:
@@ -122,7 +133,7 @@ def cluster() -> list[str]:
             f"(max latency {killed['max_ms']:.0f} ms)", _link("021")]
 
 
-ROWS = [engine_ttft, gpu_load, data_plane, cold_prefix, overload, cluster]
+ROWS = [engine_ttft, gpu_ttft, memory_speed, data_plane, cold_prefix, overload, cluster]
 
 
 def table() -> str:
