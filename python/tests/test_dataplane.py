@@ -11,6 +11,7 @@ import socket
 import threading
 import time
 import urllib.request
+from pathlib import Path
 
 import grpc
 import pytest
@@ -552,3 +553,63 @@ def test_a_restarted_server_means_errors_then_a_reconnect_never_a_hang(kvtier_bi
             assert len(c.read_into(ns, [blocks[0].key], [buf]).blocks) == 1 and buf == blocks[0].payload
         finally:
             s2.stop()
+
+
+def _metric(server, name: str) -> float:
+    text = urllib.request.urlopen(f"http://{server.http}/metrics", timeout=10).read().decode()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith(name + " ") or line.startswith(name + "{"))
+
+
+_DYING_READER = """
+import sys
+from kvtier import Client
+sock, ns, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+keys = [bytes.fromhex(k) for k in sys.stdin.read().split()]
+with Client("unix://" + sock, connections=8) as c:
+    hit = c.lookup(ns, keys=keys, lease_ms=1500)
+    bufs = [bytearray(4 << 20) for _ in keys]
+    print("reading", flush=True)
+    while True:
+        c.read_into(ns, keys, bufs, lease_id=hit.lease_id)
+"""
+
+
+def test_a_client_that_dies_mid_read_leaks_nothing(local_server, ns, tmp_path):
+    """A reader SIGKILLed while the server copies into it: the copies fail
+    (ESRCH), its requests end, its lease's pins go at the lease's expiry, and
+    the server serves the next client as before."""
+    import subprocess
+    import sys
+
+    blocks = chain_blocks(32, seed=77, size=4 << 20)
+    with Client(f"unix://{local_server.local}", connections=4) as c:
+        c.write(ns, blocks)
+        script = tmp_path / "reader.py"
+        script.write_text(_DYING_READER)
+        p = subprocess.Popen([sys.executable, str(script), local_server.local, ns, str(len(blocks))],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                             env={**os.environ, "PYTHONPATH": str(Path(kvtier_client.__file__).parents[1])})
+        assert p.stdin is not None and p.stdout is not None
+        p.stdin.write(" ".join(b.key.hex() for b in blocks))
+        p.stdin.close()
+        assert p.stdout.readline().strip() == "reading"
+        # Killed while the server is copying into it (a request in flight).
+        end = time.monotonic() + 10
+        while _metric(local_server, "kvtier_inflight_requests") == 0 and time.monotonic() < end:
+            pass
+        p.kill()
+        p.wait(10)
+        # Its requests end and its lease's pins go (lease_ms=1500).
+        end = time.monotonic() + 10
+        while time.monotonic() < end:
+            if _metric(local_server, "kvtier_inflight_requests") == 0 and \
+                    _metric(local_server, "kvtier_lease_pinned_bytes") == 0:
+                break
+            time.sleep(0.1)
+        assert _metric(local_server, "kvtier_inflight_requests") == 0
+        assert _metric(local_server, "kvtier_lease_pinned_bytes") == 0
+        # And the next client is served, bytes intact.
+        bufs = [bytearray(4 << 20) for _ in blocks]
+        r = c.read_into(ns, [b.key for b in blocks], bufs)
+        assert len(r.blocks) == 32 and all(bytes(bufs[i]) == b.payload for i, b in enumerate(blocks))
