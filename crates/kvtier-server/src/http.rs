@@ -3,7 +3,7 @@
 //!
 //! | method | path | success | errors |
 //! |---|---|---|---|
-//! | PUT | `/v1/kv/{namespace}/{key}?ttl_ms=N` | 204 | 400 (also for an unknown query parameter), 413, 507 (JSON body) |
+//! | PUT | `/v1/kv/{namespace}/{key}?ttl_ms=N` | 204 | 400 (also for an unknown query parameter), 413 (over `engine.max_block_size` or `server.request_memory`), 503 (busy), 507 (JSON body) |
 //! | GET | `/v1/kv/{namespace}/{key}` | 200 + bytes | 404 (JSON body) |
 //! | DELETE | `/v1/kv/{namespace}/{key}` | 204 | 404 |
 //! | GET | `/healthz` | 200 | |
@@ -61,9 +61,12 @@ pub fn router(shared: Shared) -> Router {
 
 /// Charges a request's body to `server.request_memory` before it is read
 /// (its Content-Length, or the largest body accepted when it has none), for
-/// as long as the request is served; past the budget: 503 with Retry-After,
-/// body unread. The whole request must be served within
-/// `server.read_timeout` (a stalled upload then gives its memory back: 408).
+/// as long as the request is served. A Content-Length over the largest block
+/// or over the whole budget can never be accepted: 413, checked first, busy
+/// or not. Past what is free of the budget: 503 with Retry-After. Either way
+/// the body is not stored, only drained after the answer ([`refuse`]). The
+/// whole request must be served within `server.read_timeout` (a stalled
+/// upload then gives its memory back: 408).
 async fn hold_body(
     State(s): State<Shared>,
     req: axum::extract::Request,
@@ -74,12 +77,34 @@ async fn hold_body(
         *req.method(),
         axum::http::Method::GET | axum::http::Method::HEAD | axum::http::Method::DELETE
     );
+    let declared = req
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
+        .filter(|_| has_body);
+    // A body that can never be accepted is 413 even when the server is busy
+    // (a 503 would have the client retry it forever).
+    let never = match declared {
+        Some(n) if n > limit => Some(format!(
+            "value of {n} bytes exceeds the maximum block size of {} (engine.max_block_size)",
+            s.engine.config().max_block_size
+        )),
+        Some(n) if n > s.limits.memory_bytes => Some(format!(
+            "a request of {n} bytes is larger than the server's request memory ({} bytes, server.request_memory)",
+            s.limits.memory_bytes
+        )),
+        _ => None,
+    };
+    if let Some(msg) = never {
+        if *req.method() == axum::http::Method::PUT {
+            s.observe(API, "put", "413", &crate::timing::Clock::start(None));
+        }
+        crate::limits::refused::log("http_too_large", &msg);
+        let resp = error(StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large", msg);
+        return refuse(&s, req, declared, resp);
+    }
     let need = if has_body {
-        req.headers()
-            .get(header::CONTENT_LENGTH)
-            .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
-            .unwrap_or(limit)
-            .min(limit)
+        declared.unwrap_or(limit).min(limit)
     } else {
         0
     };
@@ -92,7 +117,8 @@ async fn hold_body(
             if *req.method() == axum::http::Method::PUT {
                 s.observe(API, "put", "503", &crate::timing::Clock::start(None));
             }
-            return overloaded(status);
+            crate::limits::refused::log("http_busy", status.message());
+            return refuse(&s, req, declared, overloaded(status));
         }
     };
     match tokio::time::timeout(s.limits.read_timeout, next.run(req)).await {
@@ -103,6 +129,42 @@ async fn hold_body(
             "request not served within server.read_timeout",
         ),
     }
+}
+
+/// `resp` for a request refused before its body was read. The body is read
+/// and thrown away after the answer (at most its announced length, 1 GiB and
+/// 5 s or `server.read_timeout`), so that the client, still sending, gets the
+/// answer rather than a reset connection, and the connection can be kept. A
+/// client that sent `Expect: 100-continue` sent no body yet: none is asked for.
+fn refuse(
+    s: &Shared,
+    req: axum::extract::Request,
+    declared: Option<u64>,
+    resp: Response,
+) -> Response {
+    let expects = req
+        .headers()
+        .get(header::EXPECT)
+        .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"));
+    if expects || declared == Some(0) {
+        return resp;
+    }
+    let cap = declared
+        .unwrap_or(u64::MAX)
+        .min(crate::limits::refused::DRAIN_BYTES);
+    let time = crate::limits::refused::drain_time(s.limits.read_timeout);
+    let mut body = req.into_body().into_data_stream();
+    tokio::spawn(tokio::time::timeout(time, async move {
+        use futures::StreamExt;
+        let mut read = 0u64;
+        while read < cap {
+            match body.next().await {
+                Some(Ok(b)) => read += b.len() as u64,
+                _ => return,
+            }
+        }
+    }));
+    resp
 }
 
 /// Authentication and access control, before any extractor reads the body.

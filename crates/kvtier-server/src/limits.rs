@@ -15,6 +15,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 
 mod charged;
+pub mod refused;
 mod reply;
 use charged::{CLIENT_STREAMING, ChargedBody};
 use reply::InUseBody;
@@ -126,7 +127,7 @@ impl Limits {
         match self.memory.clone().try_acquire_many_owned(bytes as u32) {
             Ok(p) => Ok(Reservation { _permit: Some(p) }),
             Err(_) => Err(tonic::Status::resource_exhausted(format!(
-                "server busy: {} of {} bytes of request memory in use; retry with back-off",
+                "server busy: {} of {} bytes of request memory (server.request_memory) in use; retry with back-off",
                 self.in_use(),
                 self.memory_bytes
             ))),

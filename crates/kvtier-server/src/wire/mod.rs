@@ -32,6 +32,7 @@ use std::time::{Duration, Instant};
 use taken::Taken;
 use tokio::io::{AsyncWrite, AsyncWriteExt};
 
+mod linger;
 mod local_copy;
 mod taken;
 use tokio::net::TcpListener;
@@ -178,23 +179,30 @@ pub(crate) async fn connection<S: FrameStream>(
                 return Ok(());
             }
         };
-        if header.meta_len as u64 + header.data_len as u64 > max_frame {
+        // Refused before the body is read: the answer, then a lingering
+        // close (linger.rs). A frame over the limit never fits, busy or not.
+        let frame = header.meta_len as u64 + header.data_len as u64;
+        if frame > max_frame {
             let msg = format!(
-                "frame of {} bytes exceeds the maximum message size of {max_frame} bytes",
-                header.meta_len as u64 + header.data_len as u64
+                "frame of {frame} bytes exceeds the maximum message size of {max_frame} bytes (server.max_message_size)"
             );
-            write_reply(
+            shared.observe(API, "admit", "invalid_argument", &Clock::start(None));
+            let r = error_reply(tonic::Code::InvalidArgument, msg);
+            linger::refuse(
                 &mut sock,
-                idle,
+                &shared.limits,
                 header.request_id,
-                error_reply(tonic::Code::InvalidArgument, msg),
+                r,
+                frame,
+                "wire_frame",
             )
             .await?;
             return Ok(());
         }
         // Bytes about to be held in memory (metadata, and a Write's payloads)
         // are reserved before any is read; past the budget the request is
-        // refused and the connection closed, its body never read.
+        // refused (RESOURCE_EXHAUSTED: one larger than the whole budget is
+        // told so even when the server is busy) and its body drained, unstored.
         let held = u64::from(header.meta_len)
             + if header.kind == Kind::Write {
                 u64::from(header.data_len)
@@ -210,7 +218,16 @@ pub(crate) async fn connection<S: FrameStream>(
                     "resource_exhausted",
                     &Clock::start(Some(arrived)),
                 );
-                write_reply(&mut sock, idle, header.request_id, status_reply(status)).await?;
+                let r = status_reply(status);
+                linger::refuse(
+                    &mut sock,
+                    &shared.limits,
+                    header.request_id,
+                    r,
+                    frame,
+                    "wire_memory",
+                )
+                .await?;
                 return Ok(());
             }
         };
@@ -247,11 +264,15 @@ pub(crate) async fn connection<S: FrameStream>(
                 "this server requires a token: send a Hello frame first (docs/wire.md)".into(),
             );
             shared.metrics.observe_denied(&d);
-            write_reply(
+            let r = error_reply(d.status().code(), d.message());
+            let unread = header.data_len.into();
+            linger::refuse(
                 &mut sock,
-                idle,
+                &shared.limits,
                 header.request_id,
-                error_reply(d.status().code(), d.message()),
+                r,
+                unread,
+                "wire_auth",
             )
             .await?;
             return Ok(());
