@@ -23,7 +23,6 @@
 use crate::state::Shared;
 use crate::status::to_http;
 use axum::body::Bytes;
-use axum::extract::rejection::BytesRejection;
 use axum::extract::{DefaultBodyLimit, Path, Query, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
@@ -149,11 +148,22 @@ fn refuse(
     if expects || declared == Some(0) {
         return resp;
     }
-    let cap = declared
-        .unwrap_or(u64::MAX)
-        .min(crate::limits::refused::DRAIN_BYTES);
+    drain(
+        s,
+        req.into_body().into_data_stream(),
+        declared.unwrap_or(u64::MAX),
+    );
+    resp
+}
+
+/// Reads and throws away up to `left` more bytes of `body` (at most 1 GiB,
+/// for at most 5 s or `server.read_timeout`), in the background: hyper keeps
+/// reading a request's body while its response is written, and keeps the
+/// connection once the body is done (it closes it if the body is dropped
+/// unfinished).
+fn drain(s: &Shared, mut body: axum::body::BodyDataStream, left: u64) {
+    let cap = left.min(crate::limits::refused::DRAIN_BYTES);
     let time = crate::limits::refused::drain_time(s.limits.read_timeout);
-    let mut body = req.into_body().into_data_stream();
     tokio::spawn(tokio::time::timeout(time, async move {
         use futures::StreamExt;
         let mut read = 0u64;
@@ -164,7 +174,35 @@ fn refuse(
             }
         }
     }));
-    resp
+}
+
+/// A PUT's body, at most `engine.max_block_size` of it. One sent without a
+/// Content-Length (chunked) is only found too large while it arrives: 413,
+/// and the rest drained so that the client, still sending, gets the answer.
+async fn read_body(s: &Shared, body: axum::body::Body) -> Result<Bytes, Response> {
+    use futures::StreamExt;
+    let limit = s.engine.config().max_block_size.bytes();
+    let hint = http_body::Body::size_hint(&body).exact().unwrap_or(0);
+    let mut buf = bytes::BytesMut::with_capacity(hint.min(limit) as usize);
+    let mut stream = body.into_data_stream();
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk.map_err(|e| error(StatusCode::BAD_REQUEST, "bad_body", e.to_string()))?;
+        if (buf.len() + chunk.len()) as u64 > limit {
+            let msg = format!(
+                "value exceeds the maximum block size of {} (engine.max_block_size)",
+                s.engine.config().max_block_size
+            );
+            crate::limits::refused::log("http_too_large", &msg);
+            drain(s, stream, u64::MAX);
+            return Err(error(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "payload_too_large",
+                msg,
+            ));
+        }
+        buf.extend_from_slice(&chunk);
+    }
+    Ok(buf.freeze())
 }
 
 /// Authentication and access control, before any extractor reads the body.
@@ -260,31 +298,15 @@ async fn put_value(
     State(s): State<Shared>,
     Path((ns, key)): Path<(String, String)>,
     params: Result<Query<PutParams>, axum::extract::rejection::QueryRejection>,
-    body: Result<Bytes, BytesRejection>,
+    body: axum::body::Body,
 ) -> Response {
+    // Read first, as an extractor would: whatever the answer, the client
+    // sent its body and must find it taken.
+    let body = read_body(&s, body).await;
     handle(&s, "put", async |clock| {
         let Query(params) = params
             .map_err(|e| error(StatusCode::BAD_REQUEST, "invalid_argument", e.body_text()))?;
-        let body = body.map_err(|e| {
-            let status = e.status();
-            let msg = if status == StatusCode::PAYLOAD_TOO_LARGE {
-                format!(
-                    "value exceeds the maximum block size of {}",
-                    s.engine.config().max_block_size
-                )
-            } else {
-                e.body_text()
-            };
-            error(
-                status,
-                if status == StatusCode::PAYLOAD_TOO_LARGE {
-                    "payload_too_large"
-                } else {
-                    "bad_body"
-                },
-                msg,
-            )
-        })?;
+        let body = body?;
         let id = id(&ns, &key)?;
         let len = body.len() as u64;
         let mut block = Block::new(id, None, 0, body);

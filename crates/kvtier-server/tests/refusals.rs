@@ -211,3 +211,31 @@ async fn a_request_that_can_never_fit_is_refused_as_such_when_the_server_is_busy
     );
     assert!(e.message.contains("server.request_memory"), "{e:?}");
 }
+
+#[tokio::test]
+async fn a_chunked_put_over_the_block_size_is_413_after_the_whole_body() {
+    let s = server(256 * MIB, 16 * MIB, 256 * MIB).await;
+    let mut c = TcpStream::connect(s.http_addr.unwrap()).await.unwrap();
+    c.write_all(b"PUT /v1/kv/n/a HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n")
+        .await
+        .unwrap();
+    let chunk = vec![0u8; MIB as usize];
+    for _ in 0..40 {
+        c.write_all(format!("{:x}\r\n", chunk.len()).as_bytes())
+            .await
+            .unwrap();
+        c.write_all(&chunk)
+            .await
+            .expect("the whole body is taken, not reset");
+        c.write_all(b"\r\n").await.unwrap();
+    }
+    c.write_all(b"0\r\n\r\n").await.unwrap();
+    let (head, body) = response(&mut c).await;
+    assert!(head.starts_with("HTTP/1.1 413"), "{head}");
+    assert!(body.contains("engine.max_block_size"), "{body}");
+    // The body was drained: the connection carries the next request.
+    c.write_all(put_head("b", 3).as_bytes()).await.unwrap();
+    c.write_all(b"abc").await.unwrap();
+    let (head, _) = response(&mut c).await;
+    assert!(head.starts_with("HTTP/1.1 204"), "{head}");
+}
