@@ -67,9 +67,16 @@ enum Cmd {
 fn main() -> std::process::ExitCode {
     let args = Args::parse();
     use std::io::IsTerminal as _;
+    // The server, the demo and the bench report what they do; a one-shot
+    // command (put, get, stats, ...) prints its answer and, on stderr, only
+    // what went wrong (`RUST_LOG=info` shows the client's transport too).
+    let default = match &args.cmd {
+        Cmd::Serve(_) | Cmd::Demo(_) | Cmd::Bench(_) => "info",
+        _ => "warn",
+    };
     tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| default.into()),
         )
         .with_writer(std::io::stderr)
         // Colour codes only for a terminal, never in files, pipes or journald.
