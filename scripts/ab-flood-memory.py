@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The write flood's memory, before and after (issue 18, notes/024).
+"""The write flood's memory, before and after (notes/024).
 
 notes/014 left the gRPC write flood at 1.5-1.6x a 512 MiB memory tier. This
 A/B runs the same flood (32 closed-loop writers of 1.2 MB blocks, 4 s after a
@@ -15,7 +15,7 @@ A/B runs the same flood (32 closed-loop writers of 1.2 MB blocks, 4 s after a
 
 over gRPC and over the data plane, alternating variants within each repeat.
 Each run: answered writes/s, p99, the server's peak RSS (sampled every 20 ms)
-and RSS / memory tier. The target (issue 18): RSS within the memory tier
+and RSS / memory tier. The target (docs/operations.md, "Memory"): RSS within the memory tier
 + 10 % + a fixed overhead; the overhead kvtier documents is request_memory
 (bytes of requests being received, 128 MiB here) + 64 MiB.
 

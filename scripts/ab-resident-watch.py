@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """The resident-limit watcher, before and after it watched the process's RSS
-(issue 18, notes/033).
+(notes/033; the bound it keeps: docs/operations.md, "Memory").
 
 Before: the watcher (crates/kvtier/src/purge.rs) compared jemalloc's
 `stats.resident` with `server.resident_limit` and purged freed pages above

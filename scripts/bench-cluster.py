@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Cluster scaling on one machine (issue 15, notes/021-cluster).
+"""Cluster scaling on one machine (docs/cluster.md, notes/021-cluster).
 
 Starts N = 1, 2, 3 `kvtier serve` nodes on loopback as one cluster
 (docs/cluster.md; memory only, R = min(2, N)), and drives each with

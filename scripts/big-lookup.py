@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""What an oversized Lookup costs the server before it is refused (issue 18,
-notes/034): a kvtier.v1 Lookup of 10 M one-byte tokens (9 MiB encoded,
+"""What an oversized Lookup costs the server before it is refused
+(notes/034): a kvtier.v1 Lookup of 10 M one-byte tokens (9 MiB encoded,
 block_size 16: 625,000 blocks, over the 65,536-block limit) and a kvstore
 Lookup of 10 M tokens, against a fresh `kvtier serve` per variant and
 repeat, variants alternating. Measured: time until the error arrives, and

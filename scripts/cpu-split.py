@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Where a c=1 write (or read) of a 1.2 MB block spends CPU, kvtier against
-Redis (issue 12, notes/035, notes/036): each side's CPU time per request, measured with
+Redis (notes/035, notes/036): each side's CPU time per request, measured with
 `perf stat -e task-clock,page-faults` on the server process and on the
 client process, next to the wall time per request.
 
@@ -39,7 +39,7 @@ take one of 64 buffers per request at random, as kvtier bench reads one of 64
 blocks (notes/039).
 
 --workload read measures GETs (Redis: redis-benchmark on its one key, and
-kvtier bench's own Redis client, the other half of issue 12's rule 2; kvtier:
+kvtier bench's own Redis client, the other half of docs/bench.md's rule 2; kvtier:
 its 64 preloaded blocks). --binary NAME=PATH adds any other kvtier binary.
 `--table RECORD` prints a record's tables (notes/036).
 
@@ -223,7 +223,7 @@ def redis(tmp: Path, duration: float, rate_guess: float, workload: str = "write"
 
 def redis_bench_client(tmp: Path, duration: float, binary: Path) -> dict:
     """Redis GETs driven by kvtier bench's own Redis client, the other half of
-    issue 12's rule 2 (the Redis denominator is the better of this and
+    docs/bench.md's rule 2 (the Redis denominator is the better of this and
     redis-benchmark). The bench drives a kvtier server beside it in the same
     run; only Redis's wall time per request is taken, no CPU."""
     srv = kvtier_server(binary, ["--memory-capacity", "2GiB"], cpus={1})

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""What holds the memory in the gRPC write flood (issue 18, notes/014).
+"""What holds the memory in the gRPC write flood (notes/014).
 
 notes/012 measured the server's RSS at 1.69x its 512 MiB memory tier under 32
 closed-loop gRPC writers of 1.2 MB blocks and blamed HTTP/2 flow-control

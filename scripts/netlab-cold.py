@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Cold prefix reads from an object store behind a real RTT (issue 16, part 3).
+"""Cold prefix reads from an object store behind a real RTT (notes/023).
 
 Seed 001's reads were storage-bound: every block a GET of 20-40 ms. This puts
 MinIO behind the network lab of scripts/netlab.py (a user-space TUN delay line
@@ -25,7 +25,7 @@ The modes differ only in how the server fetches from the store:
   but the Read is sent 200 ms after the Lookup returns, as an engine that
   looks up a step before it loads; the gap is left out of the time.
 
-The bound it is held to (issue 16): a cold 256-block read within 3 x (one
+The bound it is held to (notes/023, "The bound"): a cold 256-block read within 3 x (one
 RTT + the chain's bytes at the link's measured rate).
 
 Writes OUT/record.json and OUT/summary.md. Needs root and MinIO
@@ -258,7 +258,7 @@ def main() -> int:
                   "on loopback in the client namespace; per repeat and mode a fresh kvtier (every block cold), "
                   "one Lookup + one Read of a 256-block chain, timed from the Lookup to the Read's last byte; "
                   "medians over repeats; floor = one measured RTT + the chain's bytes at the best lab probe; "
-                  "bound = 3 x floor (issue 16)",
+                  "bound = 3 x floor (notes/023)",
         "rtt_ms_configured": a.rtt, "rtt_ms_measured": measured, "rtt_ok": ok, "base_rtt_ms": base,
         "rate_mbit": rate / 1e6 if rate else None, "link_mbit_s_1_stream": one, "link_mbit_s_8_streams": many,
         "link_mbit_s": link, "blocks": BLOCKS, "modes": {m: MODES[m] for m in a.modes.split(",")},

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Long-prefix reads across real round-trip times (issue 16, part 2).
+"""Long-prefix reads across real round-trip times (notes/020).
 
 In the network lab of scripts/netlab.py (client and server in two namespaces
 joined by a user-space TUN delay line), for each RTT:

@@ -21,7 +21,8 @@ import _perf  # noqa: F401 (puts perf on sys.path)
 
 from perf import header, versions, write_record
 
-# The issue's targets (issue 12): kvtier / best peer number.
+# The targets README's headline table and notes/026 quote, as kvtier / the
+# peer's best number (docs/bench.md, "Comparisons", rule 2).
 TARGETS: dict[str, dict[str, Any]] = {
     "write": {"throughput_ratio_min": 1.0, "p99_ratio_max": 1.0},
     "read": {"throughput_ratio_min": 1.2, "p99_ratio_max": None},

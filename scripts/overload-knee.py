@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Load shedding at 10x the knee (issue 18), measured with `kvtier bench`.
+"""Load shedding at 10x the knee (docs/operations.md, "Admission and load
+shedding"; notes/012, 031), measured with `kvtier bench`.
 
 1. Knee: a closed-loop read sweep (1.2 MB blocks from the memory tier) on a
    server with the static limit (default config: nothing is shed at these

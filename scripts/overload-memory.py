@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Server memory under the stalled-upload attacks of issue 18, with the
+"""Server memory under the stalled-upload attacks docs/operations.md lists
+("Memory"), with the
 request limits off ("before": server.request_memory = 1 TiB, read_timeout =
 1 h, as the server behaved before they existed) and at their defaults
 ("after"), same binary, same run. Writes notes/011-overload-memory.json.

@@ -1,5 +1,5 @@
-/* The floor of a 1.2 MB request over one loopback TCP connection (issue 12,
- * notes/036): what any TCP key-value store whose sender copies, kvtier or
+/* The floor of a 1.2 MB request over one loopback TCP connection (notes/036,
+ * docs/bench.md): what any TCP key-value store whose sender copies, kvtier or
  * Redis, must at least spend to move one block that is in the cache and a
  * reply, with nothing else done (a sender that splices spends less:
  * write-splice, notes/037; on cold memory, BUFFERS below, a store can beat

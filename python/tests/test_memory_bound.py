@@ -1,5 +1,6 @@
 """The server's resident memory, measured (``VmRSS`` of the real process),
-stays within the documented bound under the attacks and floods of issue 18:
+stays within the documented bound under the attacks and floods that
+docs/operations.md ("Memory") lists and notes/011, 014 and 024 measured:
 memory tier x 1.1 + ``server.request_memory`` + 64 MiB (docs/operations.md).
 
 - Stalled uploads: data-plane Writes and HTTP PUTs that announce large

@@ -1,4 +1,4 @@
-"""The network lab (scripts/netlab.sh, issue 16): two namespaces joined by a
+"""The network lab (scripts/netlab.sh, notes/015): two namespaces joined by a
 user-space delay line. The lab is validated by its own measurements: a
 configured RTT shows up as a measured TCP round trip (within 10 %), a rate
 limit holds, throughput falls with RTT for one stream, and the lab leaves no
@@ -59,7 +59,7 @@ def test_a_rate_limit_holds(tmp_path):
 
 
 def test_striping_beats_one_stream_where_the_window_is_the_limit(tmp_path, kvtier_bin):
-    """Issue 16: at a non-zero RTT whose bandwidth-delay product exceeds one
+    """notes/020: at a non-zero RTT whose bandwidth-delay product exceeds one
     connection's window (the client namespace's receive buffer capped at
     512 KiB: 30 ms x 200 Mbit/s is 750 KB), a long prefix read striped over 8
     connections gets more of the link than one connection, and the lab's RTT

@@ -1,4 +1,5 @@
-"""Load shedding end to end (issue 18): the real server under `kvtier bench`
+"""Load shedding end to end (docs/operations.md, "Admission and load
+shedding"; notes/031): the real server under `kvtier bench`
 reads far past its knee, with the adaptive concurrency limit and, as the
 control, the static limit (which queues).
 

@@ -151,7 +151,7 @@ fn bench_baselines(c: &mut Criterion) {
         })
     });
     // The same CRC by carry-less-multiply folding (crc-fast, SIMD; the
-    // alternative issue 12 names): kept only if it beats the one above.
+    // alternative notes/032 measured): kept only if it beats the one above.
     assert_eq!(
         crc_fast::checksum(crc_fast::CrcAlgorithm::Crc32Iscsi, &src) as u32,
         crc32c::crc32c(&src)

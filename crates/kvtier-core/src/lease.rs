@@ -7,9 +7,9 @@
 //! since eviction only takes leaves) cannot make room for anyone else, so the
 //! bytes leases pin are capped in total and per namespace ([`PinBudget`]).
 //! Without the caps, leasing 55 blocks for 60 s on a 64 MiB tier made every
-//! other write fail, and re-leasing kept it so (issue 18). A charge lasts until
-//! its lease's deadline even when the lease is released early, because the
-//! tiers' pins do too.
+//! other write fail, and re-leasing kept it so (the caps and their defaults:
+//! docs/operations.md, "Memory"). A charge lasts until its lease's deadline
+//! even when the lease is released early, because the tiers' pins do too.
 use crate::Namespace;
 use crate::block::BlockId;
 use crate::error::{Error, Result};

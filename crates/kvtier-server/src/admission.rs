@@ -674,7 +674,8 @@ mod tests {
         }
     }
 
-    /// Issue 18's target, on the model: at 10× the knee the adaptive limit
+    /// The overload target (docs/operations.md, "Admission and load
+    /// shedding"; notes/031), on the model: at 10× the knee the adaptive limit
     /// sheds, admitted p99 stays within 2× the p99 at the knee and throughput
     /// within 90 % of the peak. Without a limit, p99 grows tenfold.
     #[test]

@@ -1,4 +1,4 @@
-//! The cold object-store path (issue 16, part 3; notes/023): a lookup that
+//! The cold object-store path (notes/023, docs/object-store.md): a lookup that
 //! finds blocks only in the store prefetches them into memory, a read joins a
 //! fetch already under way instead of sending a second GET, and a prefix read
 //! keeps `object_store.read_ahead` fetches in flight.
