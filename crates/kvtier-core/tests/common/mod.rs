@@ -1,6 +1,8 @@
 //! Helpers the core's integration tests share: namespaces and chains of
-//! blocks built with the real key scheme (4 tokens per block).
+//! blocks built with the real key scheme (4 tokens per block); the disk
+//! tier's in [`disk`].
 #![allow(dead_code)] // each test binary uses its own subset
+pub mod disk;
 
 use bytes::Bytes;
 use kvtier_core::*;
