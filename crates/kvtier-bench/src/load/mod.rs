@@ -9,10 +9,10 @@
 //! is for). Workers start no new unit after `end`.
 //!
 //! The parts: `collector` aggregates samples, `closed` and `open` are the two
-//! loops, `progress` is the live output and `wire` the child processes'
-//! report. This file holds the vocabulary they share ([`Sample`], [`Unit`],
-//! [`Load`]), [`run_repeat`], which runs one repeat with either loop, and the
-//! generator's CPU accounting.
+//! loops, `progress` is the live output and `child_report` the child
+//! processes' report (the child protocol). This file holds the vocabulary
+//! they share ([`Sample`], [`Unit`], [`Load`]), [`run_repeat`], which runs
+//! one repeat with either loop, and the generator's CPU accounting.
 
 use std::future::Future;
 use std::sync::atomic::AtomicI64;
@@ -27,11 +27,11 @@ mod closed;
 mod collector;
 mod open;
 mod progress;
-mod wire;
+mod child_report;
 
 pub use collector::Collector;
 pub use progress::Progress;
-pub use wire::WireRepeat;
+pub use child_report::ChildReport;
 
 use closed::closed_loop;
 use open::{open_loop, spawn_in_flight_sampler};
@@ -274,8 +274,8 @@ mod tests {
         ] {
             assert!(op.phases.contains_key(&ph), "{ph:?}");
         }
-        // Round trip through the child wire format.
-        let back = WireRepeat::from_input(&r).into_input().unwrap();
+        // Round trip through the child protocol.
+        let back = ChildReport::from_input(&r).into_input().unwrap();
         assert_eq!(back.ops["read"].phases[&Phase::E2e].len(), op.ops);
 
         let (r, _) = run_repeat(

@@ -14,7 +14,7 @@ use super::setup::Peer;
 use super::worker::{System, WorkerSpec, local_repeat, workers_of};
 use super::{BenchConfig, GEN_THREADS};
 use crate::builder::{RepeatInput, StepBuilder};
-use crate::load::{Load, Progress, WireRepeat, thread_cpu};
+use crate::load::{Load, Progress, ChildReport, thread_cpu};
 use crate::netobs::{Sampler, Sel};
 use crate::peers::mooncake::SpawnedMooncake;
 use crate::record::{Mode, Step};
@@ -171,7 +171,7 @@ impl Runner<'_> {
                     st.success() && !line.is_empty(),
                     "worker process failed: {st}"
                 );
-                let r: WireRepeat = serde_json::from_str(&line).context("worker output")?;
+                let r: ChildReport = serde_json::from_str(&line).context("worker output")?;
                 let r = r.into_input()?;
                 match &mut merged {
                     Some(m) => m.merge_process(&r)?,

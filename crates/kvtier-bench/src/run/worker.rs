@@ -12,7 +12,7 @@ use anyhow::Context;
 use serde::{Deserialize, Serialize};
 
 use crate::builder::RepeatInput;
-use crate::load::{Load, Progress, WireRepeat, run_repeat, thread_cpu};
+use crate::load::{Load, Progress, ChildReport, run_repeat, thread_cpu};
 use crate::peers::redis::{PeerClient, RedisWorker};
 use crate::workloads::{Api, Conn, ConnOpts, Ctx, KvWorker, Transport, WorkerId, Workload};
 
@@ -149,7 +149,7 @@ pub(super) async fn local_repeat(
 }
 
 /// Child-process mode (`kvtier bench --worker SPEC`): connect, print `ready`,
-/// wait for a line on stdin, run, print the [`WireRepeat`] JSON on one line.
+/// wait for a line on stdin, run, print the [`ChildReport`] JSON on one line.
 pub async fn worker_main(spec_json: &str) -> anyhow::Result<()> {
     let spec: WorkerSpec = serde_json::from_str(spec_json).context("parsing worker spec")?;
     // Connecting happens inside local_repeat; readiness means "parsed and about to start".
@@ -163,6 +163,6 @@ pub async fn worker_main(spec_json: &str) -> anyhow::Result<()> {
     .await??;
     let cpu = || thread_cpu(None);
     let r = local_repeat(&spec, &progress, "", &cpu).await?;
-    println!("{}", serde_json::to_string(&WireRepeat::from_input(&r))?);
+    println!("{}", serde_json::to_string(&ChildReport::from_input(&r))?);
     Ok(())
 }
