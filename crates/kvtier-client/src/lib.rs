@@ -7,8 +7,18 @@
 //!   `UNAVAILABLE` with exponential backoff and jitter, within the deadline.
 //! * End-to-end checksums: CRC32C computed on write, verified on read.
 //! * The key scheme, so callers can pass tokens instead of keys.
+//! * Reads and writes over the fastest transport the server offers, chosen
+//!   once at connect and logged ([`transport`]): the same-host socket, where
+//!   payloads move by memory (docs/local.md), else the TCP data plane
+//!   ([`wire`], docs/wire.md), else gRPC.
 //! * [`ClusterClient`]: one client per node of a cluster, each block sent to
 //!   a node that owns it ([`cluster`]).
+//! * [`compat`]: a client of the seed's `kvstore.KVStoreService` API, and
+//!   [`conversation`], the seed's multi-turn chat workload over it.
+//!
+//! Layout: `lib.rs` the `Client` and its calls; `config.rs` how it connects
+//! (settings, TLS, the HTTP/2 pool, back-off); `types.rs` what calls take
+//! and return.
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), kvtier_client::ClientError> {

@@ -8,13 +8,22 @@
 //! * `chain_index`: the prefix-closed index (chain links, leaf LRU, expiry,
 //!   pins) both local tiers keep.
 //! * [`disk`]: the local disk tier (crash-safe records, checksums, restart recovery).
-//! * [`engine`]: composes tiers into one store: lookup, read, write, delete, leases.
+//! * [`lease`]: leases on looked-up prefixes and the byte budget their pins
+//!   are charged to.
+//! * [`engine`]: composes tiers into one store: lookup, read, write, delete,
+//!   leases, and in a cluster the paths through the other nodes.
 //! * [`object_link`]: how the engine uses an object-store tier (write policies,
 //!   write-back queue, parallel lookups); the tier itself is in `kvtier-object`.
+//! * [`cluster`]: cluster mode's placement (rendezvous ranking of nodes per
+//!   block) and the [`cluster::Peers`] seam through which the engine reaches
+//!   the other nodes; the server implements it over gRPC (docs/cluster.md).
 //! * [`deadline`]: the request deadline, visible to tiers that call remote services.
+//! * [`error`]: the one error type, with a kind fronts map to status codes.
+//! * [`size`]: byte sizes with units, for configuration (`2GiB`, `1.2MB`).
 //!
-//! The core knows storage, not protocols: the gRPC and HTTP fronts in
-//! `kvtier-server` translate their requests into calls on [`engine::Engine`].
+//! The core knows storage, not protocols: the fronts in `kvtier-server`
+//! (gRPC, data plane, HTTP, same-host socket) translate their requests into
+//! calls on [`engine::Engine`].
 
 pub mod block;
 mod chain_index;

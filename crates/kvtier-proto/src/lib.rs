@@ -1,8 +1,12 @@
 //! Generated protobuf and gRPC types.
 //!
 //! * [`v1`]: kvtier's own API (`kvtier.v1.KvTier`).
-//! * [`kvstore`]: the seed service's wire API (`kvstore.KVStoreService`), served
+//! * [`kvstore`]: the seed service's API (`kvstore.KVStoreService`), served
 //!   unchanged so existing clients can point at kvtier.
+//! * [`wire`]: the data plane's framing (`KVW1` frames, docs/wire.md), shared
+//!   by the server and the clients.
+//! * [`bounded`]: request-size limits checked on the encoded message, before
+//!   anything is decoded.
 
 /// `kvtier.v1`: the native API.
 #[allow(missing_docs, clippy::all)]

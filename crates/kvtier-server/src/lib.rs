@@ -4,14 +4,30 @@
 //!   gRPC listener(s) ──┬─ kvtier.v1.KvTier ─────────┐
 //!   (tonic, HTTP/2)    ├─ kvstore.KVStoreService ───┤
 //!                      └─ grpc.health.v1 ───────────┤
+//!   data plane (TCP) ─── KVW1 Read / Write ─────────┤
+//!   same-host socket ─── gRPC + data plane, ────────┤
+//!   (Unix)               ReadInto / WriteFrom       │
 //!   HTTP listener ──── /v1/kv, /healthz, /metrics ──┤
 //!                                                   ▼
-//!                      Shared { engine, metrics, admission }
+//!                      Shared { engine, metrics, admission, auth, limits }
 //!                                                   │
-//!                                  kvtier_core::Engine (tiers)
+//!                 kvtier_core::Engine (tiers; in a cluster, peers over gRPC)
 //! ```
 //! Fronts know protocols, not storage: each translates its requests into calls
 //! on [`kvtier_core::Engine`] and reports the server timing it measured.
+//!
+//! * Fronts: [`grpc`] (`kvtier.v1` and the seed's `kvstore`, on the same
+//!   listeners), [`wire`] (the data plane, docs/wire.md), [`http`], [`local`]
+//!   (the same-host socket, docs/local.md); [`messages`] and [`read`] are
+//!   what more than one of them shares.
+//! * The request layer every front goes through: [`state`] (`Shared`),
+//!   [`auth`], [`admission`], [`limits`], [`timing`] and [`rx_stamp`] (when a
+//!   request arrived), [`metrics`], [`status`] (core errors as statuses).
+//! * Set-up: [`config`], [`tls`], [`numa`] (listeners on CPU sets),
+//!   [`object`] (the object-store tier's wiring), [`cluster`] (membership and
+//!   the engine's peers over gRPC, docs/cluster.md); this file starts it all
+//!   ([`Server`]).
+//! * [`fuzzing`]: the request-decoding path as one function for fuzzers.
 
 pub mod admission;
 pub mod auth;
