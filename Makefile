@@ -40,14 +40,16 @@ rust-test:
 	$(CARGO) test --workspace
 	$(CARGO) build -q -p kvtier-client --example quickstart
 
-# The Python SDK's lint and type check (config: python/pyproject.toml), and the
-# measurement library's and scripts' (perf/, scripts/: ruff.toml, mypy.ini).
-# No module circles, no source file over 600 lines before its tests, every file
-# says why it exists (docs/architecture.md, "Checked shape").
+# No module circles (crates, python/kvtier), no source file over 600 lines,
+# every file says why it exists, every path the docs name exists
+# (docs/architecture.md, "Checked shape"); the self-test first proves each rule
+# can fail.
 arch:
 	python3 scripts/check-architecture.py --self-test
 	python3 scripts/check-architecture.py
 
+# The Python SDK's lint and type check (config: python/pyproject.toml), and the
+# measurement library's and scripts' (perf/, scripts/: ruff.toml, mypy.ini).
 lint-py: setup-test native
 	.venv/bin/ruff check python perf scripts
 	cd python && ../.venv/bin/mypy
