@@ -25,9 +25,9 @@ Docs (architecture/docs_rules.py):
 7. Every repository path that README.md, CONTRIBUTING.md, docs/**/*.md and
    the other README.md files (outside notes/) name exists: relative Markdown
    links, resolved from the doc; words in inline code that contain a `/` and
-   start with a directory git tracks at the top (crates/, python/, docs/, ...)
-   or are top-level file names (Makefile, CONTRIBUTING.md), resolved from the
-   root. Fenced code blocks are not read; placeholders (`*`, `<name>`, `...`,
+   start with a top-level directory that is not build output (crates/,
+   python/, docs/, ...) or are top-level file names (Makefile,
+   CONTRIBUTING.md), resolved from the root. Fenced code blocks are not read; placeholders (`*`, `<name>`, `...`,
    a word in capitals such as `notes/NNN-title.md`) are skipped.
 
 Exit status 1 with one line per violation. `--rust`, `--python`, `--docs`
@@ -53,7 +53,8 @@ GROUPS = {
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser = argparse.ArgumentParser(description="Checks the shape docs/architecture.md promises; "
+                                     "this script's docstring lists the rules.")
     parser.add_argument("--self-test", action="store_true", help="prove each rule fires on made-up files")
     for name in GROUPS:
         parser.add_argument(f"--{name}", action="store_true", help=f"check the {name} rules (default: all)")

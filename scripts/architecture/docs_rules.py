@@ -12,8 +12,9 @@ What counts as naming a path:
   at spaces and `=` so a path inside a command counts
   (`kvtier serve --config configs/kvtier.toml`): a word is a repository path,
   resolved from the repository root, when it contains a `/` and starts with a
-  top-level directory of the repository (one git tracks: crates/, python/,
-  scripts/, docs/, notes/, ...), or when it is a bare top-level file name:
+  top-level directory of the repository (one with files git tracks or would
+  track: crates/, python/, scripts/, docs/, notes/, ...; not build output
+  such as target/ or out/), or when it is a bare top-level file name:
   one of ROOT_FILES or a capitalised Markdown name (`CONTRIBUTING.md`). A
   word that starts with a crate's directory and one of CRATE_PARTS
   (`kvtier-bench/src/x.rs`) is read as under crates/.
@@ -56,17 +57,23 @@ PLACEHOLDER_CHARS = set("*?<>{}[]$|…")
 CAPS_WORD = re.compile(r"[A-Z][A-Z0-9_]*")
 
 
-def top_level(root: Path) -> tuple[set[str], set[str]]:
-    """(directories, files) at the top of the repository: what git tracks
-    there (so build output such as target/ and out/ is not a repository path),
-    or, outside a git checkout, what is on disk and not hidden."""
+def top_level(root: Path) -> set[str]:
+    """The directories at the top of the repository: those holding files git
+    tracks or would track (so build output such as target/ and out/ holds no
+    repository path), or
+    outside a git checkout those on disk, less hidden ones and those the
+    root .gitignore names (`/target`, `out/`)."""
     try:
-        out = subprocess.run(["git", "-C", str(root), "ls-files", "-z"], capture_output=True, check=True).stdout
-        paths = [p for p in out.decode().split("\0") if p]
+        git = ["git", "-C", str(root), "ls-files", "-z", "--cached", "--others", "--exclude-standard"]
+        out = subprocess.run(git, capture_output=True, check=True).stdout
+        dirs = {p.split("/", 1)[0] for p in out.decode().split("\0") if "/" in p}
     except (OSError, subprocess.CalledProcessError):
-        paths = [p.name + ("/" if p.is_dir() else "") for p in root.iterdir() if not p.name.startswith(".")]
-    dirs = {p.split("/", 1)[0] for p in paths if "/" in p}
-    return dirs, {p for p in paths if "/" not in p}
+        dirs = set()
+    if dirs:
+        return dirs
+    ignore = root / ".gitignore"
+    ignored = {line.strip().strip("/") for line in ignore.read_text().splitlines()} if ignore.is_file() else set()
+    return {p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith(".") and p.name not in ignored}
 
 
 def doc_files(root: Path, dirs: set[str]) -> Iterator[Path]:
@@ -135,7 +142,7 @@ def named_paths(text: str, dirs: set[str], crates: set[str]) -> Iterator[tuple[i
 
 def check(root: Path, dirs: set[str] | None = None) -> list[str]:
     if dirs is None:
-        dirs = top_level(root)[0]
+        dirs = top_level(root)
     crates = {p.name for p in (root / "crates").glob("*") if p.is_dir()}
     problems = []
     resolved_root = root.resolve()

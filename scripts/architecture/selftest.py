@@ -100,7 +100,10 @@ def docs(root: Path) -> None:
           "```sh\ncat > crates/c/new.rs   # a fenced block may create paths\necho `cat crates/c/new.rs`\n```\n")
     write(root, "docs/x.md", "[up](../README.md), `notes/NNN-title.md`, `crates/*/tests/`,\n"
           "`scripts/NAME.py`, [web](https://example.com/a/b), `python/kvtier/client.py:12`.\n")
-    dirs = {p.name for p in root.iterdir() if p.is_dir()}
+    write(root, "out/report.md", "")  # build output, ignored
+    write(root, ".gitignore", "/out\n")
+    dirs = docs_rules.top_level(root)  # outside git: what is on disk, less .gitignore's
+    assert dirs == {"crates", "docs", "notes", "python"}, dirs
     assert docs_rules.check(root, dirs) == [], docs_rules.check(root, dirs)
 
     write(root, "docs/x.md", "Gone: `crates/c/src/gone.rs`, [link](missing.md), `ANCHORS.md`,\n"
