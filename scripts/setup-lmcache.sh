@@ -32,7 +32,7 @@ echo "installing LMCache $LMCACHE_VERSION into $VENV (a few minutes, ~1.5 GB; to
 rm -rf "$VENV"
 python3 -m venv "$VENV"
 PIP=("$VENV/bin/pip" install -q --disable-pip-version-check --no-cache-dir)
-"${PIP[@]}" --upgrade pip
+"${PIP[@]}" pip==26.3
 site=$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 torch_v=$(.tools/vllm/bin/python -c 'from importlib.metadata import version; print(version("torch"))')
 .tools/vllm/bin/python scripts/link-dists.py .tools/vllm/bin/python "$site" torch
@@ -40,9 +40,9 @@ torch_v=$(.tools/vllm/bin/python -c 'from importlib.metadata import version; pri
 # Keep LMCache's pins: protobuf<7 and the grpcio it installed (grpcio-tools then
 # resolves to a release that accepts both).
 grpc_v=$("$PY" -c 'import grpc; print(grpc.__version__)')
-"${PIP[@]}" -e python crc32c pytest "protobuf<7" "grpcio==$grpc_v" "grpcio-tools==$grpc_v"
+"${PIP[@]}" -e python crc32c==2.9.post0 pytest==9.2.0 "protobuf<7" "grpcio==$grpc_v" "grpcio-tools==$grpc_v"
 # SGLang's full dependency set is GPU-only; its storage interface imports with these.
 "${PIP[@]}" --no-deps "sglang==$SGLANG_VERSION"
-"${PIP[@]}" orjson pybase64 pillow ipython
+"${PIP[@]}" orjson==3.13.0 pybase64==1.5.1 pillow==13.0.0 ipython==9.18.1
 "$PY" -c "$check" >/dev/null
 echo "$want" > "$VENV/.kvtier-stamp"

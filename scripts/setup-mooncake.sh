@@ -63,7 +63,7 @@ echo "installing $PKG $MOONCAKE_VERSION into $VENV"
 rm -rf "$VENV"
 python3 -m venv "$VENV" || die "python3 -m venv failed (is python3-venv installed?)"
 PIP=("$VENV/bin/pip" install -q --disable-pip-version-check --no-cache-dir)
-"${PIP[@]}" --upgrade pip || die "pip upgrade failed"
+"${PIP[@]}" pip==26.3 || die "pip install pip==26.3 failed"
 "${PIP[@]}" "$PKG==$MOONCAKE_VERSION" || die "pip install $PKG==$MOONCAKE_VERSION failed"
 if ! err=$("$PY" -c "$check" 2>&1); then
   die "the installed package does not import: $err"

