@@ -136,14 +136,23 @@ def extension_modules(package_dir: Path) -> set[str]:
     return names
 
 
-def import_graph(package_dir: Path) -> dict[str, set[str]]:
-    trees: dict[str, tuple[ast.Module, bool]] = {}
+def parse(package_dir: Path) -> tuple[dict[Path, ast.Module], dict[Path, str]]:
+    """Every module of the package parsed, and why each that does not parse does not."""
+    trees: dict[Path, ast.Module] = {}
+    errors: dict[Path, str] = {}
     for path in py_files(package_dir):
-        name, is_package = module_name(package_dir, path)
-        trees[name] = (ast.parse(path.read_text(), str(path)), is_package)
-    modules = set(trees) | extension_modules(package_dir)
+        try:
+            trees[path] = ast.parse(path.read_text(), str(path))
+        except SyntaxError as e:
+            errors[path] = f"{e.msg}, line {e.lineno}"
+    return trees, errors
+
+
+def import_graph(package_dir: Path, trees: dict[Path, ast.Module]) -> dict[str, set[str]]:
+    named = {module_name(package_dir, path): tree for path, tree in trees.items()}
+    modules = {name for name, _ in named} | extension_modules(package_dir)
     graph: dict[str, set[str]] = {m: set() for m in modules}
-    for name, (tree, is_package) in trees.items():
+    for (name, is_package), tree in named.items():
         deps = {resolve(n, modules) for n in imported_names(tree, name, is_package)}
         graph[name] = {d for d in deps if d is not None and d != name}
     return graph
@@ -153,10 +162,12 @@ def check(root: Path) -> list[str]:
     problems = []
     package_dir = root / PACKAGE
     if package_dir.is_dir():
-        for comp in cycles(import_graph(package_dir)):
+        trees, errors = parse(package_dir)
+        problems += [f"{path.relative_to(root)}: does not parse ({why})" for path, why in errors.items()]
+        for comp in cycles(import_graph(package_dir, trees)):
             problems.append(f"{PACKAGE}: modules import each other in a circle: {' -> '.join(comp)}")
-        for path in py_files(package_dir):
-            if ast.get_docstring(ast.parse(path.read_text(), str(path))) is None:
+        for path, tree in trees.items():
+            if ast.get_docstring(tree) is None:
                 problems.append(f"{path.relative_to(root)}: does not open with a docstring")
     for top in SIZED_DIRS:
         for path in py_files(root / top):

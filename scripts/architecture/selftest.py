@@ -76,6 +76,7 @@ def python(root: Path) -> None:
     write(root, f"{pkg}/__init__.py", '"""pkg"""\nfrom .keys import chain\n')
     write(root, f"{pkg}/keys.py", '"""keys"""\nfrom kvtier import chain as _c\n')
     write(root, f"{pkg}/bare.py", "x = 1\n")
+    write(root, f"{pkg}/broken.py", '"""half-edited"""\ndef f(:\n')
     write(root, "python/tests/test_a.py", "x = 1\n" * (MAX_LINES + 1))
     write(root, "scripts/tool.py", '"""tool"""\n' + "x = 1\n" * MAX_LINES)
     got = "\n".join(python_rules.check(root))
@@ -83,6 +84,7 @@ def python(root: Path) -> None:
     assert "circle: kvtier.node -> kvtier.vllm.worker\n" in got, got
     assert "circle: kvtier -> kvtier.keys\n" in got, got
     assert "python/kvtier/bare.py: does not open with a docstring" in got, got
+    assert "python/kvtier/broken.py: does not parse" in got, got
     assert "python/tests/test_a.py: 601 lines" in got, got
     assert "scripts/tool.py: 601 lines" in got, got
     assert "_gen" not in got, got
