@@ -25,9 +25,9 @@ What counts as naming a path:
 
 Placeholders are skipped, never guessed: a path with `*`, `?`, `<`, `>`,
 `{`, `}`, `[`, `]`, `$`, `|`, `...` or `…` in it (`notes/NNN-...`,
-`crates/*/tests/`), or with a word in capitals between `/`, `.` and `-` that is not a
-conventional document name (`scripts/NAME.py`, `notes/NNN-title.md`,
-`crates/CRATE/`; but `fuzz/README.md` is checked).
+`crates/*/tests/`), or with a word in capitals (between `/`, `.` and `-`)
+that is not a conventional document name (`scripts/NAME.py`,
+`notes/NNN-title.md`, `crates/CRATE/`; but `fuzz/README.md` is checked).
 
 "Exists" means on disk in this checkout, a directory or a file.
 """
