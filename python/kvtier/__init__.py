@@ -1,8 +1,10 @@
 """kvtier: Python SDK for the kvtier KV-cache block store.
 
 * :mod:`kvtier.keys` — the chained block-key scheme (no gRPC needed).
-* :class:`kvtier.Client` — pooled ``kvtier.v1`` gRPC client; given several
-  addresses, a :class:`kvtier.ClusterClient` (:mod:`kvtier.cluster`).
+* :class:`kvtier.Client` — pooled ``kvtier.v1`` gRPC client (:mod:`kvtier.client`);
+  given several addresses, a :class:`kvtier.ClusterClient` (:mod:`kvtier.cluster`).
+  Its calls take and return the types of :mod:`kvtier.results`; failures raise
+  :class:`kvtier.KvtierError` (:mod:`kvtier.errors`).
 * :class:`kvtier.HttpClient` — stdlib client for the HTTP key/value API.
 * :class:`kvtier.Server` — starts the real binary (tests, examples).
 * :mod:`kvtier.pb` — the generated protobuf/gRPC modules.
@@ -14,7 +16,7 @@ from __future__ import annotations
 
 import importlib
 
-from ._error import Error
+from .errors import Error
 from .keys import chain
 
 __version__ = "0.1.0"
@@ -22,18 +24,18 @@ __version__ = "0.1.0"
 _LAZY = {
     "Client": "client",
     "ClusterClient": "cluster",
-    "KvtierError": "client",
-    "Tier": "client",
-    "ServerTiming": "client",
-    "Block": "client",
-    "LookupResult": "client",
-    "ReadBlock": "client",
-    "ReadResult": "client",
-    "WriteResult": "client",
-    "DeleteResult": "client",
-    "LeaseResult": "client",
-    "StatsResult": "client",
-    "TierStats": "client",
+    "KvtierError": "errors",
+    "Tier": "results",
+    "ServerTiming": "results",
+    "Block": "results",
+    "LookupResult": "results",
+    "ReadBlock": "results",
+    "ReadResult": "results",
+    "WriteResult": "results",
+    "DeleteResult": "results",
+    "LeaseResult": "results",
+    "StatsResult": "results",
+    "TierStats": "results",
     "HttpClient": "http",
     "HttpError": "http",
     "Server": "server",

@@ -37,8 +37,8 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from . import _protogen
-from ._error import Error
 from ._protogen import PROTO_FILES, Stamp
+from .errors import Error
 
 __all__ = ["PROTO_FILES", "ProtoError", "ensure_generated", "load", "proto_dir"]
 

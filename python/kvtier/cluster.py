@@ -1,4 +1,4 @@
-"""A client for a kvtier cluster: one :class:`~kvtier.client.Client` per node,
+"""A client for a kvtier cluster: one :class:`~kvtier.node.NodeClient` per node,
 blocks placed by rendezvous hashing (:func:`kvtier.keys.owners`, docs/cluster.md).
 
 ``kvtier.Client(["h1:p1", "h2:p2", ...])`` (or ``Client("h1:p1,h2:p2")``)
@@ -20,18 +20,17 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
-from collections.abc import Iterable, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
-from concurrent.futures import wait as _wait
+from collections.abc import Iterable, Sequence
 from functools import partial
-from typing import Any, Callable, TypeVar, Union
+from typing import Any, Callable
 
 import grpc
 
 from . import keys as _keys
-from .client import (
+from .errors import KvtierError
+from .node import NodeClient
+from .results import (
     Block,
-    Client,
     DeleteResult,
     LeaseResult,
     LookupResult,
@@ -42,10 +41,9 @@ from .client import (
     Tier,
     TierStats,
     WriteResult,
-    _check_keys,
     token_chain,
 )
-from .errors import KvtierError
+from .routing import Router, unreachable
 
 __all__ = ["ClusterClient", "DEFAULT_DOWN_FOR"]
 
@@ -55,11 +53,6 @@ DEFAULT_DOWN_FOR = 5.0
 #: Leases remembered (to send each to the node that granted it) before
 #: expired ones are forgotten (the Rust client's ``LEASES_KEPT``).
 _LEASES_KEPT = 1024
-
-T = TypeVar("T")
-
-#: What one node's part of a call gave: its answer, or the error it raised.
-_Outcome = Union[T, KvtierError]
 
 
 def _addresses(targets: str | Sequence[str]) -> list[str]:
@@ -71,16 +64,6 @@ def _addresses(targets: str | Sequence[str]) -> list[str]:
         if a.strip():
             out.append(a.strip())
     return out
-
-
-def _unreachable(e: KvtierError) -> bool:
-    """The node did not answer (as opposed to answering with an error). A
-    node that shed the request (UNAVAILABLE with a retry hint) answered: it
-    is up but busy, and sending its part to the next owner would only spread
-    the overload."""
-    if e.retry_after is not None:
-        return False
-    return e.code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
 
 
 def _summed(timings: Iterable[ServerTiming], elapsed_us: int) -> ServerTiming:
@@ -160,25 +143,22 @@ class ClusterClient:
         #: The nodes' names, in the order given.
         self.nodes: list[str] = names
         self.replicas = replicas
-        self.down_for = float(down_for)
-        self._clients: dict[str, Client] = {}
+        clients: dict[str, NodeClient] = {}
         try:
             for addr, name in zip(addrs, names):
-                self._clients[name] = Client(addr, *args, **kwargs)
+                clients[name] = NodeClient(addr, *args, **kwargs)
         except BaseException:
-            for c in self._clients.values():
+            for c in clients.values():
                 c.close()
             raise
-        first = self._clients[names[0]]
+        first = clients[names[0]]
         self.timeout = first.timeout
         self.block_size = first.block_size
         self.hash = first.hash
-        self._down: dict[str, float] = {}  # node -> time.monotonic() until which it is skipped
+        self._clients = clients
+        self._router = Router(clients, float(down_for), self.timeout)
         self._leases: dict[int, tuple[str, float]] = {}  # lease id -> (granting node, monotonic expiry)
         self._lock = threading.Lock()
-        # A call runs one node's part itself and the others here; several
-        # callers at once share the pool, hence more threads than nodes.
-        self._pool = ThreadPoolExecutor(max_workers=4 * len(names), thread_name_prefix="kvtier-cluster")
         self._closed = False
 
     # -- plumbing ---------------------------------------------------------
@@ -188,15 +168,22 @@ class ClusterClient:
         """The generated messages of ``kvtier.v1``."""
         return self._clients[self.nodes[0]].pb
 
-    def node(self, name: str) -> Client:
+    def node(self, name: str) -> NodeClient:
         """The single-node client of ``name`` (an address is accepted), for calls this API does not route."""
         return self._clients[_keys.node_name(name)]
 
+    @property
+    def down_for(self) -> float:
+        """Seconds a node that did not answer is skipped (settable)."""
+        return self._router.down_for
+
+    @down_for.setter
+    def down_for(self, seconds: float) -> None:
+        self._router.down_for = float(seconds)
+
     def down(self) -> list[str]:
         """The nodes skipped now, because they did not answer lately."""
-        now = time.monotonic()
-        with self._lock:
-            return [n for n in self.nodes if self._down.get(n, 0.0) > now]
+        return self._router.down()
 
     def owners(self, namespace: str, key: bytes) -> list[str]:
         """Where ``key`` lives now: its ``replicas`` first owners among the nodes not marked down."""
@@ -207,9 +194,7 @@ class ClusterClient:
     def close(self) -> None:
         if not self._closed:
             self._closed = True
-            for c in self._clients.values():
-                c.close()
-            self._pool.shutdown(wait=True)
+            self._router.close()
 
     def __enter__(self) -> ClusterClient:
         return self
@@ -245,127 +230,6 @@ class ClusterClient:
             raise ValueError(f"lease node {lease_node!r} is not one of this client's nodes")
         return name
 
-    def _mark(self, node: str, answered: bool) -> None:
-        with self._lock:
-            if answered:
-                self._down.pop(node, None)
-            else:
-                self._down[node] = time.monotonic() + self.down_for
-
-    def _deadline(self, timeout: float | None) -> float:
-        budget = self.timeout if timeout is None else float(timeout)
-        if budget <= 0:
-            raise ValueError("timeout must be > 0")
-        return time.monotonic() + budget
-
-    @staticmethod
-    def _remaining(deadline: float, start: float) -> float:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            raise KvtierError(grpc.StatusCode.DEADLINE_EXCEEDED, f"no answer within {deadline - start:.3f}s")
-        return left
-
-    @staticmethod
-    def _pick(ranked: list[str], down: set[str], failed: set[str], skip: Iterable[str] = ()) -> str | None:
-        """The first node of ``ranked`` not ``down``, not failed in this call
-        and not in ``skip``; else the first one down (a last resort)."""
-        fallback = None
-        for n in ranked:
-            if n in failed or n in skip:
-                continue
-            if n not in down:
-                return n
-            if fallback is None:
-                fallback = n
-        return fallback
-
-    def _run(self, calls: Mapping[str, Callable[[], T]]) -> list[tuple[str, _Outcome[T]]]:
-        """Runs each node's call (in parallel when there are several); a
-        ``KvtierError`` is returned as the outcome, other errors raised once
-        all calls are done. Nodes are marked up or down by how they answered."""
-        items = list(calls.items())
-        futs: dict[str, Future[T]] = {node: self._pool.submit(fn) for node, fn in items[1:]}
-        outcomes: list[tuple[str, _Outcome[T]]] = []
-        try:
-            node, fn = items[0]
-            try:
-                outcomes.append((node, fn()))
-            except KvtierError as e:
-                outcomes.append((node, e))
-        finally:
-            _wait(futs.values())  # no part left running (into= buffers) when this returns or raises
-        for node, f in futs.items():
-            err = f.exception()
-            if err is not None and not isinstance(err, KvtierError):
-                raise err
-            outcomes.append((node, err if isinstance(err, KvtierError) else f.result()))
-        for node, out in outcomes:
-            self._mark(node, not (isinstance(out, KvtierError) and _unreachable(out)))
-        return outcomes
-
-    def _grouped(
-        self,
-        namespace: str,
-        ks: list[bytes],
-        send: Callable[[Client, list[int], float], T],
-        timeout: float | None,
-    ) -> list[T]:
-        """Sends each key's part to its first owner (``send(client, indexes
-        into ks, seconds left)``), nodes in parallel; the part of a node that
-        does not answer goes to the next owner. Returns the nodes' answers."""
-        start = time.monotonic()
-        deadline = self._deadline(timeout)
-        ranks = [_keys.rank(self.nodes, namespace, k) for k in ks]
-        failed: set[str] = set()
-        last: KvtierError | None = None  # the latest error of a node that did not answer
-        pending = list(range(len(ks)))
-        answers: list[T] = []
-        while pending:
-            groups: dict[str, list[int]] = {}
-            down = set(self.down())
-            for i in sorted(pending):
-                node = self._pick(ranks[i], down, failed)
-                if node is None:  # every node failed
-                    assert last is not None
-                    raise last
-                groups.setdefault(node, []).append(i)
-            left = self._remaining(deadline, start)
-            pending = []
-            calls = {n: partial(send, self._clients[n], ix, left) for n, ix in groups.items()}
-            for node, out in self._run(calls):
-                if isinstance(out, KvtierError):
-                    if not _unreachable(out):
-                        raise out
-                    failed.add(node)
-                    pending += groups[node]
-                    last = out
-                else:
-                    answers.append(out)
-        return answers
-
-    def _to_first_owner(self, namespace: str, key: bytes | None, call: Callable[[Client, float], T],
-                        timeout: float | None = None) -> tuple[str, T]:
-        """``call`` on the first owner of ``key`` (of the node list's order
-        without a key), then the next ones while they do not answer."""
-        start = time.monotonic()
-        deadline = self._deadline(timeout)
-        ranked = _keys.rank(self.nodes, namespace, key) if key is not None else list(self.nodes)
-        failed: set[str] = set()
-        last: KvtierError | None = None
-        while True:
-            node = self._pick(ranked, set(self.down()), failed)
-            if node is None:  # every node failed
-                assert last is not None
-                raise last
-            left = self._remaining(deadline, start)
-            (_, out), = self._run({node: partial(call, self._clients[node], left)})
-            if not isinstance(out, KvtierError):
-                return node, out
-            if not _unreachable(out):
-                raise out
-            failed.add(node)
-            last = out
-
     # -- keys -------------------------------------------------------------
 
     def keys_for(self, tokens: Sequence[int]) -> list[bytes]:
@@ -392,14 +256,14 @@ class ClusterClient:
             ks = self.keys_for(toks)
         else:
             assert keys is not None  # exactly one of keys and tokens (checked above)
-            ks = _check_keys(keys)
+            ks = _keys.check_keys(keys)
 
-        def call(c: Client, t: float) -> LookupResult:
+        def call(c: NodeClient, t: float) -> LookupResult:
             if tokens is not None and hash_on_server:
                 return c.lookup(namespace, tokens=toks, lease_ms=lease_ms, hash_on_server=True, timeout=t)
             return c.lookup(namespace, keys=ks, lease_ms=lease_ms, timeout=t)
 
-        node, r = self._to_first_owner(namespace, ks[0] if ks else None, call, timeout)
+        node, r = self._router.to_first_owner(namespace, ks[0] if ks else None, call, timeout)
         if r.lease_id:
             self._remember_lease(r.lease_id, node, lease_ms)
             r = dataclasses.replace(r, lease_node=node)
@@ -435,13 +299,13 @@ class ClusterClient:
         ``lease_node``: the node that granted ``lease_id`` (the lookup's
         ``lease_node``); needed when this client did not take the lease."""
         self._check_open()
-        ks = _check_keys(keys)
+        ks = _keys.check_keys(keys)
         granted_by = self._lease_node(lease_node)
         if not ks:
-            return self._to_first_owner(
+            return self._router.to_first_owner(
                 namespace, None, lambda c, t: c.read(namespace, [], lease_id, timeout=t), timeout)[1]
         start = time.monotonic()
-        deadline = self._deadline(timeout)
+        deadline = self._router.deadline(timeout)
         ranks = [_keys.rank(self.nodes, namespace, k) for k in ks]
         misses: list[set[str]] = [set() for _ in ks]  # nodes that answered without the block
         failed: set[str] = set()
@@ -456,7 +320,7 @@ class ClusterClient:
             for i in sorted(pending):
                 if i >= end:
                     break
-                node = self._pick(ranks[i], down, failed, misses[i]) if len(misses[i]) < self.replicas else None
+                node = self._router.pick(ranks[i], down, failed, misses[i]) if len(misses[i]) < self.replicas else None
                 if node is None:
                     if not misses[i]:  # every node failed
                         assert last is not None
@@ -468,16 +332,16 @@ class ClusterClient:
             groups = {n: ix for n, ix in groups.items() if ix}
             if not groups:
                 break
-            left = self._remaining(deadline, start)
+            left = self._router.remaining(deadline, start)
             pending = []
 
             calls = {n: partial(self._read_part, self._clients[n], namespace, ks, ix, self._lease_for(n, lease_id, granted_by),
                                 left, into)
                      for n, ix in groups.items()}
-            for node, out in self._run(calls):
+            for node, out in self._router.run(calls):
                 ix = groups[node]
                 if isinstance(out, KvtierError):
-                    if not _unreachable(out):
+                    if not unreachable(out):
                         raise out
                     failed.add(node)
                     pending += ix
@@ -513,7 +377,7 @@ class ClusterClient:
         return lease_id if granted_by in (None, node) else 0
 
     @staticmethod
-    def _read_part(c: Client, namespace: str, ks: list[bytes], ix: list[int], lease_id: int, timeout: float,
+    def _read_part(c: NodeClient, namespace: str, ks: list[bytes], ix: list[int], lease_id: int, timeout: float,
                    into: Callable[[int, int], object] | None) -> ReadResult:
         """One node's part of a read: ``ks[i] for i in ix``; ``into`` sees indexes into ``ks``."""
         shifted = None
@@ -534,8 +398,8 @@ class ClusterClient:
                 raise TypeError(f"expected kvtier.Block, got {type(b).__name__}")
         start = time.monotonic()
         if not bs:
-            return self._to_first_owner(namespace, None, lambda c, t: c.write(namespace, [], t), timeout)[1]
-        rs = self._grouped(namespace, [bytes(b.key) for b in bs],
+            return self._router.to_first_owner(namespace, None, lambda c, t: c.write(namespace, [], t), timeout)[1]
+        rs = self._router.grouped(namespace, [bytes(b.key) for b in bs],
                            lambda c, ix, t: c.write(namespace, [bs[i] for i in ix], t), timeout)
         return WriteResult(sum(r.stored for r in rs), sum(r.existing for r in rs),
                            _summed((r.timing for r in rs), int((time.monotonic() - start) * 1e6)))
@@ -548,7 +412,7 @@ class ClusterClient:
             if not isinstance(b, Block):
                 raise TypeError(f"expected kvtier.Block, got {type(b).__name__}")
         start = time.monotonic()
-        rs = self._grouped(namespace, [bytes(b.key) for b in bs],
+        rs = self._router.grouped(namespace, [bytes(b.key) for b in bs],
                            lambda c, ix, t: c.write_stream(namespace, [bs[i] for i in ix], batch_bytes), None)
         return WriteResult(sum(r.stored for r in rs), sum(r.existing for r in rs),
                            _summed((r.timing for r in rs), int((time.monotonic() - start) * 1e6)))
@@ -563,19 +427,19 @@ class ClusterClient:
     def delete(self, namespace: str, keys: Sequence[bytes], timeout: float | None = None) -> DeleteResult:
         """Deletes each key (and its descendants) through its first owner."""
         self._check_open()
-        ks = _check_keys(keys)
+        ks = _keys.check_keys(keys)
         start = time.monotonic()
         if not ks:
-            return self._to_first_owner(namespace, None, lambda c, t: c.delete(namespace, [], t), timeout)[1]
-        rs = self._grouped(namespace, ks, lambda c, ix, t: c.delete(namespace, [ks[i] for i in ix], t), timeout)
+            return self._router.to_first_owner(namespace, None, lambda c, t: c.delete(namespace, [], t), timeout)[1]
+        rs = self._router.grouped(namespace, ks, lambda c, ix, t: c.delete(namespace, [ks[i] for i in ix], t), timeout)
         return DeleteResult(sum(r.deleted for r in rs),
                             _summed((r.timing for r in rs), int((time.monotonic() - start) * 1e6)))
 
     def lease(self, namespace: str, keys: Sequence[bytes], lease_ms: int) -> LeaseResult:
         """Pins explicit keys for ``lease_ms``, through the first owner of the first key."""
         self._check_open()
-        ks = _check_keys(keys)
-        node, r = self._to_first_owner(namespace, ks[0] if ks else None,
+        ks = _keys.check_keys(keys)
+        node, r = self._router.to_first_owner(namespace, ks[0] if ks else None,
                                        lambda c, t: c.lease(namespace, ks, lease_ms))
         if r.lease_id:
             self._remember_lease(r.lease_id, node, lease_ms)
@@ -601,7 +465,7 @@ class ClusterClient:
         """Each node's :meth:`kvtier.Client.stats`, or the error it answered with, by node name."""
         self._check_open()
         calls = {n: c.stats for n, c in self._clients.items()}
-        return dict(self._run(calls))
+        return dict(self._router.run(calls))
 
     def stats(self) -> StatsResult:
         """The nodes' stats added up: tiers by kind, leases and expired blocks
@@ -612,8 +476,8 @@ class ClusterClient:
         per_node = self.node_stats()
         ok = [r for r in per_node.values() if isinstance(r, StatsResult)]
         errors = [r for r in per_node.values() if isinstance(r, KvtierError)]
-        if errors and (not ok or not all(_unreachable(e) for e in errors)):
-            raise next((e for e in errors if not _unreachable(e)), errors[0])
+        if errors and (not ok or not all(unreachable(e) for e in errors)):
+            raise next((e for e in errors if not unreachable(e)), errors[0])
         tiers: dict[Tier, list[int]] = {}
         for r in ok:
             for t in r.tiers:

@@ -1,13 +1,30 @@
-"""The exception every kvtier client call raises (gRPC and data plane alike)."""
+"""The exceptions kvtier raises: one root, :class:`Error`, and
+:class:`KvtierError` for a failed call (gRPC and data plane alike).
+
+``except kvtier.Error`` catches every failure of the SDK and nothing else:
+``KvtierError`` here, ``HttpError`` (:mod:`kvtier.http`), ``ServerError``
+(:mod:`kvtier.server`) and ``ProtoError`` (:mod:`kvtier._proto`) derive from
+it. Importing this module does not import grpc (``kvtier/__init__`` and the
+grpc-free modules ``keys``, ``http`` and ``server`` use :class:`Error`), so
+the helpers that need :class:`grpc.StatusCode` import it when called.
+"""
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import grpc
+if TYPE_CHECKING:
+    import grpc
 
-from ._error import Error
+__all__ = ["Error", "KvtierError", "status_code", "pushback", "wire_pushback", "MAX_PUSHBACK"]
 
-__all__ = ["Error", "KvtierError", "status_code"]
+# The longest server retry hint a client follows (seconds).
+MAX_PUSHBACK = 10.0
+
+
+class Error(Exception):
+    """Anything kvtier raises: ``except kvtier.Error`` catches every failure of
+    the SDK (gRPC and data-plane calls, the HTTP client, starting a server,
+    generating stubs) and nothing else."""
 
 
 class KvtierError(Error):
@@ -27,15 +44,13 @@ class KvtierError(Error):
 
     @classmethod
     def from_rpc(cls, e: grpc.RpcError) -> KvtierError:
+        import grpc
+
         code = e.code() if hasattr(e, "code") else grpc.StatusCode.UNKNOWN
         details = e.details() if hasattr(e, "details") else str(e)
         err = cls(code or grpc.StatusCode.UNKNOWN, details or "", pushback(e))
         err.__cause__ = e
         return err
-
-
-# The longest server retry hint a client follows (seconds).
-MAX_PUSHBACK = 10.0
 
 
 def pushback(e: grpc.RpcError) -> float | None:
@@ -58,9 +73,11 @@ def wire_pushback(ms: int) -> float | None:
     return min(ms / 1000, MAX_PUSHBACK) if ms > 0 else None
 
 
-_CODES = {c.value[0]: c for c in grpc.StatusCode}
-
-
 def status_code(code: int) -> grpc.StatusCode:
     """The :class:`grpc.StatusCode` numbered ``code`` (``UNKNOWN`` for numbers gRPC does not define)."""
-    return _CODES.get(code, grpc.StatusCode.UNKNOWN)
+    import grpc
+
+    for c in grpc.StatusCode:
+        if c.value[0] == code:
+            return c
+    return grpc.StatusCode.UNKNOWN

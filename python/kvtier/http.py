@@ -16,7 +16,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 
-from ._error import Error
+from .errors import Error
 
 __all__ = ["HttpClient", "HttpError"]
 

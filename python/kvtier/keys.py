@@ -38,6 +38,7 @@ __all__ = [
     "block_key",
     "chain",
     "check_block_size",
+    "check_keys",
     "DEFAULT_REPLICAS",
     "node_name",
     "score",
@@ -76,6 +77,19 @@ def check_block_size(block_size: int) -> None:
         raise TypeError(f"block size must be an int, not {type(block_size).__name__}")
     if block_size < 1 or block_size > MAX_BLOCK_SIZE:
         raise ValueError(f"block size {block_size} out of range 1..={MAX_BLOCK_SIZE}")
+
+
+def check_keys(keys: Sequence[bytes]) -> list[bytes]:
+    """A call's ``keys`` argument as a list of ``bytes``; ``TypeError`` for a
+    single key (a ``bytes`` is a sequence too) or an element that is not bytes-like."""
+    if isinstance(keys, (bytes, bytearray, str)):
+        raise TypeError("keys must be a sequence of bytes, not a single key")
+    out = []
+    for k in keys:
+        if not isinstance(k, (bytes, bytearray, memoryview)):
+            raise TypeError(f"key {k!r} is not bytes")
+        out.append(bytes(k))
+    return out
 
 
 def _xxh3_64(data: bytes) -> bytes:

@@ -48,7 +48,8 @@ from typing import Any
 from lmcache.v1.storage_backend.connector import ConnectorAdapter, ConnectorContext
 from lmcache.v1.storage_backend.connector.base_connector import RemoteConnector
 
-from .client import Block, Client
+from .client import Client
+from .results import Block
 
 __all__ = ["KvtierConnectorAdapter", "KvtierRemoteConnector", "PAYLOAD_FORMAT"]
 

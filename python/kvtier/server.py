@@ -22,7 +22,7 @@ import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from ._error import Error
+from .errors import Error
 
 __all__ = ["Server", "ServerError", "find_binary", "free_port_pair", "free_port_pairs", "REPO_ROOT"]
 

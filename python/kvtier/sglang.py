@@ -42,8 +42,9 @@ from typing import Any
 
 import grpc
 
-from .client import Block, Client
+from .client import Client
 from .errors import KvtierError
+from .results import Block
 
 try:  # SGLang's base class when SGLang is installed; a plain base otherwise (unit use)
     from sglang.srt.mem_cache.hicache_storage import HiCacheStorage as _Base

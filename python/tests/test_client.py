@@ -10,6 +10,7 @@ import pytest
 
 from kvtier import Block, Client, KvtierError, Tier, keys
 from kvtier._crc import crc32c
+from kvtier.payloads import read_block
 from kvtier.pb import v1 as pb
 
 BS = 128
@@ -129,11 +130,11 @@ def test_checksum_mismatch_is_data_loss_and_stores_nothing(client, ns):
 def test_client_verifies_read_checksums(client):
     data = b"payload"
     ok = pb.ReadBlock(index=4, block=pb.Block(key=b"k", crc32c=crc32c(data), payload=data), tier=1)
-    rb = client._to_read_block(ok)
+    rb = read_block(ok)
     assert (rb.index, rb.payload, rb.tier, rb.parent) == (4, data, Tier.MEMORY, None)
     corrupt = pb.ReadBlock(index=0, block=pb.Block(key=b"k", crc32c=crc32c(data), payload=b"paylaod"))
     with pytest.raises(KvtierError) as ei:
-        client._to_read_block(corrupt)
+        read_block(corrupt)
     assert ei.value.code == grpc.StatusCode.DATA_LOSS
 
 
@@ -284,7 +285,7 @@ class _Shed(_Unavailable):
     ],
 )
 def test_a_retry_waits_for_the_servers_hint(client, monkeypatch, error, low, high):
-    import kvtier.client
+    import kvtier.retry
 
     real = client.stub
     pauses = []
@@ -302,7 +303,7 @@ def test_a_retry_waits_for_the_servers_hint(client, monkeypatch, error, low, hig
 
     monkeypatch.setattr(client, "stub", lambda: Shedding(real()))
     monkeypatch.setattr(client, "timeout", 60.0)
-    monkeypatch.setattr(kvtier.client.time, "sleep", pauses.append)
+    monkeypatch.setattr(kvtier.retry.time, "sleep", pauses.append)
     assert client.stats().version
     assert len(pauses) == 1 and low <= pauses[0] <= high, pauses
 

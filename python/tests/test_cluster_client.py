@@ -202,7 +202,7 @@ def test_a_stopped_node_is_skipped_and_its_blocks_go_to_the_next_owner(servers, 
 
         # Once its mark expires the dead node is asked again, fails, and is skipped again.
         c.down_for = 0.0
-        c._mark(dead.grpc, answered=False)
+        c._router.mark(dead.grpc, answered=False)
         assert c.down() == []
         assert c.read(ns, ks).payloads == [b.payload for b in bs]
         s = c.stats()
@@ -271,7 +271,7 @@ def test_a_node_that_shed_a_request_is_not_counted_as_down():
     without a hint (a node not answering) still is."""
     import grpc
 
-    from kvtier.cluster import _unreachable
+    from kvtier.routing import unreachable as _unreachable
 
     assert not _unreachable(KvtierError(grpc.StatusCode.UNAVAILABLE, "server overloaded", retry_after=0.2))
     assert _unreachable(KvtierError(grpc.StatusCode.UNAVAILABLE, "connection refused"))
