@@ -11,6 +11,9 @@
 //! * `kvtier_auth_denied_total{reason}`: requests refused by authentication
 //!   (`unauthenticated`) or access control (`permission_denied`).
 //! * `kvtier_engine_{degraded_writes,demotions,demotion_failures}_total`: engine counters.
+//! * In the `kvtier` binary (jemalloc): `kvtier_allocator_{allocated,resident}_bytes`,
+//!   `kvtier_allocator_purges_total`, and `kvtier_process_resident_bytes` (RSS)
+//!   against `kvtier_resident_limit_bytes` (docs/operations.md, "Memory").
 //! * With a disk tier: `kvtier_disk_recovered_{blocks,bytes}`, `kvtier_disk_recovery_seconds`,
 //!   `kvtier_disk_recovery_dropped_files{reason}` (the recovery report of the start),
 //!   `kvtier_disk_{corrupt_on_read,write_exhausted,write_errors}_total`,
@@ -225,6 +228,10 @@ pub struct AllocatorStats {
     pub resident: u64,
     /// Times the freed pages were handed back because `resident` passed `server.resident_limit`.
     pub purges: u64,
+    /// The process's resident memory (`VmRSS`: what `server.resident_limit` bounds), if readable.
+    pub process_resident: Option<u64>,
+    /// `server.resident_limit` (its default resolved).
+    pub resident_limit: u64,
     /// How long the allocator keeps freed pages before its own decay hands
     /// them back (jemalloc's `opt.dirty_decay_ms`; -1: never, only the
     /// resident-limit watcher does); `None` when it cannot be read.
@@ -555,6 +562,18 @@ impl Collector for EngineCollector {
                 "Physical memory the allocator holds",
                 a.resident as i64,
             ));
+            gauges.push((
+                "resident_limit_bytes",
+                "server.resident_limit: the line the process's resident memory is held under",
+                a.resident_limit as i64,
+            ));
+            if let Some(rss) = a.process_resident {
+                gauges.push((
+                    "process_resident_bytes",
+                    "The process's resident memory (VmRSS)",
+                    rss as i64,
+                ));
+            }
             if let Some(ms) = a.dirty_decay_ms {
                 gauges.push((
                     "allocator_dirty_decay_ms",

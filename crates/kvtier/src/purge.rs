@@ -31,6 +31,8 @@ pub const INTERVAL: Duration = Duration::from_millis(20);
 pub const HEADROOM: u64 = 32 << 20;
 
 static PURGES: AtomicU64 = AtomicU64::new(0);
+/// The limit `start` was given, for the `kvtier_resident_limit_bytes` gauge.
+static LIMIT: AtomicU64 = AtomicU64::new(0);
 static FAILED: AtomicBool = AtomicBool::new(false);
 
 /// Starts the watcher (it runs for the life of the process) and installs
@@ -38,6 +40,7 @@ static FAILED: AtomicBool = AtomicBool::new(false);
 pub fn start(limit: u64) -> anyhow::Result<()> {
     // Fail at start, not in the thread, if the statistics are unavailable.
     read().ok_or_else(|| anyhow::anyhow!("jemalloc statistics are unavailable"))?;
+    LIMIT.store(limit, Ordering::Relaxed);
     kvtier_server::metrics::set_allocator_probe(probe);
     let threshold = limit - HEADROOM.min(limit / 4);
     std::thread::Builder::new()
@@ -85,6 +88,8 @@ fn probe() -> kvtier_server::metrics::AllocatorStats {
         allocated,
         resident,
         purges: PURGES.load(Ordering::Relaxed),
+        process_resident: process_resident(),
+        resident_limit: LIMIT.load(Ordering::Relaxed),
         dirty_decay_ms: *DIRTY_DECAY_MS.get_or_init(dirty_decay_ms),
     }
 }
