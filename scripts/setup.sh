@@ -2,7 +2,7 @@
 # Installs what the build (and, with --test, the test suite) needs on a fresh
 # Debian machine. Idempotent: each step is skipped when already satisfied.
 #   scripts/setup.sh          what `make demo` needs (Rust, Python venv, curl)
-#   scripts/setup.sh --test   plus redis-server, chromium, Azurite and MinIO for `make test`
+#   scripts/setup.sh --test   plus redis-server, chromium, Azurite, MinIO and promtool for `make test`
 set -euo pipefail
 cd "$(dirname "$0")/.."
 for_tests=false
@@ -59,6 +59,25 @@ if [ ! -x .tools/bin/minio ] && ! command -v minio >/dev/null && [ ! -x "${HOME:
   version_ge "$go_v" 1.24 || { echo "Go $go_v is too old to build MinIO: install Go >= 1.24 from https://go.dev/dl"; exit 1; }
   echo "go install github.com/minio/minio@$MINIO_VERSION -> .tools/bin (about 2 minutes)"
   GOBIN="$PWD/.tools/bin" go install "github.com/minio/minio@$MINIO_VERSION"
+fi
+# promtool for the alert rules' checks (python/tests/test_alerts.py), taken out of
+# Debian's prometheus package into .tools/bin: installing the package would also
+# start a Prometheus server and pull in node-exporter. The version tested is
+# Debian 12's; when Debian replaces it with a fix release, its candidate is taken.
+PROMETHEUS_DEB_VERSION="${PROMETHEUS_DEB_VERSION:-2.42.0+ds-5+deb12u1}"
+if ! .tools/bin/promtool --version 2>/dev/null | grep -q '^promtool, version 2\.'; then
+  echo "promtool (Debian's prometheus $PROMETHEUS_DEB_VERSION) -> .tools/bin"
+  tmp=$(mktemp -d)
+  if [ -z "$(apt-cache policy prometheus 2>/dev/null | grep Candidate: | grep -v none)" ]; then
+    if [ "$(id -u)" = 0 ]; then SUDO=""; else SUDO="sudo"; fi
+    $SUDO apt-get update -qq
+  fi
+  (cd "$tmp" && { apt-get download -qq "prometheus=$PROMETHEUS_DEB_VERSION" 2>/dev/null || apt-get download -qq prometheus; } >/dev/null)
+  dpkg-deb -x "$tmp"/prometheus_*.deb "$tmp/pkg"
+  mkdir -p .tools/bin && cp "$tmp/pkg/usr/bin/promtool" .tools/bin/promtool
+  rm -rf "$tmp"
+  v=$(.tools/bin/promtool --version | awk 'NR==1 {print $3}')
+  version_ge "${v%%+*}" 2.42 || { echo "promtool $v is too old: the alert tests need >= 2.42"; exit 1; }
 fi
 # Mooncake Store, the bench's second peer (crates/kvtier/tests/bench.rs runs it), in .tools/mooncake (~180 MB).
 scripts/setup-mooncake.sh
