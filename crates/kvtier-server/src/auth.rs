@@ -51,14 +51,6 @@ pub enum Denied {
 }
 
 impl Denied {
-    /// The gRPC status for this refusal.
-    pub fn status(&self) -> tonic::Status {
-        match self {
-            Denied::Unauthenticated(m) => tonic::Status::unauthenticated(m.clone()),
-            Denied::PermissionDenied(m) => tonic::Status::permission_denied(m.clone()),
-        }
-    }
-
     /// The HTTP status code for this refusal.
     pub fn http(&self) -> u16 {
         match self {
@@ -278,9 +270,14 @@ impl Auth {
     }
 }
 
-/// The `authorization` metadata of a gRPC request.
-pub fn grpc_authorization(md: &tonic::metadata::MetadataMap) -> Option<&str> {
-    md.get("authorization").and_then(|v| v.to_str().ok())
+impl From<Denied> for crate::refusal::Refusal {
+    fn from(d: Denied) -> Self {
+        use crate::refusal::{Kind, Refusal};
+        match d {
+            Denied::Unauthenticated(m) => Refusal::new(Kind::Unauthenticated, m),
+            Denied::PermissionDenied(m) => Refusal::new(Kind::PermissionDenied, m),
+        }
+    }
 }
 
 #[cfg(test)]

@@ -20,8 +20,9 @@
 // would only add an allocation to every error path.
 #![allow(clippy::result_large_err)]
 
+use crate::refusal::{Kind, Refusal};
 use crate::state::Shared;
-use crate::status::to_http;
+use crate::status::{http_status, to_http};
 use axum::body::Bytes;
 use axum::extract::{DefaultBodyLimit, Path, Query, State};
 use axum::http::{StatusCode, header};
@@ -116,8 +117,13 @@ async fn hold_body(
             if *req.method() == axum::http::Method::PUT {
                 s.observe(API, "put", "503", &crate::timing::Clock::start(None));
             }
-            crate::limits::refused::log("http_busy", status.message());
-            return refuse(&s, req, declared, overloaded(status));
+            crate::limits::refused::log("http_busy", &status.message);
+            // It fits the budget (checked above), just not now: a 503 to retry.
+            let busy = Refusal {
+                kind: Kind::Overloaded,
+                ..status
+            };
+            return refuse(&s, req, declared, refused(busy));
         }
     };
     match tokio::time::timeout(s.limits.read_timeout, next.run(req)).await {
@@ -237,20 +243,7 @@ async fn authorize(
         });
         if let Err(d) = checked {
             s.metrics.observe_denied(&d);
-            let status = StatusCode::from_u16(d.http()).unwrap_or(StatusCode::FORBIDDEN);
-            let code = if d.http() == 401 {
-                "unauthenticated"
-            } else {
-                "permission_denied"
-            };
-            let mut resp = error(status, code, d.message());
-            if d.http() == 401 {
-                resp.headers_mut().insert(
-                    header::WWW_AUTHENTICATE,
-                    axum::http::HeaderValue::from_static("Bearer"),
-                );
-            }
-            return resp;
+            return refused(d.into());
         }
     }
     next.run(req).await
@@ -261,18 +254,34 @@ fn error(status: StatusCode, code: &str, message: impl Into<String>) -> Response
     (status, Json(body)).into_response()
 }
 
-/// 503 with `Retry-After` (whole seconds, at least 1) for a shed request.
-fn overloaded(shed: tonic::Status) -> Response {
-    let mut r = error(
-        StatusCode::SERVICE_UNAVAILABLE,
-        "unavailable",
-        shed.message(),
-    );
-    r.headers_mut().insert(
-        axum::http::header::RETRY_AFTER,
-        axum::http::HeaderValue::from_static("1"),
-    );
-    r
+/// The answer to a refusal: its HTTP status and JSON body; `Retry-After`
+/// (whole seconds, at least 1) when it was shed for overload, and
+/// `WWW-Authenticate` when credentials are missing or unknown.
+fn refused(r: Refusal) -> Response {
+    let (status, code) = http_status(r.kind);
+    let retry_after = r
+        .retry_after
+        .map(|d| d.as_secs_f64().ceil().max(1.0) as u64);
+    let mut resp = error(status, code, r.message);
+    let headers = resp.headers_mut();
+    match (r.kind, retry_after) {
+        (Kind::Overloaded, Some(secs)) => {
+            if let Ok(v) = secs.to_string().parse() {
+                headers.insert(header::RETRY_AFTER, v);
+            }
+        }
+        (Kind::Overloaded, None) => {
+            headers.insert(header::RETRY_AFTER, header::HeaderValue::from_static("1"));
+        }
+        (Kind::Unauthenticated, _) => {
+            headers.insert(
+                header::WWW_AUTHENTICATE,
+                header::HeaderValue::from_static("Bearer"),
+            );
+        }
+        _ => {}
+    }
+    resp
 }
 
 fn core_error(e: Error) -> Response {
@@ -389,7 +398,7 @@ async fn handle(
     s.serve(
         (API, op),
         Some(Instant::now()),
-        overloaded,
+        refused,
         code,
         async |clock| {
             let resp = f(clock).await.unwrap_or_else(|r| r);

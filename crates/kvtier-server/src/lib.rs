@@ -43,6 +43,7 @@ pub mod metrics;
 pub mod numa;
 pub mod object;
 pub mod read;
+pub mod refusal;
 pub mod rx_stamp;
 pub mod state;
 pub mod status;
@@ -512,7 +513,9 @@ fn grpc_router(cfg: &Config, shared: Shared) -> anyhow::Result<GrpcRouter> {
         tonic_health::server::HealthService::from_health_reporter(health_reporter.clone()),
         move |req: tonic::Request<()>| {
             if !health_auth.public_health {
-                health_auth.caller(req.metadata())?;
+                health_auth
+                    .caller(crate::grpc::credential(req.metadata()))
+                    .map_err(tonic::Status::from)?;
             }
             Ok(req)
         },

@@ -1,11 +1,10 @@
 //! `kvtier.v1` messages to and from core types, shared by every front that
 //! speaks them (gRPC, the data plane, the fuzzers): none of them depends on
 //! another to decode a block.
-use crate::status::to_status;
+use crate::refusal::Refusal;
 use bytes::Bytes;
 use kvtier_core::{Block, BlockId, Key, Namespace, TierKind};
 use kvtier_proto::v1 as pb;
-use tonic::Status;
 
 /// Most keys one Lookup / Read / Delete may name (also checked before
 /// decoding, with the token limit: `kvtier_proto::bounded`).
@@ -30,9 +29,9 @@ pub fn ttl_left(b: &Block) -> u64 {
 }
 
 /// Refuses a request naming more than [`MAX_KEYS_PER_REQUEST`] keys.
-pub fn check_count(n: usize) -> Result<(), Status> {
+pub fn check_count(n: usize) -> Result<(), Refusal> {
     if n > MAX_KEYS_PER_REQUEST {
-        return Err(Status::invalid_argument(format!(
+        return Err(Refusal::invalid(format!(
             "{n} keys in one request; the limit is {MAX_KEYS_PER_REQUEST}"
         )));
     }
@@ -45,7 +44,7 @@ pub fn block_from_pb(
     i: usize,
     b: pb::Block,
     max_size: u64,
-) -> Result<Block, Status> {
+) -> Result<Block, Refusal> {
     if b.payload.len() as u64 > max_size {
         return block_from_pb_checked(ns, i, b, max_size, 0); // refused there, uncopied
     }
@@ -75,11 +74,11 @@ pub fn block_from_pb_checked(
     b: pb::Block,
     max_size: u64,
     actual: u32,
-) -> Result<Block, Status> {
+) -> Result<Block, Refusal> {
     let at = format!("blocks[{i}]");
-    let key = Key::new(b.key).map_err(|e| to_status(e.context(&at)))?;
+    let key = Key::new(b.key).map_err(|e| Refusal::from(e.context(&at)))?;
     if b.payload.len() as u64 > max_size {
-        return Err(Status::invalid_argument(format!(
+        return Err(Refusal::invalid(format!(
             "{at}: payload of {} bytes exceeds the maximum block size of {max_size} bytes",
             b.payload.len()
         )));
@@ -89,11 +88,11 @@ pub fn block_from_pb_checked(
     } else {
         Some(
             Key::new(b.parent_key)
-                .map_err(|e| to_status(e.context(format!("{at}: parent_key"))))?,
+                .map_err(|e| Refusal::from(e.context(format!("{at}: parent_key"))))?,
         )
     };
     if parent.as_ref() == Some(&key) {
-        return Err(Status::invalid_argument(format!(
+        return Err(Refusal::invalid(format!(
             "{at}: parent_key equals key: a block cannot be its own parent \
              (the first block of a chain has an empty parent_key)"
         )));
@@ -106,7 +105,7 @@ pub fn block_from_pb_checked(
         actual,
         b.payload,
     )
-    .map_err(|e| to_status(e.context(&at)))?;
+    .map_err(|e| Refusal::from(e.context(&at)))?;
     block.meta.expire_after_ms(b.ttl_ms);
     Ok(block)
 }
@@ -161,9 +160,9 @@ mod tests {
         };
         let ns = Namespace::new("n").unwrap();
         let e = block_from_pb(&ns, 3, b, 1 << 20).unwrap_err();
-        assert_eq!(e.code(), tonic::Code::InvalidArgument);
+        assert_eq!(e.kind, crate::refusal::Kind::InvalidArgument);
         assert!(
-            e.message().contains("blocks[3]: parent_key equals key"),
+            e.message.contains("blocks[3]: parent_key equals key"),
             "{e:?}"
         );
     }

@@ -3,8 +3,8 @@
 //! in order, stopping at the first missing block or at the deadline, handing
 //! each block to a transport-specific sink (which counts the bytes it sends).
 use crate::messages::check_count;
+use crate::refusal::{Kind, Refusal};
 use crate::state::{self, Shared};
-use crate::status::to_status;
 use crate::timing::Clock;
 use bytes::Bytes;
 use futures::StreamExt;
@@ -15,14 +15,13 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Instant;
-use tonic::Status;
 
 /// Validates a read request: namespace, key count and keys, and the lease if one is named.
 pub fn prepare(
     shared: &Shared,
     who: &crate::auth::Principal,
     req: &pb::ReadRequest,
-) -> Result<(Namespace, Vec<Key>), Status> {
+) -> Result<(Namespace, Vec<Key>), Refusal> {
     let ns = state::namespace(&req.namespace)?;
     shared.allow(who, ns.as_str(), false)?;
     check_count(req.keys.len())?;
@@ -35,12 +34,15 @@ pub fn prepare(
             .lease_namespace(req.lease_id)
             .is_some_and(|l| l != ns)
         {
-            return Err(Status::failed_precondition(format!(
-                "lease {} is unknown (expired, released or never granted)",
-                req.lease_id
-            )));
+            return Err(Refusal::new(
+                Kind::FailedPrecondition,
+                format!(
+                    "lease {} is unknown (expired, released or never granted)",
+                    req.lease_id
+                ),
+            ));
         }
-        shared.engine.check_lease(req.lease_id).map_err(to_status)?;
+        shared.engine.check_lease(req.lease_id)?;
     }
     Ok((ns, keys))
 }
@@ -117,7 +119,7 @@ enum Got {
     Block(Block, TierKind),
     Missing,
     Deadline,
-    Failed(Status),
+    Failed(Refusal),
 }
 
 async fn read_one(
@@ -137,7 +139,7 @@ async fn read_one(
     let got = match r {
         Ok(Some((b, tier))) => Got::Block(b, tier),
         Ok(None) => Got::Missing,
-        Err(e) => Got::Failed(to_status(e)),
+        Err(e) => Got::Failed(e.into()),
     };
     (got, t)
 }
@@ -165,7 +167,7 @@ impl PrefixReader {
         &mut self,
         shared: &Shared,
         clock: &mut Clock,
-    ) -> Result<Option<(u32, Block, TierKind)>, Status> {
+    ) -> Result<Option<(u32, Block, TierKind)>, Refusal> {
         if !self.out.reason.is_empty() {
             return Ok(None);
         }

@@ -2,10 +2,12 @@
 use crate::admission::{Limiter, Permit, Refused};
 use crate::auth::{Auth, Denied, Principal};
 use crate::metrics::Metrics;
+use crate::refusal::{Kind, Refusal};
 use crate::timing::{Arrival, Clock};
 use kvtier_core::{Engine, Key, Namespace};
+use std::borrow::Cow;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// Everything a request handler needs.
 #[derive(Clone)]
@@ -67,12 +69,54 @@ impl Advertise {
     }
 }
 
-/// A request admitted for service: its clock and its admission permit.
+/// A request admitted for service: its outcome (clock and metrics record)
+/// and its place under the front's concurrency limit.
 pub struct Admitted {
-    /// Timing so far.
-    pub clock: Clock,
+    /// Recorded in the metrics when dropped.
+    pub outcome: Outcome,
+    /// Given back when dropped.
+    pub hold: Hold,
+}
+
+/// A request's place under its front's concurrency limit; given back when
+/// dropped. A response that is sent after its handler returned (a read's
+/// payloads) carries it, so the limit sees the sending.
+pub struct Hold {
     _permit: Permit,
     metrics: Arc<Metrics>,
+}
+
+impl Drop for Hold {
+    fn drop(&mut self) {
+        self.metrics.inflight.dec();
+    }
+}
+
+/// A request's outcome in the metrics (`kvtier_requests_total`, the
+/// latency histogram), recorded when dropped so that no exit path can
+/// forget it: a handler sets its code with [`Outcome::set`]; one dropped
+/// unset (its caller went away, its future was cancelled) is `cancelled`.
+pub struct Outcome {
+    /// The request's timing so far.
+    pub clock: Clock,
+    what: (&'static str, &'static str),
+    code: Cow<'static, str>,
+    metrics: Arc<Metrics>,
+}
+
+impl Outcome {
+    /// The outcome to record: `ok`, a refusal's label, an HTTP status.
+    pub fn set(&mut self, code: impl Into<Cow<'static, str>>) {
+        self.code = code.into();
+    }
+}
+
+impl Drop for Outcome {
+    fn drop(&mut self) {
+        let (api, op) = self.what;
+        let took = self.clock.queue() + self.clock.started.elapsed();
+        self.metrics.observe(api, op, &self.code, took);
+    }
 }
 
 /// A response stream that holds its request's admission until it is dropped
@@ -81,7 +125,7 @@ pub struct Holding<S> {
     /// The stream.
     pub inner: S,
     /// Given back with the stream.
-    pub _hold: Admitted,
+    pub _hold: Hold,
 }
 
 impl<S: tokio_stream::Stream + Unpin> tokio_stream::Stream for Holding<S> {
@@ -94,10 +138,16 @@ impl<S: tokio_stream::Stream + Unpin> tokio_stream::Stream for Holding<S> {
     }
 }
 
-impl Drop for Admitted {
-    fn drop(&mut self) {
-        self.metrics.inflight.dec();
-    }
+/// Who a request says it is, as each front reads it from its protocol
+/// (gRPC metadata, HTTP headers, a data-plane Hello): the request layer
+/// decides identity and routing from this alone.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Credential<'a> {
+    /// The `authorization` value (`Bearer <token>`), if any.
+    pub authorization: Option<&'a str>,
+    /// Whether the request says another node of the cluster forwarded it
+    /// (docs/cluster.md); believed only as [`Shared::is_peer_request`] says.
+    pub forwarded: bool,
 }
 
 impl Shared {
@@ -126,14 +176,11 @@ impl Shared {
     /// Whether a request comes from another node: anyone may claim so when
     /// authentication is off (a forwarded request only narrows what it
     /// sees: this node's tiers); with it on, only the cluster token does.
-    pub(crate) fn is_peer_request(&self, md: &tonic::metadata::MetadataMap) -> bool {
+    pub(crate) fn is_peer_request(&self, cred: Credential<'_>) -> bool {
         if !self.auth.enabled() {
             return true;
         }
-        match (
-            &self.cluster_authorization,
-            crate::auth::grpc_authorization(md),
-        ) {
+        match (&self.cluster_authorization, cred.authorization) {
             (Some(want), Some(got)) => {
                 use sha2::{Digest, Sha256};
                 // Compared as digests: no early exit on the first differing byte.
@@ -146,19 +193,17 @@ impl Shared {
     /// The state a request sees: a request another node of the cluster
     /// forwarded (metadata [`crate::cluster::FORWARDED`]) is served by the
     /// local twin, so it never travels further; anything else by the engine.
-    pub fn route(&self, md: &tonic::metadata::MetadataMap) -> std::borrow::Cow<'_, Shared> {
+    pub fn route(&self, cred: Credential<'_>) -> Cow<'_, Shared> {
         match &self.local {
-            Some(local)
-                if md.contains_key(crate::cluster::FORWARDED) && self.is_peer_request(md) =>
-            {
+            Some(local) if cred.forwarded && self.is_peer_request(cred) => {
                 let mut s = self.clone();
                 s.engine = local.clone();
                 if let Some(a) = &self.peer_admission {
                     s.admission = a.clone();
                 }
-                std::borrow::Cow::Owned(s)
+                Cow::Owned(s)
             }
-            _ => std::borrow::Cow::Borrowed(self),
+            _ => Cow::Borrowed(self),
         }
     }
 
@@ -177,26 +222,19 @@ impl Shared {
         s
     }
 
-    /// The caller of a gRPC request, from its `authorization` metadata.
-    pub fn caller(&self, md: &tonic::metadata::MetadataMap) -> Result<Principal, tonic::Status> {
-        self.auth
-            .identify(crate::auth::grpc_authorization(md))
-            .map_err(|d| {
-                self.metrics.observe_denied(&d);
-                d.status()
-            })
+    /// The caller of a request, from its credential; refusals are counted.
+    pub fn caller(&self, cred: Credential<'_>) -> Result<Principal, Refusal> {
+        self.auth.identify(cred.authorization).map_err(|d| {
+            self.metrics.observe_denied(&d);
+            Refusal::from(d)
+        })
     }
 
     /// Checks `who` may read (or write) `namespace`, counting refusals.
-    pub fn allow(
-        &self,
-        who: &Principal,
-        namespace: &str,
-        write: bool,
-    ) -> Result<(), tonic::Status> {
+    pub fn allow(&self, who: &Principal, namespace: &str, write: bool) -> Result<(), Refusal> {
         who.check(namespace, write).map_err(|d: Denied| {
             self.metrics.observe_denied(&d);
-            d.status()
+            Refusal::from(d)
         })
     }
 
@@ -205,11 +243,14 @@ impl Shared {
     /// `server.max_inflight` are served, else after waiting in a queue of at
     /// most `server.max_queued` for at most `server.queue_timeout` (the wait
     /// counts as queue time); adaptive, at once under the limit measured
-    /// latency sets. Past those it is shed: UNAVAILABLE with a retry hint
-    /// (gRPC metadata `grpc-retry-pushback-ms`; the clients retry UNAVAILABLE
-    /// with jittered back-off), rather than queued without bound
-    /// (docs/operations.md).
-    pub async fn admit(&self, arrived: Option<Instant>) -> Result<Admitted, tonic::Status> {
+    /// latency sets. Past those it is shed ([`Shared::shed`]) rather than
+    /// queued without bound (docs/operations.md). `what` is the request's
+    /// `(api, op)` in the metrics its [`Outcome`] records.
+    pub async fn admit(
+        &self,
+        what: (&'static str, &'static str),
+        arrived: Option<Instant>,
+    ) -> Result<Admitted, Refusal> {
         let mut clock = Clock::start(arrived);
         let permit = match self.admission.acquire().await {
             Ok(p) => p,
@@ -218,14 +259,24 @@ impl Shared {
         clock.admitted();
         self.metrics.inflight.inc();
         Ok(Admitted {
-            clock,
-            _permit: permit,
-            metrics: self.metrics.clone(),
+            outcome: Outcome {
+                clock,
+                what,
+                code: "cancelled".into(),
+                metrics: self.metrics.clone(),
+            },
+            hold: Hold {
+                _permit: permit,
+                metrics: self.metrics.clone(),
+            },
         })
     }
 
-    /// A request refused for overload, counted in `kvtier_shed_total`.
-    pub(crate) fn shed(&self, why: Refused) -> tonic::Status {
+    /// A request refused for overload, counted in `kvtier_shed_total` (not
+    /// in the request metrics: it was never served): [`Kind::Overloaded`]
+    /// with a hint of when to retry, which every front sends on (the clients
+    /// retry it with jittered back-off).
+    pub(crate) fn shed(&self, why: Refused) -> Refusal {
         self.metrics.shed.inc();
         let why = match why {
             Refused::QueueFull => "the admission queue is full",
@@ -235,55 +286,50 @@ impl Shared {
         };
         // Hint: about when the backlog (or the limit) will have moved.
         let hint_ms = self.admission.retry_hint().as_millis().clamp(10, 1000) as u64;
-        let mut status = tonic::Status::unavailable(format!(
-            "server overloaded ({why}; {} requests in service, limit {}, {} waiting); retry in ~{hint_ms} ms with back-off",
-            self.admission.inflight(),
-            self.admission.limit(),
-            self.admission.queued(),
-        ));
-        if let Ok(v) = hint_ms.to_string().parse() {
-            status.metadata_mut().insert("grpc-retry-pushback-ms", v);
-        }
-        status
+        let mut refusal = Refusal::new(
+            Kind::Overloaded,
+            format!(
+                "server overloaded ({why}; {} requests in service, limit {}, {} waiting); retry in ~{hint_ms} ms with back-off",
+                self.admission.inflight(),
+                self.admission.limit(),
+                self.admission.queued(),
+            ),
+        );
+        refusal.retry_after = Some(Duration::from_millis(hint_ms));
+        refusal
     }
 
     /// The request prologue and epilogue every front shares: admission under
     /// the front's concurrency limit (a shed request becomes `on_shed`), the
     /// request's clock, then its outcome in the metrics (`api`, `op`, and
-    /// `code` of what `f` returned). Fronts keep only what differs: decoding,
-    /// access checks and their own error representation. (Reads that hold
-    /// their admission while the payload is sent call [`Shared::admit`]
-    /// themselves: the permit outlives this scope.)
+    /// `code` of what `f` returned; `cancelled` if `f` never finished).
+    /// Fronts keep only what differs: decoding, access checks and their own
+    /// error representation. (Reads that hold their admission while the
+    /// payload is sent call [`Shared::admit`] themselves: the permit outlives
+    /// this scope.)
     pub async fn serve<R>(
         &self,
-        (api, op): (&'static str, &'static str),
+        what: (&'static str, &'static str),
         arrived: Option<Instant>,
-        on_shed: impl FnOnce(tonic::Status) -> R,
-        code: impl FnOnce(&R) -> std::borrow::Cow<'static, str>,
+        on_shed: impl FnOnce(Refusal) -> R,
+        code: impl FnOnce(&R) -> Cow<'static, str>,
         f: impl AsyncFnOnce(&mut Clock) -> R,
     ) -> R {
-        let adm = match self.admit(arrived).await {
+        let Admitted { mut outcome, hold } = match self.admit(what, arrived).await {
             Ok(a) => a,
             Err(shed) => return on_shed(shed),
         };
-        let mut clock = adm.clock;
-        let r = f(&mut clock).await;
-        self.observe(api, op, &code(&r), &clock);
+        let r = f(&mut outcome.clock).await;
+        outcome.set(code(&r));
+        drop(hold);
         r
     }
 
-    /// Records the outcome of a request.
+    /// Records the outcome of a request refused before admission (its
+    /// [`Outcome`] records every admitted one).
     pub fn observe(&self, api: &'static str, op: &'static str, code: &str, clock: &Clock) {
         self.metrics
             .observe(api, op, code, clock.queue() + clock.started.elapsed());
-    }
-}
-
-/// The metrics outcome of a gRPC-style result: `ok` or the status code name.
-pub fn result_code<T>(r: &Result<T, tonic::Status>) -> std::borrow::Cow<'static, str> {
-    match r {
-        Ok(_) => "ok".into(),
-        Err(s) => code_name(s.code()).into(),
     }
 }
 
@@ -292,57 +338,49 @@ pub fn arrival(ext: &http::Extensions) -> Option<Instant> {
     ext.get::<Arrival>().map(|a| a.0)
 }
 
-/// Validates a namespace into a gRPC status error.
-pub fn namespace(s: &str) -> Result<Namespace, tonic::Status> {
-    Namespace::new(s).map_err(crate::status::to_status)
+/// Validates a namespace.
+pub fn namespace(s: &str) -> Result<Namespace, Refusal> {
+    Namespace::new(s).map_err(Refusal::from)
 }
 
 /// Validates a list of keys, naming the offending index.
-pub fn keys(raw: &[bytes::Bytes]) -> Result<Vec<Key>, tonic::Status> {
+pub fn keys(raw: &[bytes::Bytes]) -> Result<Vec<Key>, Refusal> {
     raw.iter()
         .enumerate()
         .map(|(i, k)| {
-            Key::new(k.clone())
-                .map_err(|e| crate::status::to_status(e.context(format!("keys[{i}]"))))
+            Key::new(k.clone()).map_err(|e| Refusal::from(e.context(format!("keys[{i}]"))))
         })
         .collect()
-}
-
-/// The request deadline from the `grpc-timeout` header, if the client set one.
-pub fn deadline(md: &tonic::metadata::MetadataMap, arrived: Instant) -> Option<Instant> {
-    let timeout = crate::timing::grpc_timeout(md.get("grpc-timeout")?.to_str().ok()?)?;
-    arrived.checked_add(timeout)
-}
-
-/// Name of a gRPC code for metrics labels.
-pub fn code_name(c: tonic::Code) -> &'static str {
-    use tonic::Code::*;
-    match c {
-        Ok => "ok",
-        Cancelled => "cancelled",
-        Unknown => "unknown",
-        InvalidArgument => "invalid_argument",
-        DeadlineExceeded => "deadline_exceeded",
-        NotFound => "not_found",
-        AlreadyExists => "already_exists",
-        PermissionDenied => "permission_denied",
-        ResourceExhausted => "resource_exhausted",
-        FailedPrecondition => "failed_precondition",
-        Aborted => "aborted",
-        OutOfRange => "out_of_range",
-        Unimplemented => "unimplemented",
-        Internal => "internal",
-        Unavailable => "unavailable",
-        DataLoss => "data_loss",
-        Unauthenticated => "unauthenticated",
-    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use kvtier_core::EngineConfig;
-    use std::time::Duration;
+
+    const WHAT: (&str, &str) = ("v1", "read");
+
+    fn recorded(s: &Shared, code: &str) -> bool {
+        s.metrics.encode().lines().any(|l| {
+            l.starts_with("kvtier_requests_total")
+                && l.contains(&format!("code=\"{code}\""))
+                && !l.ends_with(" 0")
+        })
+    }
+
+    #[tokio::test]
+    async fn every_admitted_request_is_recorded_even_when_abandoned() {
+        let s = Shared::new(Arc::new(Engine::new(EngineConfig::default())), 4);
+        let mut served = s.admit(WHAT, None).await.expect("admitted");
+        served.outcome.set("ok");
+        drop(served);
+        assert!(recorded(&s, "ok"));
+        // A handler whose future is dropped mid-way never sets its code.
+        let abandoned = s.admit(WHAT, None).await.expect("admitted");
+        drop(abandoned);
+        assert!(recorded(&s, "cancelled"), "{}", s.metrics.encode());
+        assert_eq!(s.metrics.inflight.get(), 0, "admissions given back");
+    }
 
     #[tokio::test]
     async fn forwarded_requests_have_their_own_admission_and_engine() {
@@ -350,17 +388,22 @@ mod tests {
         let mut s = Shared::new(engine.clone(), 1);
         s.local = Some(Arc::new(engine.local_twin()));
         s.peer_admission = Some(Arc::new(Limiter::fixed(1, 0, Duration::from_millis(10))));
-        let mut md = tonic::metadata::MetadataMap::new();
-        md.insert(crate::cluster::FORWARDED, "1".parse().unwrap());
+        let forwarded = Credential {
+            authorization: None,
+            forwarded: true,
+        };
         // Clients have used up the front's limit...
-        let _client = s.admit(None).await.expect("admitted");
-        assert!(s.admit(None).await.is_err(), "the front is full");
+        let _client = s.admit(WHAT, None).await.expect("admitted");
+        assert!(s.admit(WHAT, None).await.is_err(), "the front is full");
         // ...and a peer's call is still admitted, on the local twin.
-        let peer = s.route(&md);
+        let peer = s.route(forwarded);
         assert!(!Arc::ptr_eq(&peer.engine, &engine), "served by the twin");
-        let _p = peer.admit(None).await.expect("peers have their own limit");
+        let _p = peer
+            .admit(WHAT, None)
+            .await
+            .expect("peers have their own limit");
         // Without the mark, a request is a client's.
-        let plain = s.route(&tonic::metadata::MetadataMap::new());
+        let plain = s.route(Credential::default());
         assert!(Arc::ptr_eq(&plain.engine, &engine));
     }
 
@@ -368,10 +411,10 @@ mod tests {
     async fn past_the_queue_requests_are_shed_with_a_retry_hint() {
         let mut s = Shared::new(Arc::new(Engine::new(EngineConfig::default())), 1);
         s.admission = Arc::new(Limiter::fixed(1, 1, Duration::from_millis(200)));
-        let first = s.admit(None).await.expect("admitted at once");
+        let first = s.admit(WHAT, None).await.expect("admitted at once");
         // The second waits in the queue (its one place)...
         let s2 = s.clone();
-        let second = tokio::spawn(async move { s2.admit(None).await.map(|_| ()) });
+        let second = tokio::spawn(async move { s2.admit(WHAT, None).await.map(|_| ()) });
         let t = Instant::now();
         while s.admission.queued() == 0 {
             assert!(t.elapsed() < Duration::from_secs(5), "never queued");
@@ -379,24 +422,21 @@ mod tests {
         }
         // ...so the third is shed at once, with the hint clients act on.
         let t = Instant::now();
-        let third = s.admit(None).await.err().expect("shed");
+        let third = s.admit(WHAT, None).await.err().expect("shed");
         assert!(t.elapsed() < Duration::from_millis(100));
-        assert_eq!(third.code(), tonic::Code::Unavailable);
-        assert!(third.message().contains("queue is full"), "{third:?}");
-        assert_eq!(
-            third.metadata().get("grpc-retry-pushback-ms").unwrap(),
-            "200"
-        );
+        assert_eq!(third.kind, Kind::Overloaded);
+        assert!(third.message.contains("queue is full"), "{third:?}");
+        assert_eq!(third.retry_after, Some(Duration::from_millis(200)));
         // The second is shed when queue_timeout passes without capacity.
         let e = second.await.unwrap().unwrap_err();
-        assert!(e.message().contains("queue_timeout"), "{e:?}");
+        assert!(e.message.contains("queue_timeout"), "{e:?}");
         assert!(t.elapsed() >= Duration::from_millis(150));
         assert_eq!(s.admission.queued(), 0, "queue places given back");
         // Capacity back: admitted again; waiting requests are admitted in turn.
         drop(first);
-        let again = s.admit(None).await.expect("admitted");
+        let again = s.admit(WHAT, None).await.expect("admitted");
         let s3 = s.clone();
-        let waiter = tokio::spawn(async move { s3.admit(None).await.map(|_| ()) });
+        let waiter = tokio::spawn(async move { s3.admit(WHAT, None).await.map(|_| ()) });
         tokio::task::yield_now().await;
         drop(again);
         waiter.await.unwrap().expect("admitted from the queue");

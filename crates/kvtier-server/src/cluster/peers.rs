@@ -524,7 +524,7 @@ impl Peers for GrpcPeers {
                 // Verified like any block a client sends: a peer's bytes are not trusted blindly.
                 let block =
                     crate::messages::block_from_pb(&id.namespace, 0, b, max).map_err(|st| {
-                        Error::data_loss(format!("peer {}: {}", peer.name, st.message()))
+                        Error::data_loss(format!("peer {}: {}", peer.name, st.message))
                     })?;
                 if block.meta.id != *id {
                     return Err(Error::data_loss(format!(

@@ -111,7 +111,7 @@ impl CompatService {
         write: bool,
     ) -> Result<(), Status> {
         match self.tenant(resource, container) {
-            Ok(ns) => self.shared.allow(who, ns.as_str(), write),
+            Ok(ns) => Ok(self.shared.allow(who, ns.as_str(), write)?),
             Err(_) => Ok(()), // unknown tenant: answered in band by the handler
         }
     }
@@ -370,13 +370,19 @@ impl CompatService {
     ) -> Result<T, Status> {
         let code = |r: &Result<(T, &'static str), Status>| match r {
             Ok((_, code)) => (*code).into(),
-            Err(s) => state::code_name(s.code()).into(),
+            Err(s) => crate::status::code_name(s.code()).into(),
         };
         self.shared
-            .serve((API, op), arrived, Err, code, async |clock| {
-                let r = f(clock).await;
-                Ok(respond(r, clock))
-            })
+            .serve(
+                (API, op),
+                arrived,
+                |r| Err(r.into()),
+                code,
+                async |clock| {
+                    let r = f(clock).await;
+                    Ok(respond(r, clock))
+                },
+            )
             .await
             .map(|(resp, _)| resp)
     }
@@ -401,7 +407,7 @@ impl KvStoreService for CompatService {
         &self,
         request: Request<pb::LookupRequest>,
     ) -> Result<Response<pb::LookupResponse>, Status> {
-        let who = self.shared.caller(request.metadata())?;
+        let who = self.shared.caller(super::credential(request.metadata()))?;
         let r = request.get_ref();
         self.authorize(&who, &r.resource_name, &r.container_name, false)?;
         let arrived = state::arrival(request.extensions());
@@ -417,7 +423,7 @@ impl KvStoreService for CompatService {
         &self,
         request: Request<pb::ReadRequest>,
     ) -> Result<Response<pb::ReadResponse>, Status> {
-        let who = self.shared.caller(request.metadata())?;
+        let who = self.shared.caller(super::credential(request.metadata()))?;
         let r = request.get_ref();
         self.authorize(&who, &r.resource_name, &r.container_name, false)?;
         let arrived = state::arrival(request.extensions());
@@ -430,7 +436,7 @@ impl KvStoreService for CompatService {
         &self,
         request: Request<pb::WriteRequest>,
     ) -> Result<Response<pb::WriteResponse>, Status> {
-        let who = self.shared.caller(request.metadata())?;
+        let who = self.shared.caller(super::credential(request.metadata()))?;
         let r = request.get_ref();
         self.authorize(&who, &r.resource_name, &r.container_name, true)?;
         let arrived = state::arrival(request.extensions());
@@ -448,7 +454,7 @@ impl KvStoreService for CompatService {
         &self,
         request: Request<Streaming<pb::ReadRequest>>,
     ) -> Result<Response<ReadStream>, Status> {
-        let who = self.shared.caller(request.metadata())?;
+        let who = self.shared.caller(super::credential(request.metadata()))?;
         let this = self.clone();
         let inbound = request.into_inner();
         // Each message's clock starts when it is taken off the stream; answers are

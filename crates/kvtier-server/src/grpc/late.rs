@@ -77,7 +77,7 @@ where
                 req.extensions_mut().insert(Arrival(t.min(earlier)));
             }
             if self.sheddable(&req) && self.shared.admission.too_late(waited) {
-                let status = self.shared.shed(Refused::Late);
+                let status = tonic::Status::from(self.shared.shed(Refused::Late));
                 return Either::Left(std::future::ready(Ok(status.into_http())));
             }
         }
@@ -92,11 +92,13 @@ impl<S> LateService<S> {
             return false;
         }
         // A peer's forwarded request is admitted under the peers' limit.
-        !(req.headers().contains_key(crate::cluster::FORWARDED)
-            && self
-                .shared
-                .is_peer_request(&tonic::metadata::MetadataMap::from_headers(
-                    req.headers().clone(),
-                )))
+        let headers = req.headers();
+        let cred = crate::state::Credential {
+            authorization: headers
+                .get(http::header::AUTHORIZATION)
+                .and_then(|v| v.to_str().ok()),
+            forwarded: headers.contains_key(crate::cluster::FORWARDED),
+        };
+        !(cred.forwarded && self.shared.is_peer_request(cred))
     }
 }

@@ -1,7 +1,7 @@
 //! `kvtier.v1.KvTier`: translates protobuf requests into engine calls.
 use crate::auth::Principal;
 use crate::state::{self, Shared};
-use crate::status::to_status;
+use crate::status::{result_code, to_status};
 use crate::timing::Clock;
 use futures::Stream;
 use kvtier_core::{Block, BlockId, HashFn, Key, WriteOutcome};
@@ -33,7 +33,7 @@ impl V1Service {
     /// This service as a request sees it: one forwarded by another node of
     /// the cluster is served from this node's tiers only ([`Shared::route`]).
     fn routed(&self, md: &tonic::metadata::MetadataMap) -> Cow<'_, V1Service> {
-        match self.shared.route(md) {
+        match self.shared.route(super::credential(md)) {
             Cow::Borrowed(_) => Cow::Borrowed(self),
             Cow::Owned(shared) => Cow::Owned(V1Service { shared }),
         }
@@ -47,7 +47,7 @@ impl V1Service {
         f: impl AsyncFnOnce(&mut Clock) -> Result<T, Status>,
     ) -> Result<Response<T>, Status> {
         self.shared
-            .serve((API, op), arrived, Err, state::result_code, f)
+            .serve((API, op), arrived, |r| Err(r.into()), result_code, f)
             .await
             .map(Response::new)
     }
@@ -162,7 +162,7 @@ impl KvTier for V1Service {
         request: Request<pb::LookupRequest>,
     ) -> Result<Response<pb::LookupResponse>, Status> {
         let this = self.routed(request.metadata());
-        let who = this.shared.caller(request.metadata())?;
+        let who = this.shared.caller(super::credential(request.metadata()))?;
         let arrived = state::arrival(request.extensions());
         let req = request.into_inner();
         this.serve("lookup", arrived, async |clock| {
@@ -178,18 +178,17 @@ impl KvTier for V1Service {
         request: Request<pb::ReadRequest>,
     ) -> Result<Response<ReadStream>, Status> {
         let this = self.routed(request.metadata());
-        let who = this.shared.caller(request.metadata())?;
+        let who = this.shared.caller(super::credential(request.metadata()))?;
         let arrived = state::arrival(request.extensions()).unwrap_or_else(Instant::now);
-        let deadline = state::deadline(request.metadata(), arrived);
+        let deadline = super::deadline(request.metadata(), arrived);
         let req = request.into_inner();
-        let adm = this.shared.admit(Some(arrived)).await?;
-        let mut clock = adm.clock;
+        let state::Admitted { mut outcome, hold } =
+            this.shared.admit((API, "read"), Some(arrived)).await?;
         let (ns, keys) = match crate::read::prepare(&this.shared, &who, &req) {
             Ok(v) => v,
             Err(e) => {
-                this.shared
-                    .observe(API, "read", state::code_name(e.code()), &clock);
-                return Err(e);
+                outcome.set(e.label());
+                return Err(e.into());
             }
         };
         let (tx, rx) = tokio::sync::mpsc::channel::<Result<pb::ReadResponse, Status>>(2);
@@ -197,28 +196,27 @@ impl KvTier for V1Service {
         tokio::spawn(kvtier_core::deadline::scope(deadline, async move {
             let mut reader = crate::read::PrefixReader::new(ns, keys, deadline);
             loop {
-                match reader.next(&shared, &mut clock).await {
+                match reader.next(&shared, &mut outcome.clock).await {
                     Ok(Some((i, b, t))) => {
                         let item = crate::read::read_block(i, &b, t, b.payload.clone());
                         let msg = pb::ReadResponse {
                             item: Some(pb::read_response::Item::Block(item)),
                         };
                         if tx.send(Ok(msg)).await.is_err() {
-                            shared.observe(API, "read", "cancelled", &clock);
-                            return;
+                            return; // the outcome stays `cancelled`
                         }
                         shared.metrics.bytes_out.inc_by(b.payload.len() as u64);
                     }
                     Ok(None) => break,
-                    Err(st) => {
-                        shared.observe(API, "read", state::code_name(st.code()), &clock);
-                        let _ = tx.send(Err(st)).await;
+                    Err(refusal) => {
+                        outcome.set(refusal.label());
+                        let _ = tx.send(Err(refusal.into())).await;
                         return;
                     }
                 }
             }
-            let done = reader.outcome().done(&clock);
-            shared.observe(API, "read", "ok", &clock);
+            let done = reader.outcome().done(&outcome.clock);
+            outcome.set("ok");
             let item = Some(pb::read_response::Item::Done(done));
             let _ = tx.send(Ok(pb::ReadResponse { item })).await;
         }));
@@ -227,7 +225,7 @@ impl KvTier for V1Service {
         // read's cost, and the concurrency limit must see it.
         Ok(Response::new(Box::pin(state::Holding {
             inner: tokio_stream::wrappers::ReceiverStream::new(rx),
-            _hold: adm,
+            _hold: hold,
         })))
     }
 
@@ -238,7 +236,7 @@ impl KvTier for V1Service {
         let this = self.routed(request.metadata());
         // Only a request served as forwarded (from a peer: [`Shared::route`]) may replace.
         let replace = matches!(this, Cow::Owned(_)) && forwarded_replace(request.metadata());
-        let who = this.shared.caller(request.metadata())?;
+        let who = this.shared.caller(super::credential(request.metadata()))?;
         let arrived = state::arrival(request.extensions());
         let req = request.into_inner();
         this.serve("write", arrived, async |clock| {
@@ -258,7 +256,7 @@ impl KvTier for V1Service {
         let this = self.routed(request.metadata());
         // Only a request served as forwarded (from a peer: [`Shared::route`]) may replace.
         let replace = matches!(this, Cow::Owned(_)) && forwarded_replace(request.metadata());
-        let who = this.shared.caller(request.metadata())?;
+        let who = this.shared.caller(super::credential(request.metadata()))?;
         let arrived = state::arrival(request.extensions());
         let mut stream = request.into_inner();
         this.serve("write_stream", arrived, async |clock| {
@@ -278,7 +276,7 @@ impl KvTier for V1Service {
         request: Request<pb::DeleteRequest>,
     ) -> Result<Response<pb::DeleteResponse>, Status> {
         let this = self.routed(request.metadata());
-        let who = this.shared.caller(request.metadata())?;
+        let who = this.shared.caller(super::credential(request.metadata()))?;
         let arrived = state::arrival(request.extensions());
         let req = request.into_inner();
         this.serve("delete", arrived, async |clock| {
@@ -308,7 +306,7 @@ impl KvTier for V1Service {
         request: Request<pb::LeaseRequest>,
     ) -> Result<Response<pb::LeaseResponse>, Status> {
         let this = self.routed(request.metadata());
-        let who = this.shared.caller(request.metadata())?;
+        let who = this.shared.caller(super::credential(request.metadata()))?;
         let arrived = state::arrival(request.extensions());
         let req = request.into_inner();
         this.serve("lease", arrived, async |clock| {
@@ -347,7 +345,7 @@ impl KvTier for V1Service {
         request: Request<pb::StatsRequest>,
     ) -> Result<Response<pb::StatsResponse>, Status> {
         let this = self.routed(request.metadata());
-        this.shared.caller(request.metadata())?;
+        this.shared.caller(super::credential(request.metadata()))?;
         let arrived = state::arrival(request.extensions());
         this.serve("stats", arrived, async |clock| {
             let s = this.shared.engine.stats();

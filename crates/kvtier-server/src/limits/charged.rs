@@ -126,7 +126,10 @@ where
                 if let Some(d) = frame.data_ref() {
                     match this.limits.reserve(d.len() as u64 * this.factor) {
                         Ok(r) => this.held.lock().push(r),
-                        Err(status) => return Poll::Ready(Some(Err(Box::new(status)))),
+                        Err(refusal) => {
+                            let status = tonic::Status::from(refusal);
+                            return Poll::Ready(Some(Err(Box::new(status))));
+                        }
                     }
                     if let Some(f) = this.framing.as_mut() {
                         f.feed(d);

@@ -17,6 +17,7 @@
 //! buffers; see docs/local.md for the one window this leaves.
 use super::{Reply, status_reply, write, write_rejected};
 use crate::auth::Principal;
+use crate::refusal::{self, Refusal};
 use crate::state::{self, Shared};
 use crate::timing::Clock;
 use bytes::{Bytes, BytesMut};
@@ -48,14 +49,17 @@ enum CopyError {
 }
 
 impl CopyError {
-    fn status(&self, pid: i32, what: &str) -> tonic::Status {
+    fn status(&self, pid: i32, what: &str) -> Refusal {
         match self {
-            CopyError::Denied(e) => tonic::Status::failed_precondition(format!(
-                "kvtier cannot copy {what} process {pid}: {e} (the server needs ptrace rights \
+            CopyError::Denied(e) => Refusal::new(
+                refusal::Kind::FailedPrecondition,
+                format!(
+                    "kvtier cannot copy {what} process {pid}: {e} (the server needs ptrace rights \
                  over the client: the same user, or CAP_SYS_PTRACE; docs/local.md); \
                  send Read/Write over the socket instead"
-            )),
-            CopyError::Fault(i) => tonic::Status::invalid_argument(format!(
+                ),
+            ),
+            CopyError::Fault(i) => Refusal::invalid(format!(
                 "region {i} is not {} memory of the calling process",
                 if what == "into" {
                     "writable"
@@ -133,17 +137,14 @@ pub(super) async fn read_into(
     arrived: Instant,
     pid: i32,
 ) -> Reply {
-    let adm = match shared.admit(Some(arrived)).await {
-        Ok(a) => a,
-        Err(shed) => return status_reply(shed),
-    };
-    let mut clock = adm.clock;
-    let r = read_into_inner(shared, who, meta, arrived, pid, &mut clock).await;
-    let code = match &r {
-        Ok(_) => "ok",
-        Err(s) => state::code_name(s.code()),
-    };
-    shared.observe(API, "read", code, &clock);
+    let state::Admitted { mut outcome, hold } =
+        match shared.admit((API, "read"), Some(arrived)).await {
+            Ok(a) => a,
+            Err(shed) => return status_reply(shed),
+        };
+    let r = read_into_inner(shared, who, meta, arrived, pid, &mut outcome.clock).await;
+    outcome.set(refusal::outcome(&r));
+    drop(hold);
     r.unwrap_or_else(status_reply)
 }
 
@@ -154,16 +155,16 @@ async fn read_into_inner(
     arrived: Instant,
     pid: i32,
     clock: &mut Clock,
-) -> Result<Reply, tonic::Status> {
+) -> Result<Reply, Refusal> {
     let target = Pid::from_raw(pid);
-    bounded::check::<pb::WireReadIntoRequest>(&meta)?;
+    bounded::check::<pb::WireReadIntoRequest>(&meta).map_err(|s| crate::status::from_status(&s))?;
     let req = pb::WireReadIntoRequest::decode(meta)
-        .map_err(|e| tonic::Status::invalid_argument(format!("bad read-into request: {e}")))?;
+        .map_err(|e| Refusal::invalid(format!("bad read-into request: {e}")))?;
     let read = req.read.unwrap_or_default();
     let timeout = read.timeout_ms;
     let rr = read.request.unwrap_or_default();
     if req.dest.len() != rr.keys.len() {
-        return Err(tonic::Status::invalid_argument(format!(
+        return Err(Refusal::invalid(format!(
             "{} keys but {} destination regions",
             rr.keys.len(),
             req.dest.len()
@@ -177,7 +178,7 @@ async fn read_into_inner(
     while let Some((i, b, t)) = reader.next(shared, clock).await? {
         let dest = &req.dest[i as usize];
         if b.payload.len() as u64 > dest.len {
-            return Err(tonic::Status::invalid_argument(format!(
+            return Err(Refusal::invalid(format!(
                 "block {i} is {} bytes but its destination region holds {}",
                 b.payload.len(),
                 dest.len
@@ -229,7 +230,7 @@ async fn read_into_inner(
         Ok(prefix)
     })
     .await
-    .map_err(|e| tonic::Status::internal(format!("copy task: {e}")))?
+    .map_err(|e| Refusal::new(refusal::Kind::Internal, format!("copy task: {e}")))?
     .map_err(|e: CopyError| e.status(pid, "into"))?;
     if copied < reply.blocks.len() {
         reply.blocks.truncate(copied);
@@ -257,10 +258,12 @@ pub(super) async fn write_from(
     max_frame: u64,
     pid: i32,
 ) -> Reply {
-    let req = match bounded::check::<pb::WireWriteFromRequest>(&meta).and_then(|()| {
-        pb::WireWriteFromRequest::decode(meta)
-            .map_err(|e| tonic::Status::invalid_argument(format!("bad write-from request: {e}")))
-    }) {
+    let req = match bounded::check::<pb::WireWriteFromRequest>(&meta)
+        .map_err(|s| crate::status::from_status(&s))
+        .and_then(|()| {
+            pb::WireWriteFromRequest::decode(meta)
+                .map_err(|e| Refusal::invalid(format!("bad write-from request: {e}")))
+        }) {
         Ok(r) => r,
         Err(s) => return write_rejected(shared, arrived, s),
     };
@@ -320,7 +323,7 @@ pub(super) async fn write_from(
         Ok(Ok(p)) => p,
         Ok(Err(e)) => return write_rejected(shared, arrived, e.status(pid, "from")),
         Err(e) => {
-            let s = tonic::Status::internal(format!("copy task: {e}"));
+            let s = Refusal::new(refusal::Kind::Internal, format!("copy task: {e}"));
             return write_rejected(shared, arrived, s);
         }
     };
@@ -335,9 +338,9 @@ fn check_from(
     lengths: &[u64],
     sources: &[u64],
     max_frame: u64,
-) -> Result<u64, tonic::Status> {
+) -> Result<u64, Refusal> {
     if lengths.len() != sources.len() {
-        return Err(tonic::Status::invalid_argument(format!(
+        return Err(Refusal::invalid(format!(
             "{} payload lengths but {} source addresses",
             lengths.len(),
             sources.len()
@@ -346,10 +349,10 @@ fn check_from(
     let total = lengths
         .iter()
         .try_fold(0u64, |a, &l| a.checked_add(l))
-        .ok_or_else(|| tonic::Status::invalid_argument("payload lengths overflow"))?;
-    check_lengths(lengths, total).map_err(tonic::Status::invalid_argument)?;
+        .ok_or_else(|| Refusal::invalid("payload lengths overflow"))?;
+    check_lengths(lengths, total).map_err(Refusal::invalid)?;
     if total > max_frame {
-        return Err(tonic::Status::invalid_argument(format!(
+        return Err(Refusal::invalid(format!(
             "a write of {total} bytes exceeds the maximum message size of {max_frame} bytes \
              (server.max_message_size): split it"
         )));

@@ -16,6 +16,7 @@
 //! the connection after the error frame.
 use crate::auth::Principal;
 use crate::messages::block_from_pb_checked;
+use crate::refusal::{self, Refusal};
 use crate::rx_stamp::{self, FrameStream};
 use crate::state::{self, Shared};
 use crate::timing::Clock;
@@ -116,15 +117,11 @@ struct Reply {
     /// The request's admission, given back once the reply is written: a
     /// read's cost is mostly sending its payloads, and the concurrency limit
     /// must see it (docs/operations.md, "Load shedding").
-    hold: Option<state::Admitted>,
+    hold: Option<state::Hold>,
 }
 
-fn error_reply(code: tonic::Code, message: impl Into<String>) -> Reply {
-    error_frame(pb::WireError {
-        code: code as i32,
-        message: message.into(),
-        retry_pushback_ms: 0,
-    })
+fn error_reply(kind: refusal::Kind, message: impl Into<String>) -> Reply {
+    status_reply(Refusal::new(kind, message))
 }
 
 fn error_frame(e: pb::WireError) -> Reply {
@@ -173,7 +170,7 @@ pub(crate) async fn connection<S: FrameStream>(
                     &mut sock,
                     idle,
                     0,
-                    error_reply(tonic::Code::InvalidArgument, e),
+                    error_reply(refusal::Kind::InvalidArgument, e),
                 )
                 .await?;
                 return Ok(());
@@ -187,7 +184,7 @@ pub(crate) async fn connection<S: FrameStream>(
                 "frame of {frame} bytes exceeds the maximum message size of {max_frame} bytes (server.max_message_size)"
             );
             shared.observe(API, "admit", "invalid_argument", &Clock::start(None));
-            let r = error_reply(tonic::Code::InvalidArgument, msg);
+            let r = error_reply(refusal::Kind::InvalidArgument, msg);
             linger::refuse(
                 &mut sock,
                 &shared.limits,
@@ -252,7 +249,7 @@ pub(crate) async fn connection<S: FrameStream>(
                 }
                 Err(d) => {
                     shared.metrics.observe_denied(&d);
-                    let r = error_reply(d.status().code(), d.message());
+                    let r = status_reply(d.into());
                     write_reply(&mut sock, idle, header.request_id, r).await?;
                     return Ok(());
                 }
@@ -264,7 +261,7 @@ pub(crate) async fn connection<S: FrameStream>(
                 "this server requires a token: send a Hello frame first (docs/wire.md)".into(),
             );
             shared.metrics.observe_denied(&d);
-            let r = error_reply(d.status().code(), d.message());
+            let r = status_reply(d.into());
             let unread = header.data_len.into();
             linger::refuse(
                 &mut sock,
@@ -300,7 +297,7 @@ pub(crate) async fn connection<S: FrameStream>(
                 .and_then(|()| pb::WireWriteRequest::decode(meta).map_err(|e| e.to_string()))
             {
                 Ok(req) => match check_lengths(&req.payload_lengths, header.data_len.into())
-                    .map_err(tonic::Status::invalid_argument)
+                    .map_err(Refusal::invalid)
                     .and_then(|()| {
                         // Access is checked before a payload byte is read.
                         let ns = req.request.as_ref().map_or("", |w| w.namespace.as_str());
@@ -321,7 +318,7 @@ pub(crate) async fn connection<S: FrameStream>(
                 },
                 Err(e) => {
                     within(by, discard(&mut sock, header.data_len.into())).await?;
-                    let status = tonic::Status::invalid_argument(format!("bad write request: {e}"));
+                    let status = Refusal::invalid(format!("bad write request: {e}"));
                     write_rejected(&shared, arrived, status)
                 }
             },
@@ -337,7 +334,7 @@ pub(crate) async fn connection<S: FrameStream>(
                         local_copy::write_from(&shared, &who, meta, arrived, max_frame, pid).await
                     }
                     None => error_reply(
-                        tonic::Code::FailedPrecondition,
+                        refusal::Kind::FailedPrecondition,
                         "ReadInto/WriteFrom are served only on the same-host socket \
                          (server.local_listen, docs/local.md); send Read/Write",
                     ),
@@ -346,7 +343,7 @@ pub(crate) async fn connection<S: FrameStream>(
             other => {
                 within(by, discard(&mut sock, header.data_len.into())).await?;
                 error_reply(
-                    tonic::Code::InvalidArgument,
+                    refusal::Kind::InvalidArgument,
                     format!("frame kind {other:?} is not a request"),
                 )
             }
@@ -401,16 +398,13 @@ async fn write_reply<S: AsyncWrite + Unpin>(
     taken.flush().await
 }
 
-fn status_reply(s: tonic::Status) -> Reply {
+/// A refusal as the data plane's error frame: the gRPC code number, the
+/// message and a shed request's retry hint (docs/wire.md).
+fn status_reply(r: Refusal) -> Reply {
     error_frame(pb::WireError {
-        code: s.code() as i32,
-        message: s.message().to_owned(),
-        // A shed request's retry hint, as gRPC metadata carries it.
-        retry_pushback_ms: s
-            .metadata()
-            .get("grpc-retry-pushback-ms")
-            .and_then(|v| v.to_str().ok()?.parse().ok())
-            .unwrap_or(0),
+        code: crate::status::grpc_code(r.kind) as i32,
+        retry_pushback_ms: crate::status::pushback_ms(&r),
+        message: r.message,
     })
 }
 
@@ -421,19 +415,15 @@ async fn read(
     arrived: Instant,
     max_frame: u64,
 ) -> Reply {
-    let adm = match shared.admit(Some(arrived)).await {
-        Ok(a) => a,
-        Err(shed) => return status_reply(shed),
-    };
-    let mut clock = adm.clock;
-    let r = read_inner(shared, who, meta, arrived, max_frame, &mut clock).await;
-    let code = match &r {
-        Ok(_) => "ok",
-        Err(s) => state::code_name(s.code()),
-    };
-    shared.observe(API, "read", code, &clock);
+    let state::Admitted { mut outcome, hold } =
+        match shared.admit((API, "read"), Some(arrived)).await {
+            Ok(a) => a,
+            Err(shed) => return status_reply(shed),
+        };
+    let r = read_inner(shared, who, meta, arrived, max_frame, &mut outcome.clock).await;
+    outcome.set(refusal::outcome(&r));
     let mut reply = r.unwrap_or_else(status_reply);
-    reply.hold = Some(adm);
+    reply.hold = Some(hold);
     reply
 }
 
@@ -451,10 +441,10 @@ async fn read_inner(
     arrived: Instant,
     max_frame: u64,
     clock: &mut Clock,
-) -> Result<Reply, tonic::Status> {
-    bounded::check::<pb::WireReadRequest>(&meta)?;
+) -> Result<Reply, Refusal> {
+    bounded::check::<pb::WireReadRequest>(&meta).map_err(|s| crate::status::from_status(&s))?;
     let req = pb::WireReadRequest::decode(meta)
-        .map_err(|e| tonic::Status::invalid_argument(format!("bad read request: {e}")))?;
+        .map_err(|e| Refusal::invalid(format!("bad read request: {e}")))?;
     let timeout = req.timeout_ms;
     // The reply must fit the frame format (u32 data length), this server's
     // frame limit and what the client said it accepts; it always carries at
@@ -496,9 +486,9 @@ async fn read_inner(
 
 /// A Write refused before its payloads were read (bad metadata, no access):
 /// counted in the metrics like any other failed write.
-fn write_rejected(shared: &Shared, arrived: Instant, status: tonic::Status) -> Reply {
+fn write_rejected(shared: &Shared, arrived: Instant, status: Refusal) -> Reply {
     let clock = Clock::start(Some(arrived));
-    shared.observe(API, "write", state::code_name(status.code()), &clock);
+    shared.observe(API, "write", status.label(), &clock);
     status_reply(status)
 }
 
@@ -513,7 +503,7 @@ async fn write(
             (API, "write"),
             Some(arrived),
             Err,
-            state::result_code,
+            refusal::outcome,
             async |clock| write_inner(shared, req, payloads, arrived, clock).await,
         )
         .await
@@ -526,12 +516,12 @@ async fn write_inner(
     payloads: Vec<(Bytes, u32)>,
     arrived: Instant,
     clock: &mut Clock,
-) -> Result<Reply, tonic::Status> {
+) -> Result<Reply, Refusal> {
     let deadline =
         (req.timeout_ms > 0).then(|| arrived + Duration::from_millis(req.timeout_ms as u64));
     let w = req.request.unwrap_or_default();
     if w.blocks.len() != payloads.len() {
-        return Err(tonic::Status::invalid_argument(format!(
+        return Err(Refusal::invalid(format!(
             "{} blocks but {} payload lengths",
             w.blocks.len(),
             payloads.len()
@@ -557,7 +547,7 @@ async fn write_inner(
         let stored =
             kvtier_core::deadline::scope(deadline, shared.engine.write(b, &mut clock.storage))
                 .await;
-        match stored.map_err(crate::status::to_status)? {
+        match stored? {
             WriteOutcome::Stored => resp.stored += 1,
             WriteOutcome::Existing => resp.existing += 1,
         }
