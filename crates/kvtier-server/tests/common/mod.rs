@@ -1,5 +1,9 @@
-//! Shared helpers: start an in-process server on ephemeral loopback ports.
+//! Shared helpers: start an in-process server on ephemeral loopback ports;
+//! the limits tests' in [`limits`], the data-plane tests' in [`wire`].
 #![allow(dead_code)]
+pub mod limits;
+pub mod wire;
+
 use kvtier_client::{Client, ClientConfig};
 use kvtier_server::Server;
 use kvtier_server::config::Config;
