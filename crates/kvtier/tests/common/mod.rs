@@ -1,8 +1,11 @@
 //! Helpers shared by the binary's integration tests: `kvtier serve` on
 //! ephemeral loopback ports, its readiness line, and its request counters;
-//! cluster nodes in [`cluster`].
+//! cluster nodes in [`cluster`]; the CLI tests' server in [`cli`]; a server
+//! with a disk tier, and the chains its fault tests write, in [`disk`].
 #![allow(dead_code)]
+pub mod cli;
 pub mod cluster;
+pub mod disk;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::process::{Child, Command, Stdio};
