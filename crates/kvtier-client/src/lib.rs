@@ -64,6 +64,18 @@ pub enum ClientError {
     /// Data received does not match its checksum.
     #[error("corrupt data received: {0}")]
     Corrupt(String),
+    /// The data plane (TCP or the same-host socket) failed below the
+    /// protocol: the connection was refused, reset or closed, or a reply
+    /// was malformed. No answer of the server: retried like UNAVAILABLE
+    /// (its [`ClientError::code`]), never mistaken for a shed request,
+    /// which the server answers with a retry hint.
+    #[error("data plane {addr}: {reason}")]
+    Unreachable {
+        /// The address dialled.
+        addr: String,
+        /// What failed.
+        reason: String,
+    },
 }
 
 impl ClientError {
@@ -71,6 +83,21 @@ impl ClientError {
     pub fn code(&self) -> Option<tonic::Code> {
         match self {
             ClientError::Status(s) => Some(s.code()),
+            ClientError::Unreachable { .. } => Some(tonic::Code::Unavailable),
+            _ => None,
+        }
+    }
+
+    /// The pause before retry `attempt` (0-based), if this error is worth
+    /// retrying: a shed request or an unavailable server (the hint it gave,
+    /// see [`retry_pause`]) or a data-plane connection that failed
+    /// ([`backoff`]).
+    pub fn retry_pause(&self, attempt: u32) -> Option<Duration> {
+        match self {
+            ClientError::Status(s) if s.code() == tonic::Code::Unavailable => {
+                Some(retry_pause(attempt, s))
+            }
+            ClientError::Unreachable { .. } => Some(backoff(attempt)),
             _ => None,
         }
     }
@@ -154,23 +181,20 @@ impl Client {
 
     /// Retries a data-plane call on UNAVAILABLE, like gRPC calls, every
     /// attempt (`f(deadline)`) within the call's one deadline.
-    async fn retry_wire<T, F, Fut>(&self, mut f: F) -> Result<T>
-    where
-        F: FnMut(Instant) -> Fut,
-        Fut: std::future::Future<Output = Result<T>>,
-    {
+    async fn retry_wire<T>(&self, mut f: impl AsyncFnMut(Instant) -> Result<T>) -> Result<T> {
         let deadline = Instant::now() + self.cfg.timeout;
         let mut attempt = 0;
         loop {
             match f(deadline).await {
-                Err(ClientError::Status(s))
-                    if s.code() == tonic::Code::Unavailable && attempt < self.cfg.retries =>
-                {
-                    let pause = retry_pause(attempt, &s);
+                Err(e) if attempt < self.cfg.retries => {
+                    let Some(pause) = e.retry_pause(attempt) else {
+                        return Err(e);
+                    };
                     if Instant::now() + pause >= deadline {
                         // No time left to wait for: the caller's timeout holds.
-                        return Err(ClientError::Status(s));
+                        return Err(e);
                     }
+                    tracing::debug!(attempt, error = %e, "retrying");
                     tokio::time::sleep(pause).await;
                     attempt += 1;
                 }
@@ -317,23 +341,9 @@ impl Client {
         dests: &mut [&mut [u8]],
     ) -> Result<ReadIntoResult> {
         if let Some(w) = &self.wire {
-            let deadline = Instant::now() + self.cfg.timeout;
-            let mut attempt = 0;
-            loop {
-                match w.read_into_by(ns, keys, lease_id, dests, deadline).await {
-                    Err(ClientError::Status(s))
-                        if s.code() == tonic::Code::Unavailable && attempt < self.cfg.retries =>
-                    {
-                        let pause = retry_pause(attempt, &s);
-                        if Instant::now() + pause >= deadline {
-                            return Err(ClientError::Status(s));
-                        }
-                        tokio::time::sleep(pause).await;
-                        attempt += 1;
-                    }
-                    other => return other,
-                }
-            }
+            return self
+                .retry_wire(async |d| w.read_into_by(ns, keys, lease_id, dests, d).await)
+                .await;
         }
         if dests.len() != keys.len() {
             return Err(ClientError::Invalid(format!(

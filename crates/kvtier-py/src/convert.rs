@@ -33,6 +33,9 @@ pub fn error(e: ClientError) -> PyErr {
         ClientError::Transport(t) => {
             NativeError::new_err((tonic::Code::Unavailable as i32, t.to_string(), 0u64))
         }
+        e @ ClientError::Unreachable { .. } => {
+            NativeError::new_err((tonic::Code::Unavailable as i32, e.to_string(), 0u64))
+        }
     }
 }
 

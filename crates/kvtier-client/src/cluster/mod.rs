@@ -111,7 +111,7 @@ pub fn unreachable(e: &ClientError) -> bool {
             s.code(),
             tonic::Code::Unavailable | tonic::Code::DeadlineExceeded
         ),
-        ClientError::Transport(_) => true,
+        ClientError::Transport(_) | ClientError::Unreachable { .. } => true,
         _ => false,
     }
 }

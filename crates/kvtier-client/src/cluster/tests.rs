@@ -172,4 +172,8 @@ fn a_node_that_shed_a_request_is_not_unreachable() {
     assert!(unreachable(&ClientError::Status(
         tonic::Status::unavailable("connection refused")
     )));
+    assert!(unreachable(&ClientError::Unreachable {
+        addr: "10.0.0.1:50052".into(),
+        reason: "connection reset".into(),
+    }));
 }

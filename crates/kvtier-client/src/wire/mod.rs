@@ -58,9 +58,10 @@ pub struct WireClient {
 }
 
 fn transport(e: impl std::fmt::Display, addr: impl std::fmt::Display) -> ClientError {
-    ClientError::Status(tonic::Status::unavailable(format!(
-        "data plane {addr}: {e}"
-    )))
+    ClientError::Unreachable {
+        addr: addr.to_string(),
+        reason: e.to_string(),
+    }
 }
 
 impl WireClient {
@@ -562,7 +563,11 @@ mod tests {
         drop(accept.await.unwrap());
         assert_eq!(w.idle.lock().len(), 4);
         let err = w.read("n", &[Key::new(&b"k"[..]).unwrap()], 0).await;
-        assert_eq!(err.unwrap_err().code(), Some(tonic::Code::Unavailable));
+        let err = err.unwrap_err();
+        assert_eq!(err.code(), Some(tonic::Code::Unavailable));
+        // A dead connection is not an answer: never taken for a shed request.
+        assert!(matches!(err, ClientError::Unreachable { .. }), "{err:?}");
+        assert!(err.retry_pause(0).is_some(), "retried like UNAVAILABLE");
         assert!(
             w.idle.lock().is_empty(),
             "the other (equally dead) connections are not handed to the retry"
