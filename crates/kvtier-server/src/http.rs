@@ -518,7 +518,7 @@ where
     let service = hyper_util::service::TowerToHyperService::new(app);
     // hyper's header timer runs from the connection's start and again after
     // each response, so it also closes kept-alive connections left idle
-    // (tests/limits.rs checks both).
+    // (tests/limits_connections.rs checks both).
     let conn = hyper::server::conn::http1::Builder::new()
         .timer(hyper_util::rt::TokioTimer::new())
         .header_read_timeout(limits.idle_timeout)
