@@ -181,7 +181,11 @@ impl Client {
 
     /// Retries a data-plane call on UNAVAILABLE, like gRPC calls, every
     /// attempt (`f(deadline)`) within the call's one deadline.
-    async fn retry_wire<T>(&self, mut f: impl AsyncFnMut(Instant) -> Result<T>) -> Result<T> {
+    async fn retry_wire<T, F, Fut>(&self, mut f: F) -> Result<T>
+    where
+        F: FnMut(Instant) -> Fut,
+        Fut: std::future::Future<Output = Result<T>>,
+    {
         let deadline = Instant::now() + self.cfg.timeout;
         let mut attempt = 0;
         loop {
@@ -341,9 +345,23 @@ impl Client {
         dests: &mut [&mut [u8]],
     ) -> Result<ReadIntoResult> {
         if let Some(w) = &self.wire {
-            return self
-                .retry_wire(async |d| w.read_into_by(ns, keys, lease_id, dests, d).await)
-                .await;
+            // retry_wire's loop, spelled out: each attempt borrows the
+            // caller's buffers, which an `FnMut` closure's future cannot (and
+            // an async closure would make the future not `Send`).
+            let deadline = Instant::now() + self.cfg.timeout;
+            let mut attempt = 0;
+            loop {
+                match w.read_into_by(ns, keys, lease_id, dests, deadline).await {
+                    Err(e) if attempt < self.cfg.retries => match e.retry_pause(attempt) {
+                        Some(pause) if Instant::now() + pause < deadline => {
+                            tokio::time::sleep(pause).await;
+                            attempt += 1;
+                        }
+                        _ => return Err(e),
+                    },
+                    other => return other,
+                }
+            }
         }
         if dests.len() != keys.len() {
             return Err(ClientError::Invalid(format!(
