@@ -2,7 +2,7 @@
 """The vLLM connector's GPU path, checked and measured on a real CUDA device.
 
 CI has no GPU, so ``make test`` runs the connector's copies on the CPU only
-(python/tests/vllm/test_units.py runs the batched path there too). This script
+(python/tests/vllm/test_units_layout.py runs the batched path there too). This script
 is what a machine with a GPU runs:
 
 1. correctness: for bf16, fp16 and fp8 caches, contiguous and permuted

@@ -1,6 +1,7 @@
 """Fixtures for the vLLM connector tests: locally built models, a real engine
-in a fresh process per scenario (``engine_run.py``), and reading the
-connector's stats log.
+in a fresh process per scenario (``engine_run.py``), reading the
+connector's stats log, and the unit tests' stand-ins for vLLM's KV caches,
+requests and scheduler output (test_units_*.py).
 
 These tests run in vLLM's own venv (``.tools/vllm``, ``scripts/setup-vllm.sh``)
 and need no GPU and no downloads: the models are created here with random
@@ -14,6 +15,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -25,6 +27,9 @@ RUNNER = HERE / "engine_run.py"
 #: Tolerance on float32 logprobs: a load from kvtier must reproduce
 #: recomputation's logprobs (notes/009 measured at most 2.9e-6).
 TOL = 1e-4
+
+#: Block size (tokens) of the unit tests' caches and chains.
+BS = 128
 
 
 @pytest.fixture(scope="session")
@@ -126,3 +131,39 @@ def wait_blocks(client, namespace: str, keys: list[bytes], timeout: float = 60) 
             return found
         time.sleep(0.05)
     return found
+
+
+def make_caches(layers=3, blocks=6, heads=2, n=BS, c=16, dtype=None, seed=0) -> dict:
+    """vLLM-shaped KV caches ``{layer: [blocks, heads, n, c]}`` of seeded random values (float32 by default)."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    return {f"l{i}": torch.randn(blocks, heads, n, c, generator=g).to(dtype or torch.float32) for i in range(layers)}
+
+
+class FakeRequest:
+    """A stand-in for vLLM's ``Request``: the fields the scheduler side reads."""
+
+    def __init__(self, rid, tokens, preemptions=0):
+        self.request_id = rid
+        self.all_token_ids = list(tokens)
+        self.num_prompt_tokens = len(tokens)
+        self.num_preemptions = preemptions
+        self.lora_request = None
+        self.mm_features = []
+        self.prompt_embeds = None
+        self.cache_salt = None
+
+    @property
+    def num_tokens(self):
+        return len(self.all_token_ids)
+
+
+def sched_output(new=(), cached=(), scheduled=None):
+    """A SchedulerOutput stand-in: new = [(req_id, computed)], cached = [(req_id, computed)]."""
+    return SimpleNamespace(
+        scheduled_new_reqs=[SimpleNamespace(req_id=r, num_computed_tokens=c) for r, c in new],
+        scheduled_cached_reqs=SimpleNamespace(req_ids=[r for r, _ in cached], num_computed_tokens=[c for _, c in cached]),
+        num_scheduled_tokens=scheduled or {},
+        scheduled_spec_decode_tokens={},
+    )
