@@ -15,8 +15,10 @@
 //!   between two records), rendered by [`summary`] and [`report`]
 //!   ([`write_outputs`]).
 
+pub mod ab;
 pub mod analysis;
 pub mod builder;
+pub mod diff;
 pub mod load;
 pub mod netobs;
 pub mod peers;

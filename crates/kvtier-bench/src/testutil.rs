@@ -84,6 +84,7 @@ pub fn synthetic_record() -> Record {
         memory_bytes: 1 << 33,
         hostname: "test".into(),
         kernel: "6.0".into(),
+        ..Machine::default()
     };
     r.date = "2026-01-05T12:00:00Z".into();
     r.command_line = vec!["kvtier".into(), "bench".into()];

@@ -60,7 +60,7 @@ enum Cmd {
     Health(cli::CommonArgs),
     /// Drive a small multi-turn prompt workload against a server and report.
     Demo(demo::DemoArgs),
-    /// Latency-vs-concurrency sweep (or `bench compare A B`).
+    /// Latency-vs-concurrency sweep (or `bench ab`, `bench compare A B`).
     Bench(bench::BenchArgs),
 }
 

@@ -1,74 +1,17 @@
 //! `kvtier bench` end to end: tiny sweeps against an in-process server, the
-//! three output files, the Redis peer, open loop, child processes, `compare`,
-//! a 3-node cluster through its node list, and the HTML report rendered in
-//! headless Chromium.
-use std::path::{Path, PathBuf};
+//! three output files, open loop, child processes, `compare`, a 3-node
+//! cluster through its node list, and the HTML report rendered in headless
+//! Chromium. The peers (Redis, Mooncake Store) are in bench_peers.rs.
+use std::path::Path;
 use std::process::Command;
 
 use kvtier_bench::record::{Phase, Record};
 
+mod bench_common;
 mod common;
 
+use bench_common::{bench, plausible, tmp};
 use common::BIN;
-
-fn bench(out: &Path, args: &[&str]) -> Record {
-    let o = Command::new(BIN)
-        .arg("bench")
-        .args(args)
-        .args(["--quiet", "--out"])
-        .arg(out)
-        .env("RUST_LOG", "warn")
-        .output()
-        .expect("run kvtier bench");
-    assert!(
-        o.status.success(),
-        "kvtier bench {args:?} failed: {}",
-        String::from_utf8_lossy(&o.stderr)
-    );
-    for f in ["record.json", "summary.md", "report.html"] {
-        assert!(out.join(f).is_file(), "{f} missing");
-    }
-    Record::from_json(&std::fs::read_to_string(out.join("record.json")).unwrap()).unwrap()
-}
-
-fn tmp(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("kvtier-bench-it-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    d
-}
-
-/// Every step has traffic, positive latencies, network time, and Little's law roughly holds.
-fn plausible(r: &Record, ops: &[&str]) {
-    assert!(!r.steps.is_empty());
-    for s in &r.steps {
-        for op in ops {
-            let o = s
-                .ops
-                .get(*op)
-                .unwrap_or_else(|| panic!("{} has no {op}", s.label()));
-            assert!(
-                o.ops > 0 && o.errors == 0,
-                "{} {op}: {} ops, {} errors",
-                s.label(),
-                o.ops,
-                o.errors
-            );
-            let e2e = o.phase(Phase::E2e).unwrap();
-            assert!(e2e.p50 > 0.0 && e2e.p99 >= e2e.p50, "{e2e:?}");
-            assert!(
-                o.phase(Phase::Network).is_some(),
-                "{} {op}: no network phase",
-                s.label()
-            );
-            assert!(o.phase(Phase::ServerService).is_some());
-        }
-    }
-    let a = r.analysis.as_ref().expect("analysis");
-    for l in &a.littles_law {
-        let ratio = l.ratio.expect("ratio");
-        assert!((0.5..1.5).contains(&ratio), "Little's law far off: {l:?}");
-    }
-}
 
 #[test]
 fn read_sweep_writes_three_plausible_files() {
@@ -208,125 +151,6 @@ fn prefix_read_loads_the_whole_long_prefix_striped_or_not() {
 }
 
 #[test]
-fn redis_peer_runs_interleaved() {
-    assert!(
-        Command::new("redis-server")
-            .arg("--version")
-            .output()
-            .is_ok(),
-        "redis-server is not installed (scripts/setup.sh --test installs it)"
-    );
-    let out = tmp("peer");
-    let r = bench(
-        &out,
-        &[
-            "--workload",
-            "mixed",
-            "--value-size",
-            "16KB",
-            "--concurrency",
-            "1,2",
-            "--duration",
-            "300ms",
-            "--warmup",
-            "100ms",
-            "--peer",
-            "redis://spawn",
-            "--probe",
-        ],
-    );
-    plausible(&r, &["lookup", "read", "write"]);
-    assert_eq!(r.peers.len(), 1);
-    let peer = &r.peers[0];
-    assert!(peer.name.starts_with("redis "), "{}", peer.name);
-    assert_eq!(peer.steps.len(), r.steps.len());
-    for s in &peer.steps {
-        for op in ["exists", "get", "set"] {
-            let o = &s.ops[op];
-            assert!(
-                o.ops > 0 && o.errors == 0,
-                "redis {op}: {} ops {} errors",
-                o.ops,
-                o.errors
-            );
-        }
-    }
-    assert!(r.link_probe.as_ref().is_some_and(|p| p.gbit_per_s > 0.0));
-    let md = std::fs::read_to_string(out.join("summary.md")).unwrap();
-    assert!(md.contains("redis"), "{md}");
-    let _ = std::fs::remove_dir_all(&out);
-}
-
-/// Comparison rules 1–3 end to end: the congestion control of both systems'
-/// sockets is observed, redis-benchmark runs next to the bench's client, and
-/// every ratio uses the better of the two.
-#[test]
-fn peer_comparisons_follow_the_rules() {
-    for tool in ["redis-server", "redis-benchmark", "ss"] {
-        assert!(
-            Command::new(tool).arg("--version").output().is_ok(),
-            "{tool} is not installed (scripts/setup.sh --test installs it)"
-        );
-    }
-    let out = tmp("rules");
-    let r = bench(
-        &out,
-        &[
-            "--workload",
-            "read",
-            "--value-size",
-            "64KB",
-            "--concurrency",
-            "1,4",
-            "--duration",
-            "400ms",
-            "--warmup",
-            "100ms",
-            "--repeat",
-            "2",
-            "--peer",
-            "redis://spawn",
-            "--peer-tool",
-        ],
-    );
-    let net = r.network.as_ref().expect("network settings recorded");
-    let system = std::fs::read_to_string("/proc/sys/net/ipv4/tcp_congestion_control").unwrap();
-    assert_eq!(net.system_default_cc, system.trim());
-    assert_eq!(
-        net.kvtier_client_cc, "",
-        "the bench's default is the system's"
-    );
-    let peer = &r.peers[0];
-    // Both systems seen under load, on the same (system default) congestion control.
-    let seen = |s: &str| net.observed_cc.get(s).cloned().unwrap_or_default();
-    assert!(!seen("kvtier").is_empty(), "{net:?}");
-    assert_eq!(seen("kvtier"), seen(&peer.name), "{net:?}");
-    assert!(seen("kvtier").contains(system.trim()), "{net:?}");
-    let rf = peer.reference.as_ref().expect("redis-benchmark ran");
-    assert!(rf.tool.contains("-r 1000000000"), "{}", rf.tool);
-    let a = r.analysis.as_ref().unwrap();
-    assert_eq!(a.comparison.len(), 2, "{:?}", a.comparison);
-    for c in &a.comparison {
-        assert_eq!((c.op.as_str(), c.peer_op.as_str()), ("read", "get"));
-        assert_eq!(c.kvtier_repeats_ops_s.len(), 2);
-        let client = c.peer_client_ops_s.expect("client measured");
-        let tool = c.peer_tool_ops_s.expect("tool measured");
-        assert_eq!(c.peer_best_ops_s, client.max(tool), "{c:?}");
-        match c.throughput_ratio {
-            Some(x) => {
-                assert!(c.excluded.is_empty());
-                assert!((x - c.kvtier_ops_s / c.peer_best_ops_s).abs() < 1e-9);
-            }
-            None => assert!(!c.excluded.is_empty(), "no ratio and no reason: {c:?}"),
-        }
-    }
-    let md = std::fs::read_to_string(out.join("summary.md")).unwrap();
-    assert!(md.contains("## Comparisons under the rules"), "{md}");
-    assert!(md.contains("## Network settings"), "{md}");
-    let _ = std::fs::remove_dir_all(&out);
-}
-
-#[test]
 fn open_loop_records_corrected_and_uncorrected() {
     let out = tmp("open");
     let r = bench(
@@ -361,72 +185,6 @@ fn open_loop_records_corrected_and_uncorrected() {
         o.phase(Phase::ClientQueue).is_some()
             && s.schedule_lag.is_some()
             && s.mean_in_flight.is_some()
-    );
-    let _ = std::fs::remove_dir_all(&out);
-}
-
-/// Mooncake Store as a peer (rule 5): spawned by the bench, driven through
-/// its own Python API from a separate process, in the same run and with the
-/// same value size; its steps get their own ratio rows.
-#[test]
-fn mooncake_peer_runs_in_the_same_run() {
-    let python =
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../.tools/mooncake/bin/python");
-    assert!(
-        kvtier_bench::peers::mooncake::available(&python),
-        "Mooncake Store is not installed: scripts/setup-mooncake.sh (make test runs it)"
-    );
-    let out = tmp("mooncake");
-    let o = Command::new(BIN)
-        .args(["bench", "--workload", "write", "--value-size", "256KB"])
-        .args([
-            "--concurrency",
-            "1,2",
-            "--duration",
-            "500ms",
-            "--warmup",
-            "200ms",
-        ])
-        .args(["--peer", "mooncake://spawn", "--quiet", "--out"])
-        .arg(&out)
-        .env("KVTIER_MOONCAKE_PYTHON", &python)
-        .env("RUST_LOG", "warn")
-        .output()
-        .expect("run kvtier bench");
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let r = Record::from_json(&std::fs::read_to_string(out.join("record.json")).unwrap()).unwrap();
-    let peer = &r.peers[0];
-    assert!(peer.name.starts_with("mooncake-store "), "{}", peer.name);
-    assert!(
-        peer.client.contains("put_from") || peer.client.contains("put"),
-        "{}",
-        peer.client
-    );
-    assert_eq!(peer.steps.len(), 2);
-    for s in &peer.steps {
-        let put = &s.ops["put"];
-        assert!(put.ops > 0 && put.errors == 0, "{} {put:?}", s.label());
-        let e2e = put.phase(Phase::E2e).unwrap();
-        assert!(e2e.p50 > 0.0 && e2e.p99 >= e2e.p50);
-        assert!(s.generator_cpu_utilisation > 0.0);
-    }
-    let a = r.analysis.as_ref().unwrap();
-    let rows: Vec<_> = a
-        .comparison
-        .iter()
-        .filter(|c| c.peer == peer.name)
-        .collect();
-    assert_eq!(rows.len(), 2, "{:?}", a.comparison);
-    assert!(rows.iter().all(|c| c.op == "write" && c.peer_op == "put"));
-    // Mooncake's sockets were seen too (by its processes' ids).
-    let net = r.network.as_ref().unwrap();
-    assert!(
-        !net.observed_cc
-            .get(&peer.name)
-            .cloned()
-            .unwrap_or_default()
-            .is_empty(),
-        "{net:?}"
     );
     let _ = std::fs::remove_dir_all(&out);
 }

@@ -23,15 +23,15 @@ use serde::{Deserialize, Serialize};
 
 use crate::builder::RepeatInput;
 
+mod child_report;
 mod closed;
 mod collector;
 mod open;
 mod progress;
-mod child_report;
 
+pub use child_report::ChildReport;
 pub use collector::Collector;
 pub use progress::Progress;
-pub use child_report::ChildReport;
 
 use closed::closed_loop;
 use open::{open_loop, spawn_in_flight_sampler};

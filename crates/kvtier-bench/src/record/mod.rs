@@ -21,11 +21,13 @@
 //! * `peers`: peer runs, their tools' references, network settings, link probe;
 //! * `analysis`: the derived section [`Analysis`] and everything in it.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
 mod analysis;
+pub mod header;
 mod peers;
 mod step;
 
@@ -42,14 +44,29 @@ pub const SCHEMA_VERSION: u32 = 2;
 /// One bench run: what was measured, where, how, and the results.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct Record {
-    /// Always [`SCHEMA_VERSION`] when written by this crate.
-    pub schema_version: u32,
-    /// UTC start time, RFC 3339 (`2026-01-05T12:00:00Z`).
+    /// UTC start time, RFC 3339 (`2026-01-05T12:00:00Z`). With `commit`,
+    /// `dirty`, `machine`, `command` and `versions`: the header every perf
+    /// record starts with ([`header`]), in its order.
     pub date: String,
-    /// `git rev-parse HEAD` of the binary's source tree, if known.
-    pub git_commit: Option<String>,
+    /// HEAD of the checkout the run started in (40 hex digits), if known.
+    #[serde(default)]
+    pub commit: Option<String>,
+    /// Whether that checkout's tracked files differed from `commit`.
+    #[serde(default)]
+    pub dirty: Option<bool>,
     /// The machine the generator ran on.
     pub machine: Machine,
+    /// `command_line` shell-quoted, as the header writes it.
+    #[serde(default)]
+    pub command: Option<String>,
+    /// kvtier's version and each peer's (`redis`, `mooncake`).
+    #[serde(default)]
+    pub versions: BTreeMap<String, Option<String>>,
+    /// Always [`SCHEMA_VERSION`] when written by this crate.
+    pub schema_version: u32,
+    /// `git rev-parse HEAD` of the binary's source tree, if known (the
+    /// name before the header's `commit`; both are written).
+    pub git_commit: Option<String>,
     /// The command line that produced the run, so it can be re-run.
     pub command_line: Vec<String>,
     /// Workload name (e.g. `seed-iteration`, `read-only`).
@@ -86,11 +103,16 @@ pub struct Record {
 impl Record {
     /// A record stamped with the current UTC time, schema version and this machine.
     pub fn new(workload: &str, api: &str, value_size: u64, target: &str) -> Self {
+        let (commit, dirty) = header::git_state(std::path::Path::new("."));
         Record {
-            schema_version: SCHEMA_VERSION,
             date: rfc3339_now(),
-            git_commit: None,
+            commit,
+            dirty,
             machine: Machine::detect(),
+            command: Some(header::shell_join(std::env::args())),
+            versions: header::kvtier_version(),
+            schema_version: SCHEMA_VERSION,
+            git_commit: None,
             command_line: std::env::args().collect(),
             workload: workload.to_string(),
             api: api.to_string(),
@@ -169,17 +191,31 @@ pub struct AnalysisConfig {
     pub thresholds: Option<Thresholds>,
 }
 
-/// The machine the generator ran on.
+/// The machine the generator ran on, with the keys of the perf header's
+/// `machine` (perf/README.md); the optional ones are absent from records
+/// written before the header.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
 pub struct Machine {
-    /// Logical cores available to the process.
+    /// CPU model (`/proc/cpuinfo`'s `model name`).
+    #[serde(default)]
+    pub cpu_model: Option<String>,
+    /// Logical cores available to the process (its CPU affinity).
     pub cores: u32,
+    /// Logical cores of the machine (online CPUs).
+    #[serde(default)]
+    pub cores_online: Option<u32>,
+    /// Total memory in GiB, one decimal.
+    #[serde(default)]
+    pub memory_gib: Option<f64>,
     /// Total memory in bytes (from `/proc/meminfo`), 0 if unknown.
     pub memory_bytes: u64,
     /// Host name.
     pub hostname: String,
     /// Kernel release (`uname -r`).
     pub kernel: String,
+    /// The system's TCP congestion control.
+    #[serde(default)]
+    pub congestion_control: Option<String>,
 }
 
 impl Machine {
@@ -195,11 +231,27 @@ impl Machine {
             .find_map(|l| l.strip_prefix("MemTotal:"))
             .and_then(|rest| rest.split_whitespace().next()?.parse::<u64>().ok())
             .map_or(0, |kib| kib * 1024);
+        let some = |s: String| (!s.is_empty()).then_some(s);
+        let cpuinfo = read("/proc/cpuinfo");
         Machine {
+            cpu_model: cpuinfo
+                .lines()
+                .find_map(|l| l.strip_prefix("model name")?.split_once(':'))
+                .map(|(_, m)| m.trim().to_string()),
             cores: std::thread::available_parallelism().map_or(1, |n| n.get() as u32),
+            cores_online: Some(
+                cpuinfo
+                    .lines()
+                    .filter(|l| l.starts_with("processor"))
+                    .count() as u32,
+            )
+            .filter(|n| *n > 0),
+            memory_gib: (memory_bytes > 0)
+                .then(|| (memory_bytes as f64 / (1u64 << 30) as f64 * 10.0).round() / 10.0),
             memory_bytes,
             hostname: read("/proc/sys/kernel/hostname"),
             kernel: read("/proc/sys/kernel/osrelease"),
+            congestion_control: some(read("/proc/sys/net/ipv4/tcp_congestion_control")),
         }
     }
 }

@@ -315,6 +315,16 @@ pub fn run(cfg: &BenchConfig) -> anyhow::Result<Record> {
     rec.steps = steps;
     rec.link_probe = link_probe;
     rec.peers = peer_runs;
+    // The header's versions: each peer's name is "<tool> <version>".
+    let peer_versions: Vec<(String, Option<String>)> = rec
+        .peers
+        .iter()
+        .map(|p| match p.name.split_once(' ') {
+            Some((tool, v)) => (tool.to_string(), Some(v.to_string())),
+            None => (p.name.clone(), None),
+        })
+        .collect();
+    rec.versions.extend(peer_versions);
     rec.network = Some(Network {
         system_default_cc: system_cc,
         kvtier_client_cc: cfg.data_tcp_congestion.clone(),

@@ -14,7 +14,7 @@ use super::setup::Peer;
 use super::worker::{System, WorkerSpec, local_repeat, workers_of};
 use super::{BenchConfig, GEN_THREADS};
 use crate::builder::{RepeatInput, StepBuilder};
-use crate::load::{Load, Progress, ChildReport, thread_cpu};
+use crate::load::{ChildReport, Load, Progress, thread_cpu};
 use crate::netobs::{Sampler, Sel};
 use crate::peers::mooncake::SpawnedMooncake;
 use crate::record::{Mode, Step};

@@ -12,7 +12,7 @@ use anyhow::Context;
 use serde::{Deserialize, Serialize};
 
 use crate::builder::RepeatInput;
-use crate::load::{Load, Progress, ChildReport, run_repeat, thread_cpu};
+use crate::load::{ChildReport, Load, Progress, run_repeat, thread_cpu};
 use crate::peers::redis::{PeerClient, RedisWorker};
 use crate::workloads::{Api, Conn, ConnOpts, Ctx, KvWorker, Transport, WorkerId, Workload};
 

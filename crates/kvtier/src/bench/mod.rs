@@ -1,6 +1,9 @@
 //! `kvtier bench`: latency-vs-concurrency sweeps against kvtier (and a Redis
-//! peer), written as `record.json`, `summary.md` and `report.html`; and
-//! `kvtier bench compare A/record.json B/record.json`.
+//! peer), written as `record.json`, `summary.md` and `report.html`;
+//! `kvtier bench ab` (two binaries, alternating repeats: `ab.rs`) and
+//! `kvtier bench compare A B` (what changed between two perf records).
+mod ab;
+
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -23,13 +26,19 @@ pub struct BenchArgs {
 
 #[derive(Subcommand, Debug)]
 enum BenchCmd {
-    /// Regression table of two records (B against A).
+    /// What changed between two perf records (any with the header: a
+    /// `kvtier bench` or `bench ab` record.json, notes/*.json): conditions
+    /// first (commit, dirty, machine, command, versions), then the numbers
+    /// with B / A.
     Compare {
-        /// Baseline record.json.
-        a: PathBuf,
-        /// New record.json.
-        b: PathBuf,
+        /// Two records: A (the baseline), then B.
+        #[arg(num_args = 2, required = true, value_name = "RECORD")]
+        records: Vec<PathBuf>,
     },
+    /// A/B of two revisions (or one with and without a setting): builds
+    /// both (cached per commit), runs the bench workload on each in
+    /// alternating repeats, writes both sides and head / base of the medians.
+    Ab(Box<ab::AbArgs>),
 }
 
 #[derive(Args, Debug)]
@@ -149,9 +158,13 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
 
 /// Runs `kvtier bench`.
 pub async fn run(a: BenchArgs) -> anyhow::Result<()> {
-    if let Some(BenchCmd::Compare { a, b }) = a.cmd {
-        crate::cli::print(kvtier_bench::compare_files(a, b)?)?;
-        return Ok(());
+    match a.cmd {
+        Some(BenchCmd::Compare { records }) => {
+            let text = kvtier_bench::diff::compare_files(&records[0], &records[1])?;
+            return crate::cli::print(text);
+        }
+        Some(BenchCmd::Ab(ab)) => return tokio::task::spawn_blocking(move || ab::run(*ab)).await?,
+        None => {}
     }
     let r = a.run;
     if let Some(spec) = r.worker {
