@@ -4,9 +4,12 @@
 a 256-block prefix) through one node's address, where about a third of the
 blocks come from the other nodes, and through the node list, where none do.
 
-Runs scripts/bench-cluster.py for A, B, A, B (interleaved, so drift on this
-shared machine hits both), then compares medians across all of each
-binary's repeats. Writes OUT/record.json and OUT/summary.md.
+Runs scripts/bench-cluster.py for A and B in perf.ab's alternating order
+(A B, B A, ...: drift on this shared machine hits both), then compares the
+medians over each binary's repeats (perf.ab.ratio: repeats outside
+0.75-1.33x their median are listed). Writes OUT/record.json and
+OUT/summary.md. It stays a script because `kvtier bench ab` starts one
+server per side, not a cluster (docs/bench-ab.md).
 
   scripts/ab-readahead.py --a /tmp/kvtier-base --b target/release/kvtier --out out/ab-readahead
 """
@@ -18,10 +21,11 @@ import statistics
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 from _perf import ROOT
 
-from perf import header, versions, write_record
+from perf import alternate, header, ratio, versions, write_record
 
 
 def run(binary: str, out: Path, a) -> dict:
@@ -56,20 +60,25 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     head = header(versions={**versions(), "kvtier (A)": versions("kvtier", paths={"kvtier": a.a})["kvtier"],
                             "kvtier (B)": versions("kvtier", paths={"kvtier": a.b})["kvtier"]})
-    runs: list[dict] = []
-    for r in range(a.rounds):
-        for label, binary in (("A", a.a), ("B", a.b)):
-            rec = run(binary, out / f"{label}{r}", a)
-            runs.append({"binary": label, "round": r, "single": samples(rec, "single"),
-                         "direct": samples(rec, "direct")})
-            print(f"{label}{r}: single {runs[-1]['single']['ops_s']:.3f}/s direct {runs[-1]['direct']['ops_s']:.3f}/s",
-                  flush=True)
+    binaries = {"A": a.a, "B": a.b}
+
+    def one(label: str, r: int) -> dict:
+        rec = run(binaries[label], out / f"{label}{r}", a)
+        x: dict[str, Any] = {"binary": label, "round": r, "single": samples(rec, "single"),
+                             "direct": samples(rec, "direct")}
+        print(f"{label}{r}: single {x['single']['ops_s']:.3f}/s direct {x['direct']['ops_s']:.3f}/s", flush=True)
+        return x
+
+    by = alternate(["A", "B"], a.rounds, one)
+    runs = sorted(by["A"] + by["B"], key=lambda x: (x["round"], x["binary"]))
     result = {}
     for path in ("single", "direct"):
-        med = {lab: statistics.median(x[path]["ops_s"] for x in runs if x["binary"] == lab) for lab in ("A", "B")}
-        p99 = {lab: statistics.median(x[path]["p99_ms"] for x in runs if x["binary"] == lab) for lab in ("A", "B")}
-        result[path] = {"median_reads_s": med, "median_p99_ms": p99, "b_over_a": med["B"] / med["A"],
-                        "p99_b_over_a": p99["B"] / p99["A"]}
+        ops = ratio([x[path]["ops_s"] for x in by["A"]], [x[path]["ops_s"] for x in by["B"]])
+        p99 = {lab: statistics.median(x[path]["p99_ms"] for x in by[lab]) for lab in ("A", "B")}
+        med = {"A": ops["base"]["median"], "B": ops["head"]["median"]}
+        result[path] = {"median_reads_s": med, "median_p99_ms": p99, "b_over_a": ops["ratio"],
+                        "p99_b_over_a": p99["B"] / p99["A"],
+                        "outliers": {"A": ops["base"]["outliers"], "B": ops["head"]["outliers"]}}
     write_record(out / "record.json", {
         "a_commit": a.a_commit,
         "method": (__doc__ or "").split("\n\n")[0].replace("\n", " "),
