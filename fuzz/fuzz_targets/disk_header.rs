@@ -1,5 +1,6 @@
-//! Fuzzes the disk record header decoder (also the object store's objects).
+//! Fuzzes the disk record header decoder (also the object store's objects;
+//! see kvtier_server::fuzzing::disk_header).
 #![no_main]
 libfuzzer_sys::fuzz_target!(|data: &[u8]| {
-    let _ = kvtier_core::disk::format::decode_header(data);
+    kvtier_server::fuzzing::disk_header(data);
 });

@@ -1,16 +1,53 @@
-//! The request-decoding path, as one function fuzzers and property tests drive:
-//! protobuf decode of every request type of both gRPC APIs (with the list
-//! limits checked first, as the servers' codec does), then the same
-//! validation the handlers run. It must never panic, and whatever validation
-//! accepts must satisfy the invariants asserted here (a block that passes has a
-//! payload matching its checksum, a valid key and a size within the limit).
+//! The entry points the fuzz targets (fuzz/fuzz_targets/), the corpus replay
+//! test (tests/fuzz_corpus.rs) and the property tests drive, one per target
+//! ([`TARGETS`]; fuzz/README.md says how each is run). Each must never panic
+//! and asserts its parser's invariants.
+//!
+//! The request-decoding path ([`decode_and_validate`]): protobuf decode of
+//! every request type of both gRPC APIs (with the list limits checked first,
+//! as the servers' codec does), then the same validation the handlers run;
+//! whatever validation accepts must satisfy the invariants asserted there (a
+//! block that passes has a payload matching its checksum, a valid key and a
+//! size within the limit).
 use crate::messages::block_from_pb;
 use crate::state;
-use kvtier_core::Namespace;
+use kvtier_core::{BlockId, Key, Namespace};
 use kvtier_proto::{bounded, kvstore, v1};
 
 /// Largest block accepted by the fuzzed validation.
 pub const FUZZ_MAX_BLOCK: u64 = 1 << 16;
+
+/// A fuzz target's function of one input.
+pub type Target = fn(&[u8]);
+
+/// Every fuzz target by its name in fuzz/Cargo.toml, and the function it
+/// runs on one input. The replay test sends each file of
+/// `fuzz/corpus/<name>/` and `fuzz/regressions/<name>/` through these.
+pub const TARGETS: &[(&str, Target)] = &[
+    ("data_plane", |d| {
+        data_plane_session(d);
+    }),
+    ("decode_request", decode_and_validate),
+    ("disk_header", disk_header),
+    ("http_request", |d| {
+        http_request(d);
+    }),
+    ("kvstore_location", kvstore_location),
+    ("object_decode", object_decode),
+];
+
+/// The namespace of [`object_id`].
+pub const OBJECT_NAMESPACE: &str = "fuzz/ns";
+/// The key of [`object_id`].
+pub const OBJECT_KEY: &[u8] = b"k";
+
+/// The block [`object_decode`] asks for.
+pub fn object_id() -> BlockId {
+    BlockId::new(
+        Namespace::new(OBJECT_NAMESPACE).expect("a valid namespace"),
+        Key::new(OBJECT_KEY.to_vec()).expect("a valid key"),
+    )
+}
 
 /// Decodes `data` as each request type and validates what decodes.
 pub fn decode_and_validate(data: &[u8]) {
@@ -49,7 +86,7 @@ pub fn decode_and_validate(data: &[u8]) {
         let _ = state::keys(&req.keys);
     }
     if let Ok(req) = bounded::decode::<kvstore::WriteRequest>(data) {
-        let ns = crate::grpc::compat::tenant_namespace(&req.resource_name, &req.container_name);
+        let ns = crate::grpc::kvstore::tenant_namespace(&req.resource_name, &req.container_name);
         assert!(!ns.as_str().is_empty());
     }
     let _ = bounded::decode::<kvstore::LookupRequest>(data);
@@ -90,6 +127,9 @@ pub fn data_plane_session(input: &[u8]) -> Vec<u8> {
             shared,
             FUZZ_MAX_BLOCK * 4,
             stop,
+            crate::limits::Conns::new(1, 1, 0)
+                .admit(None)
+                .expect("an empty table admits"),
         ));
         let input = input.to_vec();
         let session = async move {
@@ -174,4 +214,35 @@ pub fn http_request(input: &[u8]) -> Option<u16> {
     });
     assert!(!status.is_server_error(), "{uri} -> {status}");
     Some(status.as_u16())
+}
+
+/// Decodes the disk record header (also the object store's object header,
+/// docs/disk-format.md): a header or an error, never a panic, and a decoded
+/// header lies within the bytes it was decoded from.
+pub fn disk_header(data: &[u8]) {
+    if let Ok(h) = kvtier_core::disk::format::decode_header(data) {
+        assert!(h.header_len <= data.len(), "a header longer than its input");
+    }
+}
+
+/// Decodes `data` as the object fetched for [`object_id`]: that block,
+/// whole and checksummed, or an error.
+pub fn object_decode(data: &[u8]) {
+    let id = object_id();
+    if let Ok(b) = kvtier_object::decode_object(&id, "fuzz", bytes::Bytes::copy_from_slice(data)) {
+        assert_eq!(b.meta.id, id);
+        b.verify().expect("a decoded object verifies");
+    }
+}
+
+/// Parses `data` as a kvstore `Read` location: a string either names a data
+/// key, and is then exactly the location `Lookup` gives for that key (in
+/// any case of its hex digits), or is refused.
+pub fn kvstore_location(data: &[u8]) {
+    use crate::grpc::kvstore_records::{location, parse_location};
+    if let Ok(s) = std::str::from_utf8(data)
+        && let Some(k) = parse_location(s)
+    {
+        assert_eq!(location(&k), s.to_ascii_lowercase());
+    }
 }
