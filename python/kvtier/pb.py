@@ -2,7 +2,7 @@
 
 ``v1`` holds the ``kvtier.v1`` messages (``v1.LookupRequest``, ``v1.Block``, ...), ``wire``
 the data plane's metadata messages (``wire.WireReadRequest``, ...),
-``v1_grpc`` the ``KvTierStub``; ``kvstore`` / ``kvstore_grpc`` the seed-compatible
+``v1_grpc`` the ``KvTierStub``; ``kvstore`` / ``kvstore_grpc`` the seed's
 ``kvstore.KVStoreService`` API.
 """
 from ._proto import load as _load

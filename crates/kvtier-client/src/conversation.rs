@@ -1,10 +1,10 @@
-//! A multi-turn chat against the seed-compatible API, in the shape of the
+//! A multi-turn chat against the seed's kvstore API, in the shape of the
 //! seed's playground: each turn looks the whole conversation up, reads the
 //! cached blocks, "computes" the rest (the caller's job) and writes back the
 //! new full 128-token blocks. Used by `examples/conversation` and by
 //! `kvtier bench --workload conversation`.
 use crate::Result;
-use crate::compat::{CompatClient, chunk_hashes};
+use crate::kvstore::{KvStoreClient, chunk_hashes};
 use bytes::Bytes;
 use kvtier_proto::kvstore::PromptChunk;
 use std::time::{Duration, Instant};
@@ -50,7 +50,7 @@ impl Conversation {
     /// KV bytes of block `i` (what the engine's prefill would have computed).
     pub async fn turn(
         &mut self,
-        client: &CompatClient,
+        client: &KvStoreClient,
         new_tokens: &[i64],
         payload: impl Fn(usize, u64) -> Bytes,
     ) -> Result<Turn> {

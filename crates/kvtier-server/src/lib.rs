@@ -496,9 +496,9 @@ type GrpcRouter = tonic::transport::server::Router<
 
 fn grpc_router(cfg: &Config, shared: Shared) -> anyhow::Result<GrpcRouter> {
     let max = cfg.server.max_message_size.bytes() as usize;
-    let compat = KvStoreServiceServer::new(grpc::compat::CompatService::new(
+    let kvstore = KvStoreServiceServer::new(grpc::kvstore::KvStoreApi::new(
         shared.clone(),
-        &cfg.compat,
+        &cfg.kvstore,
     )?)
     .max_decoding_message_size(max)
     .max_encoding_message_size(max);
@@ -525,7 +525,7 @@ fn grpc_router(cfg: &Config, shared: Shared) -> anyhow::Result<GrpcRouter> {
             .set_serving::<KvTierServer<grpc::v1::V1Service>>()
             .await;
         health_reporter
-            .set_serving::<KvStoreServiceServer<grpc::compat::CompatService>>()
+            .set_serving::<KvStoreServiceServer<grpc::kvstore::KvStoreApi>>()
             .await;
     });
     // Server reflection (v1 and the older v1alpha that some tools still ask for).
@@ -553,5 +553,5 @@ fn grpc_router(cfg: &Config, shared: Shared) -> anyhow::Result<GrpcRouter> {
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
         .add_service(v1)
-        .add_service(compat))
+        .add_service(kvstore))
 }

@@ -1,5 +1,5 @@
 //! Wiring of the object-store tier (`[object_store]`, per-namespace stores,
-//! per-tenant stores from `[[compat.tenants]]`) into the engine.
+//! per-tenant stores from `[[kvstore.tenants]]`) into the engine.
 use crate::config::Config;
 use kvtier_core::{EngineBuilder, ObjectOptions};
 use kvtier_object::{ObjectTier, ObjectTierConfig};
@@ -13,7 +13,7 @@ pub fn tier_config(cfg: &Config) -> Option<ObjectTierConfig> {
         .iter()
         .map(|n| (n.namespace.clone(), n.url.clone()))
         .collect();
-    for t in &cfg.compat.tenants {
+    for t in &cfg.kvstore.tenants {
         if let Some(url) = &t.object_store {
             namespaces.push((t.namespace.clone(), url.clone()));
         }

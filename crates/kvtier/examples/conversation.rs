@@ -1,4 +1,4 @@
-//! A multi-turn chat workload against the seed-compatible API
+//! A multi-turn chat workload against the seed's kvstore API
 //! (`kvstore.KVStoreService`), shaped like the seed's playground.
 //!
 //! ```text
@@ -10,8 +10,8 @@
 //! blocks of ~1.2 MB. Prints hits, misses and latencies per turn.
 use bytes::Bytes;
 use kvtier_client::ClientConfig;
-use kvtier_client::compat::CompatClient;
 use kvtier_client::conversation::Conversation;
+use kvtier_client::kvstore::KvStoreClient;
 use std::time::Duration;
 
 const BLOCK_BYTES: usize = 1_200_000;
@@ -39,7 +39,7 @@ async fn main() -> anyhow::Result<()> {
     let conversations: usize = args.get(1).and_then(|s| s.parse().ok()).unwrap_or(3);
     let turns: usize = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(5);
     let client =
-        CompatClient::connect(ClientConfig::new(addr.clone()), "playground", "kvcache").await?;
+        KvStoreClient::connect(ClientConfig::new(addr.clone()), "playground", "kvcache").await?;
     println!("conversation workload against {addr}: {conversations} conversations x {turns} turns");
     println!(
         "{:>4} {:>4} {:>6} {:>4} {:>6} {:>10} {:>12} {:>13}",

@@ -17,8 +17,11 @@ pub struct Config {
     pub engine: EngineSection,
     /// The local disk tier (disabled when `dir` is empty).
     pub disk: DiskSection,
-    /// The seed-compatible `kvstore.KVStoreService` API.
-    pub compat: CompatSection,
+    /// The seed's `kvstore.KVStoreService` API. `[compat]`, its name before
+    /// docs/architecture.md's glossary settled on "kvstore", is still read
+    /// (deprecated; docs/api.md).
+    #[serde(alias = "compat")]
+    pub kvstore: KvStoreSection,
     /// The shared object-store tier (disabled when no URL is set).
     pub object_store: ObjectStoreSection,
     /// Authentication and access control (docs/security.md).
@@ -216,10 +219,10 @@ impl DiskSection {
     }
 }
 
-/// `[compat]`: the seed service's API.
+/// `[kvstore]` (deprecated alias `[compat]`): the seed service's API.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
-pub struct CompatSection {
+pub struct KvStoreSection {
     /// Tokens per block (the seed service uses 128).
     pub block_size: usize,
     /// Refuse tenants not listed in `tenants` (default: create on first use).
@@ -228,7 +231,7 @@ pub struct CompatSection {
     pub tenants: Vec<TenantMapping>,
 }
 
-impl Default for CompatSection {
+impl Default for KvStoreSection {
     fn default() -> Self {
         Self {
             block_size: 128,
@@ -238,7 +241,7 @@ impl Default for CompatSection {
     }
 }
 
-/// One `[[compat.tenants]]` entry.
+/// One `[[kvstore.tenants]]` entry.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct TenantMapping {
@@ -514,12 +517,12 @@ impl Config {
                 e.max_block_size
             );
         }
-        kvtier_core::keys::check_block_size(self.compat.block_size)
-            .map_err(|x| anyhow::anyhow!("compat.block_size: {x}"))?;
-        for t in &self.compat.tenants {
+        kvtier_core::keys::check_block_size(self.kvstore.block_size)
+            .map_err(|x| anyhow::anyhow!("kvstore.block_size: {x}"))?;
+        for t in &self.kvstore.tenants {
             kvtier_core::Namespace::new(&t.namespace).map_err(|x| {
                 anyhow::anyhow!(
-                    "compat.tenants ({}, {}): {x}",
+                    "kvstore.tenants ({}, {}): {x}",
                     t.resource_name,
                     t.container_name
                 )
@@ -632,11 +635,41 @@ mod tests {
     }
 
     #[test]
+    fn kvstore_section_reads_its_deprecated_name_compat_too() {
+        let body = "block_size = 64\nstrict_tenants = true\n";
+        let tenant = "resource_name = \"r\"\ncontainer_name = \"c\"\nnamespace = \"t\"\n";
+        let new =
+            Config::parse(&format!("[kvstore]\n{body}[[kvstore.tenants]]\n{tenant}")).unwrap();
+        let old = Config::parse(&format!("[compat]\n{body}[[compat.tenants]]\n{tenant}")).unwrap();
+        assert_eq!(new.kvstore.block_size, 64);
+        assert!(new.kvstore.strict_tenants);
+        assert_eq!(new.kvstore.tenants[0].namespace, "t");
+        assert_eq!(old, new);
+        assert_ne!(new.kvstore, KvStoreSection::default());
+        // Written out (--print-config) under the new name only.
+        let printed = old.to_toml();
+        assert!(
+            printed.contains("[kvstore]") && !printed.contains("compat"),
+            "{printed}"
+        );
+        // Validation names the section by its new name, whichever was written.
+        let e = Config::parse("[compat]\nblock_size = 0\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("kvstore.block_size"), "{e}");
+        // Both names at once is one section given twice.
+        let e = Config::parse("[kvstore]\nblock_size = 64\n[compat]\nblock_size = 64\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("duplicate"), "{e}");
+    }
+
+    #[test]
     fn object_store_section_and_tenant_stores() {
         let c = Config::parse(
             "[object_store]\nurl = \"s3://b/p\"\nwrite_policy = \"write-through\"\n\
              [[object_store.namespaces]]\nnamespace = \"n1\"\nurl = \"az://c/x\"\n\
-             [[compat.tenants]]\nresource_name = \"r\"\ncontainer_name = \"c\"\nnamespace = \"t\"\nobject_store = \"az://t/kv\"\n",
+             [[kvstore.tenants]]\nresource_name = \"r\"\ncontainer_name = \"c\"\nnamespace = \"t\"\nobject_store = \"az://t/kv\"\n",
         )
         .unwrap();
         assert_eq!(

@@ -1,5 +1,5 @@
 //! How the seed service's blocks are stored in the engine: the record layout
-//! behind `kvstore.KVStoreService` ([`super::compat`]), kept apart from the
+//! behind `kvstore.KVStoreService` ([`super::kvstore`]), kept apart from the
 //! gRPC handlers so the protocol file knows requests and this one knows bytes.
 //!
 //! The seed service addresses a block by its own 128 tokens and lets the same

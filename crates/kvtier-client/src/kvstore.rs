@@ -1,7 +1,7 @@
-//! Client of the seed-compatible `kvstore.KVStoreService` API.
+//! Client of the seed's `kvstore.KVStoreService` API.
 //!
 //! Existing clients of the seed service use their own generated stubs; this
-//! module gives Rust callers (and `kvtier bench --api compat`) the same pooled
+//! module gives Rust callers (and `kvtier bench --api kvstore`) the same pooled
 //! connections and deadlines as the native client, plus the chunking helpers:
 //! a prompt is cut into 128-token chunks whose `hash` chains over the previous
 //! chunk's hash (`xxh3_64(parent_hash LE || tokens as i64 LE)`, a client-side
@@ -55,7 +55,7 @@ pub fn chunks(
 
 /// A pooled `kvstore.KVStoreService` client for one tenant.
 #[derive(Clone)]
-pub struct CompatClient {
+pub struct KvStoreClient {
     pool: Arc<Vec<KvStoreServiceClient<Channel>>>,
     next: Arc<AtomicUsize>,
     resource: String,
@@ -73,7 +73,7 @@ fn in_band(success: bool, error: &str) -> Result<()> {
     }
 }
 
-impl CompatClient {
+impl KvStoreClient {
     /// Connects a pool for tenant (`resource_name`, `container_name`).
     pub async fn connect(cfg: ClientConfig, resource: &str, container: &str) -> Result<Self> {
         let max = 512 << 20;
@@ -172,5 +172,24 @@ impl CompatClient {
             out.push(r);
         }
         Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// Code outside this repository may still name the module's old path.
+    #[test]
+    #[allow(deprecated)]
+    fn the_deprecated_compat_path_names_the_same_items() {
+        use std::any::TypeId;
+        assert_eq!(
+            TypeId::of::<crate::compat::CompatClient>(),
+            TypeId::of::<super::KvStoreClient>()
+        );
+        let tokens: Vec<i64> = (0..300).collect();
+        assert_eq!(
+            crate::compat::chunk_hashes(&tokens, 128),
+            super::chunk_hashes(&tokens, 128)
+        );
     }
 }

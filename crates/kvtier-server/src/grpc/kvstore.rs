@@ -15,7 +15,7 @@
 //! status is OK. `ServerMetrics` are measured: storage = time inside the tiers,
 //! total = request arrival to response ready, overhead = total − storage.
 use super::kvstore_records as records;
-use crate::config::CompatSection;
+use crate::config::KvStoreSection;
 use crate::state::{self, Shared};
 use crate::timing::Clock;
 use bytes::Bytes;
@@ -34,9 +34,10 @@ const API: &str = "kvstore";
 /// Requests of a StreamingRead processed concurrently (answers stay in order).
 const STREAM_PIPELINE: usize = 16;
 
-/// The service.
+/// The service (named apart from the generated trait it implements,
+/// `KvStoreService`).
 #[derive(Clone)]
-pub struct CompatService {
+pub struct KvStoreApi {
     shared: Shared,
     block_size: usize,
     strict: bool,
@@ -78,14 +79,14 @@ pub fn tenant_namespace(resource: &str, container: &str) -> Namespace {
     Namespace::new(&name).expect("generated namespaces are valid")
 }
 
-impl CompatService {
-    /// Builds the service from the `[compat]` config section.
-    pub fn new(shared: Shared, cfg: &CompatSection) -> anyhow::Result<Self> {
+impl KvStoreApi {
+    /// Builds the service from the `[kvstore]` config section.
+    pub fn new(shared: Shared, cfg: &KvStoreSection) -> anyhow::Result<Self> {
         let mut tenants = HashMap::new();
         for t in &cfg.tenants {
             let ns = Namespace::new(&t.namespace).map_err(|e| {
                 anyhow::anyhow!(
-                    "compat.tenants: {}/{}: {}",
+                    "kvstore.tenants: {}/{}: {}",
                     t.resource_name,
                     t.container_name,
                     e.message
@@ -359,7 +360,7 @@ fn respond<T: InBandResponse>(r: InBand<T>, clock: &Clock) -> (T, &'static str) 
     (resp, code)
 }
 
-impl CompatService {
+impl KvStoreApi {
     /// Runs `f` as request `op` (see [`Shared::serve`]): a shed request is a
     /// gRPC error (clients retry it), everything else an in-band answer.
     async fn serve<T: InBandResponse>(
@@ -402,7 +403,7 @@ impl CompatService {
 type ReadStream = Pin<Box<dyn Stream<Item = Result<pb::ReadResponse, Status>> + Send>>;
 
 #[tonic::async_trait]
-impl KvStoreService for CompatService {
+impl KvStoreService for KvStoreApi {
     async fn lookup(
         &self,
         request: Request<pb::LookupRequest>,

@@ -3,7 +3,7 @@ mod common;
 
 use bytes::Bytes;
 use kvtier_client::ClientConfig;
-use kvtier_client::compat::{CompatClient, chunk_hashes, chunks};
+use kvtier_client::kvstore::{KvStoreClient, chunk_hashes, chunks};
 use kvtier_proto::kvstore as pb;
 use kvtier_proto::kvstore::kv_store_service_client::KvStoreServiceClient;
 
@@ -19,8 +19,8 @@ fn prompt(n_tokens: usize, salt: i64) -> Vec<i64> {
     (0..n_tokens as i64).map(|t| t * 31 + salt).collect()
 }
 
-async fn compat(server: &kvtier_server::Server, resource: &str, container: &str) -> CompatClient {
-    CompatClient::connect(
+async fn client(server: &kvtier_server::Server, resource: &str, container: &str) -> KvStoreClient {
+    KvStoreClient::connect(
         ClientConfig::new(common::raw_endpoint(server)),
         resource,
         container,
@@ -41,7 +41,7 @@ fn check_metrics(m: &Option<pb::ServerMetrics>) {
 #[tokio::test]
 async fn conversation_lookup_read_versions_and_streaming() {
     let (server, _) = common::start(common::test_config()).await;
-    let c = compat(&server, "acct1", "kv").await;
+    let c = client(&server, "acct1", "kv").await;
     let toks = prompt(128 * 3, 5);
     let data: Vec<Bytes> = (0..3).map(|i| payload(i, 1_200_000)).collect();
     for ch in chunks(&toks, 128, &data, "p1") {
@@ -125,7 +125,7 @@ async fn conversation_lookup_read_versions_and_streaming() {
 #[tokio::test]
 async fn tenants_are_isolated_and_strict_mode_refuses_unknown() {
     let mut cfg = common::test_config();
-    cfg.compat
+    cfg.kvstore
         .tenants
         .push(kvtier_server::config::TenantMapping {
             resource_name: "known".into(),
@@ -134,8 +134,8 @@ async fn tenants_are_isolated_and_strict_mode_refuses_unknown() {
             object_store: None,
         });
     let (server, _) = common::start(cfg.clone()).await;
-    let a = compat(&server, "acct-a", "kv").await;
-    let b = compat(&server, "acct-b", "kv").await;
+    let a = client(&server, "acct-a", "kv").await;
+    let b = client(&server, "acct-b", "kv").await;
     let toks = prompt(128 * 2, 1);
     for ch in chunks(&toks, 128, &[payload(1, 100), payload(2, 100)], "") {
         a.write(ch).await.unwrap();
@@ -150,7 +150,7 @@ async fn tenants_are_isolated_and_strict_mode_refuses_unknown() {
     let loc = a.lookup(&toks).await.unwrap().locations[0].location.clone();
     assert!(!b.read(&loc).await.unwrap().found);
     // The mapped tenant lands in its configured namespace.
-    let k = compat(&server, "known", "c").await;
+    let k = client(&server, "known", "c").await;
     for ch in chunks(&toks, 128, &[payload(1, 10), payload(2, 10)], "") {
         k.write(ch).await.unwrap();
     }
@@ -158,7 +158,7 @@ async fn tenants_are_isolated_and_strict_mode_refuses_unknown() {
     assert!(stats.tiers[0].blocks >= 12);
     server.shutdown().await.unwrap();
 
-    cfg.compat.strict_tenants = true;
+    cfg.kvstore.strict_tenants = true;
     let (server, _) = common::start(cfg).await;
     let mut raw = KvStoreServiceClient::connect(common::raw_endpoint(&server))
         .await
@@ -277,7 +277,7 @@ async fn malformed_requests_get_in_band_errors() {
 #[tokio::test]
 async fn conversation_turns_hit_the_growing_prefix() {
     let (server, _) = common::start(common::test_config()).await;
-    let c = compat(&server, "play", "ground").await;
+    let c = client(&server, "play", "ground").await;
     let mut conv = kvtier_client::conversation::Conversation::new(128);
     let t1 = conv
         .turn(&c, &prompt(300, 1), |i, _| payload(i, 1000))
@@ -301,7 +301,7 @@ async fn conversation_turns_hit_the_growing_prefix() {
 async fn lookups_over_the_block_limit_are_refused() {
     // As kvtier.v1 refuses more than 65,536 keys: before any block is looked up.
     let mut cfg = common::test_config();
-    cfg.compat.block_size = 2;
+    cfg.kvstore.block_size = 2;
     let (server, _) = common::start(cfg).await;
     let mut raw = KvStoreServiceClient::connect(common::raw_endpoint(&server))
         .await
