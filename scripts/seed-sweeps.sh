@@ -19,7 +19,7 @@ case "${1:?which note: 004 or 005}" in
           --peer redis://spawn --probe --sla read.p99=100ms,lookup.p99=10ms,write.p99=100ms) ;;
   005)
     name=005-seed001-conversation
-    args=(--workload conversation --api compat --processes 8 --concurrency 1,2,4,8,10
+    args=(--workload conversation --api kvstore --processes 8 --concurrency 1,2,4,8,10
           --peer redis://spawn --sla read.p50=25ms,read.p50=30ms --target-tokens-per-s 1000000) ;;
   *) echo "unknown note $1"; exit 2 ;;
 esac

@@ -42,7 +42,7 @@ use progress::spawn_ticker;
 pub struct ServerTimes {
     /// Accepted → started (`None` when the API does not report it).
     pub queue_us: Option<u64>,
-    /// Started → done (the compat API reports only the total: service = total there).
+    /// Started → done (the kvstore API reports only the total: service = total there).
     pub service_us: u64,
     /// Time inside the storage tiers.
     pub storage_us: u64,

@@ -136,11 +136,11 @@ impl BenchConfig {
 
 fn check(cfg: &BenchConfig) -> anyhow::Result<()> {
     anyhow::ensure!(
-        !(cfg.workload == Workload::Kv && cfg.api == Api::Compat),
+        !(cfg.workload == Workload::Kv && cfg.api == Api::KvStore),
         "the kv workload needs --api v1 (the kvstore API has no text keys)"
     );
     anyhow::ensure!(
-        !(matches!(cfg.workload, Workload::Ping | Workload::LookupPing) && cfg.api == Api::Compat),
+        !(matches!(cfg.workload, Workload::Ping | Workload::LookupPing) && cfg.api == Api::KvStore),
         "the ping workloads need --api v1"
     );
     anyhow::ensure!(
@@ -151,7 +151,7 @@ fn check(cfg: &BenchConfig) -> anyhow::Result<()> {
     anyhow::ensure!(
         nodes <= 1 || cfg.api == Api::V1,
         "--target lists {nodes} addresses (a cluster's nodes): only --api v1 drives a cluster \
-         (through the node list); give --api compat one address"
+         (through the node list); give --api kvstore one address"
     );
     anyhow::ensure!(
         !cfg.concurrency.is_empty() || !cfg.rates.is_empty(),

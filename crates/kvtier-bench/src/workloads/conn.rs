@@ -24,7 +24,7 @@ pub enum Conn {
     /// connections when used) and, for pings, tuned tonic channels.
     V1(Box<V1Client>, Vec<Channel>),
     /// Tuned tonic channels; worker i uses channel i mod n.
-    Compat(Vec<Channel>),
+    KvStore(Vec<Channel>),
 }
 
 /// How to connect to kvtier.
@@ -145,7 +145,7 @@ impl Conn {
         anyhow::ensure!(
             addrs.len() <= 1 || opts.api == Api::V1,
             "--target lists {} addresses (a cluster's nodes): only --api v1 drives a cluster \
-             (through the node list); give --api compat one address",
+             (through the node list); give --api kvstore one address",
             addrs.len()
         );
         let mut cfg = ClientConfig::new(addrs[0].replacen("grpc://", "http://", 1));
@@ -200,7 +200,7 @@ impl Conn {
                 }
                 Conn::V1(Box::new(c), health)
             }
-            Api::Compat => Conn::Compat(
+            Api::KvStore => Conn::KvStore(
                 kvtier_client::connect_pool(&cfg)
                     .await
                     .context("connecting")?,
@@ -247,7 +247,7 @@ impl Conn {
     }
 }
 
-pub(super) fn compat_client(ch: Channel) -> KvStoreServiceClient<Channel> {
+pub(super) fn kvstore_client(ch: Channel) -> KvStoreServiceClient<Channel> {
     KvStoreServiceClient::new(ch)
         .max_decoding_message_size(512 << 20)
         .max_encoding_message_size(512 << 20)

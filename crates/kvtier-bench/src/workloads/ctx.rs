@@ -9,7 +9,7 @@ use kvtier_client::WriteBlock;
 use kvtier_core::Key;
 use kvtier_proto::kvstore as pb;
 
-use super::conn::compat_client;
+use super::conn::kvstore_client;
 use super::{
     BLOCK_TOKENS, CHAIN_BLOCKS, CONV_BLOCKS, CONVERSATIONS, Conn, KV_KEYS, PREFIX_BLOCKS, Workload,
     block_hash, kv_key, mix, stream_chain, stream_conv, stream_prefix, tokens,
@@ -126,7 +126,7 @@ impl Ctx {
                     }
                 }
             }
-            Conn::Compat(chans) => {
+            Conn::KvStore(chans) => {
                 anyhow::ensure!(
                     self.workload != Workload::Kv,
                     "the kv workload needs --api v1 (the kvstore API has no text keys)"
@@ -135,7 +135,7 @@ impl Ctx {
                     self.workload != Workload::PrefixRead,
                     "the prefix-read workload needs --api v1 (the kvstore API reads one block per call)"
                 );
-                let mut c = compat_client(chans[0].clone());
+                let mut c = kvstore_client(chans[0].clone());
                 let mut write_chain = async |stream: u64, blocks: usize| -> anyhow::Result<()> {
                     let t = tokens(n, stream, blocks * BLOCK_TOKENS);
                     let mut parent = 0;
@@ -173,7 +173,7 @@ impl Ctx {
         Ok(())
     }
 
-    /// Finds the preloaded data (keys, compat locations) without writing.
+    /// Finds the preloaded data (keys, kvstore locations) without writing.
     pub async fn discover(&mut self, conn: &Conn) -> anyhow::Result<()> {
         let n = self.nonce;
         match conn {
@@ -188,11 +188,11 @@ impl Ctx {
                     })
                     .collect();
             }
-            Conn::Compat(chans) => {
+            Conn::KvStore(chans) => {
                 if self.needs_chain() {
-                    let mut c = compat_client(chans[0].clone());
+                    let mut c = kvstore_client(chans[0].clone());
                     let r = c
-                        .lookup(self.compat_lookup(stream_chain(), CHAIN_BLOCKS))
+                        .lookup(self.kvstore_lookup(stream_chain(), CHAIN_BLOCKS))
                         .await?
                         .into_inner();
                     anyhow::ensure!(
@@ -208,7 +208,7 @@ impl Ctx {
         Ok(())
     }
 
-    pub(super) fn compat_lookup(&self, stream: u64, blocks: usize) -> pb::LookupRequest {
+    pub(super) fn kvstore_lookup(&self, stream: u64, blocks: usize) -> pb::LookupRequest {
         pb::LookupRequest {
             resource_name: self.resource.clone(),
             container_name: self.container.clone(),

@@ -19,7 +19,7 @@
 //!
 //! The parts: `options` (workload, API, transport), `ctx` (the run's data:
 //! naming, preload, discovery), `conn` (connecting), and one worker per API,
-//! `v1` and `compat`. This file holds what they share: the sizes above, the
+//! `v1` and `kvstore`. This file holds what they share: the sizes above, the
 //! deterministic naming of tokens and keys, which operation each unit is, and
 //! [`KvWorker`], the worker the load loops drive.
 
@@ -29,19 +29,19 @@ use kvtier_core::Key;
 
 use crate::load::{Sample, Unit};
 
-mod compat;
 mod conn;
 mod ctx;
+mod kvstore;
 mod options;
 mod v1;
 
-pub use compat::CompatWorker;
 pub use conn::{Conn, ConnOpts, V1Client, target_addrs};
 pub use ctx::Ctx;
+pub use kvstore::KvStoreWorker;
 pub use options::{Api, Transport, Workload};
 pub use v1::V1Worker;
 
-use conn::{HealthClient, compat_client};
+use conn::{HealthClient, kvstore_client};
 
 /// Tokens per block.
 pub const BLOCK_TOKENS: usize = 128;
@@ -130,7 +130,7 @@ pub enum KvWorker {
     /// `kvtier.v1` through the Rust client.
     V1(V1Worker),
     /// The seed's `kvstore.KVStoreService`.
-    Compat(CompatWorker),
+    KvStore(KvStoreWorker),
 }
 
 impl KvWorker {
@@ -145,9 +145,9 @@ impl KvWorker {
                 id,
                 seq: 0,
             }),
-            Conn::Compat(ch) => KvWorker::Compat(CompatWorker {
+            Conn::KvStore(ch) => KvWorker::KvStore(KvStoreWorker {
                 ctx,
-                client: compat_client(ch[id.id as usize % ch.len()].clone()),
+                client: kvstore_client(ch[id.id as usize % ch.len()].clone()),
                 id,
                 seq: 0,
             }),
@@ -212,7 +212,7 @@ impl Unit for KvWorker {
                 w.unit(out).await;
                 w.seq += 1;
             }
-            KvWorker::Compat(w) => {
+            KvWorker::KvStore(w) => {
                 w.unit(out).await;
                 w.seq += 1;
             }

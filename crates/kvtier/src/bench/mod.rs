@@ -55,7 +55,8 @@ struct RunArgs {
     /// lookup | read | write | mixed | conversation | kv | ping | lookup-ping | prefix-read.
     #[arg(long, value_parser = Workload::parse)]
     workload: Option<Workload>,
-    /// v1 (kvtier.v1 via the Rust client) | compat (kvstore.KVStoreService).
+    /// v1 (kvtier.v1 via the Rust client) | kvstore (kvstore.KVStoreService;
+    /// `compat`, its old name, is read too).
     #[arg(long, default_value = "v1", value_parser = Api::parse)]
     api: Api,
     /// v1 Read/Write transport: auto (the data plane when the server offers

@@ -16,7 +16,7 @@ use super::{
 use crate::load::{Sample, ServerTimes};
 
 /// A worker on `kvstore.KVStoreService`.
-pub struct CompatWorker {
+pub struct KvStoreWorker {
     pub(super) ctx: std::sync::Arc<Ctx>,
     pub(super) client: KvStoreServiceClient<Channel>,
     pub(super) id: WorkerId,
@@ -24,7 +24,7 @@ pub struct CompatWorker {
     pub(super) seq: u64,
 }
 
-fn compat_times(m: Option<&pb::ServerMetrics>) -> Option<ServerTimes> {
+fn kvstore_times(m: Option<&pb::ServerMetrics>) -> Option<ServerTimes> {
     m.map(|m| ServerTimes {
         queue_us: None,
         service_us: m.total_latency_us.max(0) as u64,
@@ -35,25 +35,25 @@ fn compat_times(m: Option<&pb::ServerMetrics>) -> Option<ServerTimes> {
 
 /// If a kvstore call failed because the server shed it: the pause a client
 /// takes before its next request.
-fn shed_compat<T>(r: &Result<T, tonic::Status>) -> Option<std::time::Duration> {
+fn shed_kvstore<T>(r: &Result<T, tonic::Status>) -> Option<std::time::Duration> {
     match r {
         Err(s) if s.code() == tonic::Code::Unavailable => Some(kvtier_client::retry_pause(0, s)),
         _ => None,
     }
 }
 
-impl CompatWorker {
+impl KvStoreWorker {
     async fn c_lookup(&mut self, stream: u64, blocks: usize) -> (Sample, Vec<String>) {
-        let rq = self.ctx.compat_lookup(stream, blocks);
+        let rq = self.ctx.kvstore_lookup(stream, blocks);
         let c = &mut self.client;
         let sent = Instant::now();
         let r = c.lookup(req(rq)).await;
         let mut s = sample("lookup", sent);
-        s.shed = shed_compat(&r);
+        s.shed = shed_kvstore(&r);
         let mut locs = Vec::new();
         if let Ok(r) = r {
             let r = r.into_inner();
-            s.server = compat_times(r.server_metrics.as_ref());
+            s.server = kvstore_times(r.server_metrics.as_ref());
             s.error = !r.success;
             locs = r.locations.into_iter().map(|l| l.location).collect();
         }
@@ -71,10 +71,10 @@ impl CompatWorker {
         let sent = Instant::now();
         let r = c.read(req(rq)).await;
         let mut s = sample("read", sent);
-        s.shed = shed_compat(&r);
+        s.shed = shed_kvstore(&r);
         if let Ok(r) = r {
             let r = r.into_inner();
-            s.server = compat_times(r.server_metrics.as_ref());
+            s.server = kvstore_times(r.server_metrics.as_ref());
             s.error = !(r.success && r.found);
             s.bytes = r.chunk.map_or(0, |c| c.buffer.len() as u64);
             s.tokens = BLOCK_TOKENS as u64;
@@ -102,10 +102,10 @@ impl CompatWorker {
         let sent = Instant::now();
         let r = c.write(req(rq)).await;
         let mut s = sample("write", sent);
-        s.shed = shed_compat(&r);
+        s.shed = shed_kvstore(&r);
         if let Ok(r) = r {
             let r = r.into_inner();
-            s.server = compat_times(r.server_metrics.as_ref());
+            s.server = kvstore_times(r.server_metrics.as_ref());
             s.error = !r.success;
             s.bytes = self.ctx.value_size as u64;
             s.tokens = BLOCK_TOKENS as u64;
@@ -140,7 +140,7 @@ impl CompatWorker {
                 }
             }
             // Not offered by the seed's API (the sweep refuses these workloads
-            // with --api compat); counted as failures if ever reached.
+            // with --api kvstore); counted as failures if ever reached.
             Op::Kv | Op::Ping | Op::PrefixRead => out.push(sample("set", Instant::now())),
         }
     }
