@@ -158,6 +158,10 @@ impl Server {
             cfg.server.max_connections,
             cfg.server.idle_timeout,
             cfg.server.read_timeout,
+        )
+        .with_connections(
+            cfg.server.max_connections_per_client,
+            cfg.server.header_timeout,
         );
         let (stop, stop_rx) = watch::channel(false);
         let mut tasks = JoinSet::new();
@@ -267,7 +271,7 @@ impl Fronts<'_> {
         let mut grpc_addrs = Vec::new();
         // One concurrency limit per front (docs/operations.md).
         let grpc_shared = shared.for_front("grpc", &cfg.server);
-        let (max_conns, idle) = (cfg.server.max_connections, cfg.server.idle_timeout);
+        let idle = cfg.server.idle_timeout;
         for spec in cfg.listeners()? {
             let std_listener = std::net::TcpListener::bind(spec.addr)
                 .with_context(|| format!("cannot listen for gRPC on {}", spec.addr))?;
@@ -277,7 +281,7 @@ impl Fronts<'_> {
             let router = grpc_router(cfg, grpc_shared.clone())?;
             let rx = stop_rx.clone();
             let accept = GrpcAccept {
-                max_connections: max_conns,
+                conns: shared.limits.conns(0),
                 idle,
                 tls: tls.map(|t| t.grpc_acceptor()),
                 handshake_timeout: cfg.server.read_timeout,

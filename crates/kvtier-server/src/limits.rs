@@ -16,11 +16,13 @@ type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 mod activity;
 mod capped;
 mod charged;
+mod conns;
 mod layer;
 pub mod refused;
 mod reply;
 pub use activity::{Activity, InUse, activity_of};
 pub use capped::{Capped, ConnInfo, DRAIN_IDLE};
+pub use conns::{Busy, Conns, Full, RESERVE, Slot};
 pub use layer::{ChargeLayer, ChargeService};
 
 /// Most reads, across the server, that requests ended early (a data-plane
@@ -38,8 +40,12 @@ pub struct Limits {
     handoff: Arc<Semaphore>,
     /// `server.request_memory` in bytes.
     pub memory_bytes: u64,
-    /// `server.max_connections`, per data-plane listener.
+    /// `server.max_connections`, per listener.
     pub max_connections: usize,
+    /// `server.max_connections_per_client`, per listener.
+    pub max_connections_per_client: usize,
+    /// `server.header_timeout`.
+    pub header_timeout: Duration,
     /// `server.idle_timeout`.
     pub idle_timeout: Duration,
     /// `server.read_timeout`.
@@ -95,9 +101,29 @@ impl Limits {
             handoff: Arc::new(Semaphore::new(HANDOFF_READS)),
             memory_bytes,
             max_connections: max_connections.max(1),
+            max_connections_per_client: max_connections.max(1),
+            header_timeout: read,
             idle_timeout: idle,
             read_timeout: read,
         }
+    }
+
+    /// The same limits with `server.max_connections_per_client` and
+    /// `server.header_timeout` set.
+    pub fn with_connections(mut self, per_client: usize, header_timeout: Duration) -> Self {
+        self.max_connections_per_client = per_client.max(1);
+        self.header_timeout = header_timeout;
+        self
+    }
+
+    /// A fresh connection table for one listener; `reserve` connections
+    /// past a table of busy ones for health checks ([`RESERVE`] on HTTP).
+    pub fn conns(&self, reserve: usize) -> Conns {
+        Conns::new(
+            self.max_connections,
+            self.max_connections_per_client,
+            reserve,
+        )
     }
 
     /// Room for `n` reads handed to the background, or `None` when

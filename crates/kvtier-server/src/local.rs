@@ -17,7 +17,6 @@ use kvtier_proto::wire::MAGIC;
 use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
 use std::path::Path;
 use std::pin::Pin;
-use std::sync::Arc;
 use std::task::{Context, Poll};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{UnixListener, UnixStream};
@@ -162,7 +161,7 @@ pub async fn serve(
             let _ = grpc_stop.wait_for(|s| *s).await;
         },
     ));
-    let conns = Arc::new(tokio::sync::Semaphore::new(shared.limits.max_connections));
+    let conns = shared.limits.conns(0);
     let mut stopping = stop.clone();
     loop {
         tokio::select! {
@@ -171,24 +170,27 @@ pub async fn serve(
                     Ok((s, _)) => s,
                     Err(e) => { tracing::warn!(error = %e, "same-host socket: accept failed"); continue; }
                 };
-                let Ok(slot) = conns.clone().try_acquire_owned() else {
-                    tracing::debug!("same-host socket: connection limit reached; closed");
-                    continue;
+                // Not counted per client: every peer here is this host.
+                let slot = match conns.admit(None) {
+                    Ok(slot) => slot,
+                    Err(full) => {
+                        tracing::debug!("same-host socket: connection closed at accept: {full}");
+                        continue;
+                    }
                 };
                 let (shared, stop, grpc_tx) = (shared.clone(), stop.clone(), grpc_tx.clone());
                 tokio::spawn(async move {
-                    let _slot = slot;
                     let wait = shared.limits.read_timeout;
                     match tokio::time::timeout(wait, is_data_plane(&sock)).await {
                         Ok(Ok(true)) => {
                             let pid = sock.peer_cred().ok().and_then(|c| c.pid()).filter(|p| *p > 0);
                             let conn = LocalConn { sock, pid };
-                            if let Err(e) = crate::wire::connection(conn, shared, max_frame, stop).await {
+                            if let Err(e) = crate::wire::connection(conn, shared, max_frame, stop, slot).await {
                                 tracing::debug!(error = %e, "same-host data-plane connection closed");
                             }
                         }
                         // gRPC holds its connections itself (the slot is for the sniffing).
-                        Ok(Ok(false)) => { let _ = grpc_tx.send(Ok(sock)).await; }
+                        Ok(Ok(false)) => { drop(slot); let _ = grpc_tx.send(Ok(sock)).await; }
                         Ok(Err(_)) | Err(_) => {}
                     }
                 });

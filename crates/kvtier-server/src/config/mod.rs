@@ -326,9 +326,16 @@ pub struct ServerSection {
     /// back to the kernel (docs/operations.md, notes/024, notes/033).
     /// 0 = the memory tier + 10 % + `request_memory` + 64 MiB.
     pub resident_limit: ByteSize,
-    /// Open connections per listener (gRPC, HTTP, data plane); more are
-    /// closed at accept.
+    /// Open connections per listener (gRPC, HTTP, data plane). A new one
+    /// past it takes the slot of the oldest idle one; only when every one is
+    /// busy is it closed at accept (docs/operations.md, "Connection floods").
     pub max_connections: usize,
+    /// Open connections per client address and listener, bounded the same way.
+    pub max_connections_per_client: usize,
+    /// An HTTP request's head, and the rest of a data-plane frame header
+    /// once its first byte arrived, must arrive within this (slowloris).
+    #[serde(with = "humantime_serde")]
+    pub header_timeout: Duration,
     /// Requests in flight at once on one gRPC (HTTP/2) connection: the
     /// SETTINGS_MAX_CONCURRENT_STREAMS the server announces; clients queue
     /// past it. Data-plane and HTTP/1.1 connections serve one request at a
@@ -366,6 +373,8 @@ impl Default for ServerSection {
             request_memory: ByteSize(0),
             resident_limit: ByteSize(0),
             max_connections: 4096,
+            max_connections_per_client: 1024,
+            header_timeout: Duration::from_secs(5),
             max_streams_per_connection: 256,
             idle_timeout: Duration::from_secs(300),
             read_timeout: Duration::from_secs(60),
@@ -487,9 +496,12 @@ impl Config {
         if self.server.max_streams_per_connection == 0 {
             anyhow::bail!("server.max_streams_per_connection must be > 0");
         }
-        if self.server.idle_timeout.is_zero() || self.server.read_timeout.is_zero() {
+        if self.server.idle_timeout.is_zero()
+            || self.server.read_timeout.is_zero()
+            || self.server.header_timeout.is_zero()
+        {
             anyhow::bail!(
-                "server.idle_timeout and server.read_timeout must be > 0 (a zero timeout would close every connection between requests)"
+                "server.idle_timeout, server.read_timeout and server.header_timeout must be > 0 (a zero timeout would close every connection between requests)"
             );
         }
         let e = &self.engine;

@@ -4,7 +4,6 @@
 use crate::{GrpcRouter, limits, numa, tls};
 use anyhow::Context as _;
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
 
@@ -46,8 +45,8 @@ pub(crate) fn serve_grpc_pinned(
 
 /// How a gRPC listener admits connections.
 pub(crate) struct GrpcAccept {
-    /// At most this many at once; more are closed at accept.
-    pub(crate) max_connections: usize,
+    /// The listener's connection table (`server.max_connections`, per client).
+    pub(crate) conns: limits::Conns,
     /// A connection with no request in service this long is closed.
     pub(crate) idle: Duration,
     /// TLS, with the certificate current at each accept.
@@ -70,21 +69,20 @@ pub(crate) async fn serve_grpc(
     let incoming = tonic::transport::server::TcpIncoming::from(listener)
         .with_nodelay(Some(true))
         .with_keepalive(Some(Duration::from_secs(60)));
-    let slots = Arc::new(tokio::sync::Semaphore::new(accept.max_connections.max(1)));
-    let (idle, stop_conn) = (accept.idle, stop.clone());
+    let (conns, idle, stop_conn) = (accept.conns.clone(), accept.idle, stop.clone());
     let capped = incoming.filter_map(move |r| {
-        let (slots, stop_conn) = (slots.clone(), stop_conn.clone());
+        let (conns, stop_conn) = (conns.clone(), stop_conn.clone());
         async move {
             match r {
-                Ok(io) => match slots.try_acquire_owned() {
+                Ok(io) => match conns.admit(io.peer_addr().ok().map(|a| a.ip())) {
                     Ok(slot) => Some(Ok::<_, std::io::Error>(limits::Capped::new(
                         io,
                         slot,
                         idle,
                         stop_conn.clone(),
                     ))),
-                    Err(_) => {
-                        tracing::debug!(%addr, "gRPC: connection limit reached; closed");
+                    Err(full) => {
+                        tracing::debug!(%addr, "gRPC: connection closed at accept: {full}");
                         None
                     }
                 },

@@ -9,7 +9,9 @@ use std::time::{Duration, Instant};
 /// what "idle" means for `server.idle_timeout` (HTTP/2 pings are traffic, not
 /// use).
 pub struct Activity {
-    active: AtomicUsize,
+    /// Shared with the connection's slot ([`super::Slot::busy_counter`]): a
+    /// connection with a request in service is never evicted.
+    active: Arc<AtomicUsize>,
     /// When the connection was last in use (ms since `epoch`).
     last_ms: AtomicU64,
     /// When the server last wrote to it (ms since `epoch`): a reply body
@@ -22,9 +24,9 @@ pub struct Activity {
 }
 
 impl Activity {
-    pub(super) fn new() -> Self {
+    pub(super) fn new(active: Arc<AtomicUsize>) -> Self {
         Self {
-            active: AtomicUsize::new(0),
+            active,
             last_ms: AtomicU64::new(0),
             wrote_ms: AtomicU64::new(0),
             rx_ns: AtomicU64::new(0),

@@ -1,9 +1,9 @@
 //! A gRPC connection holding one of `server.max_connections` slots, closed
 //! when idle (see [`Capped`]).
 use super::Activity;
+use super::Slot;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::OwnedSemaphorePermit;
 
 /// What a gRPC request learns of its connection (request extensions).
 #[derive(Clone)]
@@ -18,7 +18,9 @@ pub struct ConnInfo {
 /// once no request has been in service on it for `server.idle_timeout`.
 pub struct Capped {
     io: tokio::net::TcpStream,
-    _slot: OwnedSemaphorePermit,
+    _slot: Slot,
+    /// Resolves when the listener gave the slot to a newer connection.
+    evicted: std::pin::Pin<Box<dyn Future<Output = ()> + Send>>,
     activity: Arc<Activity>,
     idle: Duration,
     check: std::pin::Pin<Box<tokio::time::Sleep>>,
@@ -44,13 +46,14 @@ impl Capped {
     /// Wraps an accepted connection; `stop` flips when the server shuts down.
     pub fn new(
         io: tokio::net::TcpStream,
-        slot: OwnedSemaphorePermit,
+        slot: Slot,
         idle: Duration,
         mut stop: tokio::sync::watch::Receiver<bool>,
     ) -> Self {
-        let activity = Arc::new(Activity::new());
+        let activity = Arc::new(Activity::new(slot.busy_counter()));
         Self {
             io,
+            evicted: Box::pin(slot.evicted()),
             _slot: slot,
             activity,
             idle,
@@ -75,6 +78,11 @@ impl Capped {
     /// client that stops reading would otherwise hold its connection (and a
     /// shutdown) however long it likes.
     fn poll_expired(&mut self, cx: &mut std::task::Context<'_>, writing: bool) -> bool {
+        // A full listener gave this idle connection's slot to a newer one.
+        if self.evicted.as_mut().poll(cx).is_ready() {
+            tracing::debug!("gRPC: idle connection closed for a new one (server.max_connections)");
+            return true;
+        }
         // Shutting down: from now on a connection quiet for DRAIN_IDLE is closed.
         if let Some(stop) = self.stop.as_mut()
             && stop.as_mut().poll(cx).is_ready()

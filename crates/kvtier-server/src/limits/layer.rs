@@ -107,7 +107,6 @@ mod tests {
     use crate::limits::{Activity, Capped, ConnInfo, DRAIN_IDLE};
     use std::sync::Arc;
     use std::time::{Duration, Instant};
-    use tokio::sync::Semaphore;
 
     /// A streamed reply (a Read) is served while its body goes out: the
     /// connection must count as in use until the body is done, or the idle
@@ -115,7 +114,7 @@ mod tests {
     #[tokio::test]
     async fn a_connection_stays_in_use_until_its_reply_body_is_done() {
         use tower::{Layer, Service, ServiceExt};
-        let activity = Arc::new(Activity::new());
+        let activity = Arc::new(Activity::new(Default::default()));
         /// A reply body still being produced (as a streamed Read's is).
         struct Streaming;
         impl http_body::Body for Streaming {
@@ -177,7 +176,7 @@ mod tests {
                 .set_send_buffer_size(4096)
                 .unwrap();
             let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-            let slot = Arc::new(Semaphore::new(1)).try_acquire_owned().unwrap();
+            let slot = crate::limits::Conns::new(1, 1, 0).admit(None).unwrap();
             let (idle, at_least) = if shutting_down {
                 (Duration::from_secs(3600), DRAIN_IDLE)
             } else {

@@ -53,7 +53,7 @@ pub async fn serve(
 ) -> anyhow::Result<()> {
     rx_stamp::enable(&listener);
     let mut stopping = stop.clone();
-    let conns = std::sync::Arc::new(tokio::sync::Semaphore::new(shared.limits.max_connections));
+    let conns = shared.limits.conns(0);
     loop {
         tokio::select! {
             r = listener.accept() => {
@@ -61,25 +61,28 @@ pub async fn serve(
                     Ok(x) => x,
                     Err(e) => { tracing::warn!(error = %e, "data plane accept failed"); continue; }
                 };
-                // Connections beyond server.max_connections are closed at once:
-                // each one holds a descriptor and a task.
-                let Ok(slot) = conns.clone().try_acquire_owned() else {
-                    shared.observe(API, "connect", "resource_exhausted", &Clock::start(None));
-                    tracing::debug!(%peer, "data plane: connection limit reached; closed");
-                    continue;
+                // Past server.max_connections a new connection takes the oldest
+                // idle one's slot; it is closed only when every one is busy
+                // (each holds a descriptor and a task).
+                let slot = match conns.admit(Some(peer.ip())) {
+                    Ok(slot) => slot,
+                    Err(full) => {
+                        shared.observe(API, "connect", "resource_exhausted", &Clock::start(None));
+                        tracing::debug!(%peer, "data plane: connection closed at accept: {full}");
+                        continue;
+                    }
                 };
                 let _ = sock.set_nodelay(true);
                 let shared = shared.clone();
                 let stop = stop.clone();
                 let tls = tls.clone();
                 tokio::spawn(async move {
-                    let _slot = slot;
                     let r = match tls {
-                        None => connection(sock, shared, max_frame, stop).await,
+                        None => connection(sock, shared, max_frame, stop, slot).await,
                         Some(acceptor) => {
                             let hs = tokio::time::timeout(shared.limits.read_timeout, acceptor.accept(sock)).await;
                             match hs {
-                                Ok(Ok(s)) => connection(s, shared, max_frame, stop).await,
+                                Ok(Ok(s)) => connection(s, shared, max_frame, stop, slot).await,
                                 Ok(Err(e)) => Err(e.into()),
                                 Err(_) => Err(anyhow::anyhow!("TLS handshake timed out")),
                             }
@@ -117,7 +120,11 @@ pub(crate) async fn connection<S: FrameStream>(
     shared: Shared,
     max_frame: u64,
     mut stop: watch::Receiver<bool>,
+    slot: crate::limits::Slot,
 ) -> anyhow::Result<()> {
+    // Given to a newer connection while this one was idle: closed.
+    let evicted = slot.evicted();
+    tokio::pin!(evicted);
     // Who is on this connection: anyone when authentication is off, else
     // nobody until a Hello frame names a token (docs/wire.md, docs/security.md).
     let mut who = (!shared.auth.enabled()).then_some(Principal::Anyone);
@@ -132,6 +139,7 @@ pub(crate) async fn connection<S: FrameStream>(
                 Err(_) => return Ok(()), // idle (or a header that never completed): closed
             },
             _ = stop.wait_for(|s| *s) => return Ok(()),
+            _ = &mut evicted => return Ok(()),
         };
         // From when the kernel received the frame, where the socket says:
         // time spent waiting in the socket for a busy server is queue time.
@@ -209,6 +217,8 @@ pub(crate) async fn connection<S: FrameStream>(
         };
         // Into uninitialised buffers: no memset of the payload before the socket fills it.
         let meta = within(by, read_exact_bytes(&mut sock, header.meta_len as usize)).await?;
+        // In service until its reply is written: the slot is not given away.
+        let _busy = slot.busy();
         if header.kind == Kind::Hello {
             within(by, discard(&mut sock, header.data_len.into())).await?;
             let token = pb::WireHello::decode(meta)

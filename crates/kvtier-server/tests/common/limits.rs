@@ -28,12 +28,14 @@ pub async fn closed(sock: &mut TcpStream, within: Duration) -> bool {
 }
 
 /// A server with `memory` bytes of request memory, at most `conns`
-/// connections, and idle and read timeouts of `idle_ms` and `read_ms`.
+/// connections, and idle and read timeouts of `idle_ms` and `read_ms` (the
+/// HTTP request-head timeout, `server.header_timeout`, is `idle_ms` too).
 pub async fn server(memory: u64, conns: usize, idle_ms: u64, read_ms: u64) -> Server {
     let mut cfg = super::test_config();
     cfg.server.request_memory = kvtier_core::ByteSize(memory);
     cfg.server.max_connections = conns;
     cfg.server.idle_timeout = Duration::from_millis(idle_ms);
+    cfg.server.header_timeout = Duration::from_millis(idle_ms);
     cfg.server.read_timeout = Duration::from_millis(read_ms);
     cfg.engine.memory_capacity = kvtier_core::ByteSize::mib(256);
     cfg.engine.max_block_size = kvtier_core::ByteSize::mib(64);
@@ -70,5 +72,36 @@ pub fn block(k: &str, n: usize) -> kvtier_client::WriteBlock {
         token_count: 0,
         payload: bytes::Bytes::from(vec![3u8; n]),
         ttl_ms: 0,
+    }
+}
+
+/// Waits until the server has read every byte `sock` sent it: the kernel's
+/// receive queue of the server's end (`/proc/net/tcp`, found by the two
+/// ports) is empty. A probe, not a sleep: what the server does next with
+/// those bytes (mark the connection busy) follows in the same poll.
+pub async fn until_read_by_server(sock: &TcpStream) {
+    let (here, there) = (sock.local_addr().unwrap(), sock.peer_addr().unwrap());
+    let want = format!(":{:04X} ", there.port());
+    let from = format!(":{:04X} ", here.port());
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let table = std::fs::read_to_string("/proc/net/tcp").expect("/proc/net/tcp");
+        let queued = table.lines().skip(1).find_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            let (local, remote) = (format!("{} ", f.get(1)?), format!("{} ", f.get(2)?));
+            if !(local.ends_with(&want) && remote.ends_with(&from)) {
+                return None;
+            }
+            let rx = f.get(4)?.split(':').nth(1)?;
+            u64::from_str_radix(rx, 16).ok()
+        });
+        if queued == Some(0) {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the server never read what was sent (receive queue {queued:?})"
+        );
+        tokio::time::sleep(Duration::from_millis(1)).await;
     }
 }

@@ -31,8 +31,10 @@ use axum::routing::get;
 use axum::{Json, Router};
 use kvtier_core::{Block, BlockId, Error, Key, Namespace};
 use serde::Deserialize;
-use std::sync::Arc;
 use std::time::Instant;
+
+mod listen;
+pub use listen::serve;
 
 const API: &str = "http";
 
@@ -455,84 +457,4 @@ async fn not_found(uri: axum::http::Uri) -> Response {
         "no such endpoint; see /v1/kv/{namespace}/{key}, /healthz, /metrics"
     };
     error(StatusCode::NOT_FOUND, "no_route", message)
-}
-
-/// Serves `app` on `listener` until `stop`: over TLS when `tls` is given, at
-/// most `server.max_connections` connections (more are closed at accept),
-/// request headers (including the wait for the next request on a kept-alive
-/// connection) within `server.idle_timeout`, the TLS handshake within
-/// `server.read_timeout`. In-flight requests finish on stop.
-pub async fn serve(
-    listener: tokio::net::TcpListener,
-    app: Router,
-    tls: Option<crate::tls::Acceptor>,
-    limits: crate::limits::Limits,
-    stop: tokio::sync::watch::Receiver<bool>,
-) -> anyhow::Result<()> {
-    let conns = Arc::new(tokio::sync::Semaphore::new(limits.max_connections));
-    let mut stopping = stop.clone();
-    loop {
-        tokio::select! {
-            r = listener.accept() => {
-                let (sock, peer) = match r {
-                    Ok(x) => x,
-                    Err(e) => { tracing::warn!(error = %e, "HTTP accept failed"); continue; }
-                };
-                let Ok(slot) = conns.clone().try_acquire_owned() else {
-                    tracing::debug!(%peer, "HTTP: connection limit reached; closed");
-                    continue;
-                };
-                let _ = sock.set_nodelay(true);
-                let (app, tls, limits, stop) = (app.clone(), tls.clone(), limits.clone(), stop.clone());
-                tokio::spawn(async move {
-                    let _slot = slot;
-                    let r = match tls {
-                        None => connection(sock, app, &limits, stop).await,
-                        Some(acceptor) => {
-                            match tokio::time::timeout(limits.read_timeout, acceptor.accept(sock)).await {
-                                Ok(Ok(s)) => connection(s, app, &limits, stop).await,
-                                Ok(Err(e)) => Err(e.into()),
-                                Err(_) => Err(anyhow::anyhow!("TLS handshake timed out")),
-                            }
-                        }
-                    };
-                    if let Err(e) = r {
-                        tracing::debug!(%peer, error = %e, "HTTP connection closed");
-                    }
-                });
-            }
-            _ = stopping.wait_for(|s| *s) => return Ok(()),
-        }
-    }
-}
-
-async fn connection<S>(
-    io: S,
-    app: Router,
-    limits: &crate::limits::Limits,
-    mut stop: tokio::sync::watch::Receiver<bool>,
-) -> anyhow::Result<()>
-where
-    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
-{
-    let service = hyper_util::service::TowerToHyperService::new(app);
-    // hyper's header timer runs from the connection's start and again after
-    // each response, so it also closes kept-alive connections left idle
-    // (tests/limits_connections.rs checks both).
-    let conn = hyper::server::conn::http1::Builder::new()
-        .timer(hyper_util::rt::TokioTimer::new())
-        .header_read_timeout(limits.idle_timeout)
-        .serve_connection(hyper_util::rt::TokioIo::new(io), service);
-    tokio::pin!(conn);
-    let stopped = async move {
-        let _ = stop.wait_for(|s| *s).await;
-    };
-    tokio::select! {
-        r = conn.as_mut() => r?,
-        _ = stopped => {
-            conn.as_mut().graceful_shutdown();
-            conn.await?;
-        }
-    }
-    Ok(())
 }
