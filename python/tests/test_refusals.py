@@ -2,7 +2,8 @@
 reaches the client (docs/operations.md, "What a refused client sees"): a
 data-plane write of one block larger than the server's request memory raises
 RESOURCE_EXHAUSTED at once (not UNAVAILABLE after retries on a reset
-connection), and an HTTP PUT over it is a 413 naming the limit.
+connection), and an HTTP PUT over it is a 413 naming the limit, from the
+SDK, from curl and from the CLI.
 
 The server: a 192 MiB memory tier, so ``server.request_memory`` is its 64 MiB
 default (max(tier / 4, 64 MiB)); blocks up to 128 MiB and messages up to the
@@ -10,6 +11,8 @@ default 256 MiB, so the request memory, not a size limit the client checks
 before sending, is what refuses a 96 MiB block."""
 from __future__ import annotations
 
+import shutil
+import subprocess
 import time
 
 import grpc
@@ -49,3 +52,40 @@ def test_an_http_put_over_the_request_memory_is_413(tight_server, ns):
         HttpClient(tight_server.http).put(ns, "big", b"x" * BIG)
     assert e.value.status == 413, e.value
     assert "server.request_memory" in e.value.message, e.value
+
+
+def _big_file(tmp_path):
+    path = tmp_path / "big.bin"
+    with open(path, "wb") as f:
+        f.truncate(BIG)  # sparse: 96 MiB of zeros without writing them
+    return path
+
+
+def test_curl_gets_the_413_not_a_reset(tight_server, ns, tmp_path):
+    """The report this came from: curl PUT of a body over the request memory
+    saw only `100 Continue` and a reset. It must see the 413 and its body."""
+    curl = shutil.which("curl")
+    assert curl, "curl is needed for this test (apt-get install curl)"
+    out = subprocess.run(
+        [curl, "-sS", "-X", "PUT", "--data-binary", f"@{_big_file(tmp_path)}",
+         "-o", str(tmp_path / "body"), "-w", "%{http_code}",
+         f"http://{tight_server.http}/v1/kv/{ns}/big"],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == "413", out
+    body = (tmp_path / "body").read_text()
+    assert "server.request_memory" in body, body
+
+
+def test_the_cli_reports_the_refusal_and_the_setting(tight_server, ns, tmp_path, kvtier_bin):
+    t = time.monotonic()
+    out = subprocess.run(
+        [str(kvtier_bin), "put", "--server", f"http://{tight_server.grpc}", "-n", ns,
+         "--text-key", "big", "-f", str(_big_file(tmp_path))],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert out.returncode != 0, out
+    assert "server.request_memory" in out.stderr, out.stderr
+    assert "unavailable" not in out.stderr.lower(), out.stderr
+    assert time.monotonic() - t < 10, "retried?"

@@ -31,6 +31,10 @@ pub use layer::{ChargeLayer, ChargeService};
 /// read-ahead of 16.
 pub const HANDOFF_READS: usize = 64;
 
+/// The retry hint of a request refused because the request memory is in
+/// use now: about the time a large upload in flight takes to be stored.
+pub const BUSY_RETRY: Duration = Duration::from_millis(50);
+
 /// The shared limits of one server.
 #[derive(Clone)]
 pub struct Limits {
@@ -143,32 +147,43 @@ impl Limits {
         )
     }
 
-    /// Takes `bytes` from the request budget now, or refuses with
-    /// RESOURCE_EXHAUSTED (never waits: a client told to retry beats one
-    /// whose upload sits half-received holding memory).
-    pub fn reserve(&self, bytes: u64) -> Result<Reservation, Refusal> {
-        if bytes == 0 {
-            return Ok(Reservation { _permit: None });
-        }
-        if bytes > self.memory_bytes || bytes > u32::MAX as u64 {
-            return Err(Refusal::new(
+    /// The refusal of a request of `bytes` that can never fit the request
+    /// memory, busy or not (RESOURCE_EXHAUSTED, naming the setting).
+    pub fn too_large(&self, bytes: u64) -> Option<Refusal> {
+        (bytes > self.memory_bytes || bytes > u32::MAX as u64).then(|| {
+            Refusal::new(
                 Kind::ResourceExhausted,
                 format!(
                     "a request of {bytes} bytes is larger than the server's request memory ({} bytes, server.request_memory)",
                     self.memory_bytes
                 ),
-            ));
+            )
+        })
+    }
+
+    /// Takes `bytes` from the request budget now, or refuses: one that can
+    /// never fit with RESOURCE_EXHAUSTED ([`Limits::too_large`]), one that
+    /// does not fit now as shed for overload, with a retry hint (never
+    /// waits: a client told to retry beats one whose upload sits
+    /// half-received holding memory).
+    pub fn reserve(&self, bytes: u64) -> Result<Reservation, Refusal> {
+        if bytes == 0 {
+            return Ok(Reservation { _permit: None });
+        }
+        if let Some(never) = self.too_large(bytes) {
+            return Err(never);
         }
         match self.memory.clone().try_acquire_many_owned(bytes as u32) {
             Ok(p) => Ok(Reservation { _permit: Some(p) }),
-            Err(_) => Err(Refusal::new(
-                Kind::ResourceExhausted,
-                format!(
+            Err(_) => Err(Refusal {
+                kind: Kind::Overloaded,
+                message: format!(
                     "server busy: {} of {} bytes of request memory (server.request_memory) in use; retry with back-off",
                     self.in_use(),
                     self.memory_bytes
                 ),
-            )),
+                retry_after: Some(BUSY_RETRY),
+            }),
         }
     }
 
@@ -191,7 +206,8 @@ mod tests {
         let a = l.reserve(600).unwrap();
         assert_eq!(l.in_use(), 600);
         let e = l.reserve(600).err().unwrap();
-        assert_eq!(e.kind, Kind::ResourceExhausted);
+        assert_eq!(e.kind, Kind::Overloaded, "busy, not too large: retried");
+        assert_eq!(e.retry_after, Some(BUSY_RETRY));
         assert!(e.message.contains("retry"), "{e:?}");
         drop(a);
         assert_eq!(l.in_use(), 0);

@@ -239,3 +239,102 @@ async fn a_chunked_put_over_the_block_size_is_413_after_the_whole_body() {
     let (head, _) = response(&mut c).await;
     assert!(head.starts_with("HTTP/1.1 204"), "{head}");
 }
+
+/// Not a frame at all (another protocol talking to the data-plane port):
+/// answered with what is wrong, and the rest of what it sent drained, so a
+/// client still sending reads the answer instead of a reset.
+#[tokio::test]
+async fn bytes_that_are_not_a_frame_are_answered_not_reset() {
+    let s = server(64 * MIB, 64 * MIB, 256 * MIB).await;
+    let mut sock = TcpStream::connect(s.data_addr.unwrap()).await.unwrap();
+    let mut junk = b"PUT /v1/kv/n/k HTTP/1.1\r\nContent-Length: 8388608\r\n\r\n".to_vec();
+    junk.resize(8 << 20, b'x');
+    let e = send_then_error(&mut sock, &junk).await;
+    assert_eq!(e.code, tonic::Code::InvalidArgument as i32);
+    assert!(e.message.contains("not a kvtier data-plane peer"), "{e:?}");
+}
+
+/// A client that sends its refused body slowly reads the answer at once,
+/// not after the body: the answer comes first, the drain after it.
+#[tokio::test]
+async fn a_slow_client_reads_its_refusal_before_it_finished_sending() {
+    let s = server(32 * MIB, 64 * MIB, 256 * MIB).await;
+    let mut sock = TcpStream::connect(s.data_addr.unwrap()).await.unwrap();
+    let frame = write_frame(48 * MIB, 7);
+    // The header, the metadata and a first slice of the payload, then a trickle.
+    let rest = frame[64 << 10..].to_vec();
+    sock.write_all(&frame[..64 << 10]).await.unwrap();
+    let (mut rd, mut wr) = sock.into_split();
+    let trickle = tokio::spawn(async move {
+        for chunk in rest.chunks(64 << 10).take(40) {
+            if wr.write_all(chunk).await.is_err() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+    });
+    let t = Instant::now();
+    let mut head = [0u8; 24];
+    rd.read_exact(&mut head).await.expect("an answer");
+    assert!(
+        t.elapsed() < Duration::from_millis(500),
+        "answered only after {:?}",
+        t.elapsed()
+    );
+    let h = Header::decode(&head).unwrap();
+    assert_eq!((h.kind, h.request_id), (Kind::Error, 7));
+    let mut meta = vec![0u8; h.meta_len as usize];
+    rd.read_exact(&mut meta).await.unwrap();
+    let e: pb::WireError = prost::Message::decode(&meta[..]).unwrap();
+    assert_eq!(e.code, tonic::Code::ResourceExhausted as i32);
+    assert!(e.message.contains("server.request_memory"), "{e:?}");
+    trickle.abort();
+}
+
+/// Over gRPC the same refusal arrives as RESOURCE_EXHAUSTED naming the
+/// limit, at once and not retried, while other clients keep being served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grpc_write_over_the_request_memory_is_refused_under_load() {
+    let s = server(32 * MIB, 64 * MIB, 256 * MIB).await;
+    let mut cc = kvtier_client::ClientConfig::new(format!("http://{}", s.grpc_addrs[0]));
+    cc.data_plane = false;
+    cc.timeout = Duration::from_secs(20);
+    let client = kvtier_client::Client::connect(cc).await.unwrap();
+    let block = |k: &str, n: usize| kvtier_client::WriteBlock {
+        key: kvtier_core::Key::new(k.as_bytes().to_vec()).unwrap(),
+        parent: None,
+        token_count: 0,
+        payload: bytes::Bytes::from(vec![5u8; n]),
+        ttl_ms: 0,
+    };
+    // Load: writers of 1 MiB blocks for the whole test.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut load = Vec::new();
+    for w in 0..4 {
+        let (c, stop) = (client.clone(), stop.clone());
+        load.push(tokio::spawn(async move {
+            let mut n = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                c.write("load", &[block(&format!("w{w}-{n}"), 1 << 20)])
+                    .await
+                    .expect("other writes are served");
+                n += 1;
+            }
+            n
+        }));
+    }
+    for _ in 0..3 {
+        let t = Instant::now();
+        let err = client
+            .write("n", &[block("big", 48 << 20)])
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), Some(tonic::Code::ResourceExhausted), "{err}");
+        assert!(err.to_string().contains("server.request_memory"), "{err}");
+        assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for l in load {
+        assert!(l.await.unwrap() > 0, "each writer was served");
+    }
+}

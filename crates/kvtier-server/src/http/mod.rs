@@ -121,11 +121,7 @@ async fn hold_body(
             }
             crate::limits::refused::log("http_busy", &status.message);
             // It fits the budget (checked above), just not now: a 503 to retry.
-            let busy = Refusal {
-                kind: Kind::Overloaded,
-                ..status
-            };
-            return refuse(&s, req, declared, refused(busy));
+            return refuse(&s, req, declared, refused(status));
         }
     };
     match tokio::time::timeout(s.limits.read_timeout, next.run(req)).await {

@@ -43,6 +43,10 @@ pub(super) struct ChargedBody<B> {
     /// For a stream of messages ([`CLIENT_STREAMING`]): where its messages
     /// end, so that each one's bytes are given back once it was handled.
     pub(super) framing: Option<Framing>,
+    /// Whether the first message's length prefix was read: a message that
+    /// can never fit the request memory is refused then, before its bytes
+    /// fill the budget (and refuse other requests as busy).
+    pub(super) sized: bool,
 }
 
 /// Where the messages of a gRPC body end (each is a 1-byte flag and a
@@ -123,6 +127,18 @@ where
         }
         match this.inner.as_mut().poll_frame(cx) {
             Poll::Ready(Some(Ok(frame))) => {
+                if let Some(d) = frame.data_ref()
+                    && !this.sized
+                    && d.len() >= 5
+                {
+                    this.sized = true;
+                    let len = u32::from_be_bytes([d[1], d[2], d[3], d[4]]);
+                    if let Some(never) = this.limits.too_large((5 + u64::from(len)) * this.factor) {
+                        crate::limits::refused::log("grpc_too_large", &never.message);
+                        let status = tonic::Status::from(never);
+                        return Poll::Ready(Some(Err(Box::new(status))));
+                    }
+                }
                 if let Some(d) = frame.data_ref() {
                     match this.limits.reserve(d.len() as u64 * this.factor) {
                         Ok(r) => this.held.lock().push(r),

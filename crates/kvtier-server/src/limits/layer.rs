@@ -87,6 +87,7 @@ where
                 whole_body,
                 waiting: whole_body,
                 framing: per_message.then(Default::default),
+                sized: false,
             })
         });
         let idle = self.limits.idle_timeout;

@@ -153,13 +153,13 @@ pub(crate) async fn connection<S: FrameStream>(
         let header = match Header::decode(&raw) {
             Ok(h) => h,
             Err(e) => {
-                write_reply(
-                    &mut sock,
-                    idle,
-                    0,
-                    error_reply(refusal::Kind::InvalidArgument, e),
-                )
-                .await?;
+                // Not a frame (another protocol, a stray client): answered,
+                // then whatever it sends drained before the close, so the
+                // answer is not lost to a reset (how much is unknown:
+                // bounded by linger's byte and time limits).
+                let r = error_reply(refusal::Kind::InvalidArgument, e);
+                let unread = crate::limits::refused::DRAIN_BYTES;
+                linger::refuse(&mut sock, &shared.limits, 0, r, unread, "wire_header").await?;
                 return Ok(());
             }
         };
@@ -184,9 +184,10 @@ pub(crate) async fn connection<S: FrameStream>(
             return Ok(());
         }
         // Bytes about to be held in memory (metadata, and a Write's payloads)
-        // are reserved before any is read; past the budget the request is
-        // refused (RESOURCE_EXHAUSTED: one larger than the whole budget is
-        // told so even when the server is busy) and its body drained, unstored.
+        // are reserved before any is read. One larger than the whole budget
+        // can never fit, busy or not: RESOURCE_EXHAUSTED, then a lingering
+        // close. One that does not fit now is shed: its body discarded
+        // unstored, UNAVAILABLE with a retry hint, the connection kept.
         let held = u64::from(header.meta_len)
             + if header.kind == Kind::Write {
                 u64::from(header.data_len)
@@ -195,14 +196,19 @@ pub(crate) async fn connection<S: FrameStream>(
             };
         let _held = match shared.limits.reserve(held) {
             Ok(r) => r,
-            Err(status) => {
-                shared.observe(
-                    API,
-                    "admit",
-                    "resource_exhausted",
-                    &Clock::start(Some(arrived)),
-                );
-                let r = status_reply(status);
+            Err(refusal) => {
+                let clock = Clock::start(Some(arrived));
+                shared.observe(API, "admit", refusal.label(), &clock);
+                if refusal.kind == refusal::Kind::Overloaded {
+                    // The answer first (the client reads it while it sends),
+                    // then the body discarded; a body that stops arriving
+                    // ends the connection at server.read_timeout.
+                    crate::limits::refused::log("wire_busy", &refusal.message);
+                    write_reply(&mut sock, idle, header.request_id, status_reply(refusal)).await?;
+                    within(by, discard(&mut sock, frame)).await?;
+                    continue;
+                }
+                let r = status_reply(refusal);
                 linger::refuse(
                     &mut sock,
                     &shared.limits,
