@@ -6,7 +6,7 @@ SIGTERM, then SIGKILL after a timeout.
 
 Binaries are found where ``make setup-test`` puts them (``.tools/``), as the
 Rust tests find them (``crates/kvtier-object/src/testing.rs``,
-``crates/kvtier-bench/src/peers/``): ``$KVTIER_MINIO``, ``.tools/bin/minio``,
+``crates/kvtier-bench/src/competitors/``): ``$KVTIER_MINIO``, ``.tools/bin/minio``,
 ``~/go/bin/minio``, PATH; ``$KVTIER_AZURITE_BLOB``,
 ``.tools/azurite/node_modules/azurite/dist/src/blob/main.js``;
 ``$KVTIER_MOONCAKE_PYTHON``, ``.tools/mooncake/bin/python``; ``redis-server``
@@ -414,7 +414,7 @@ class Azurite(Service):
 
 # -- Mooncake Store ----------------------------------------------------------------
 
-MOONCAKE_DRIVER = ROOT / "crates/kvtier-bench/src/peers/mooncake_driver.py"
+MOONCAKE_DRIVER = ROOT / "crates/kvtier-bench/src/competitors/mooncake_driver.py"
 
 
 def mooncake_python() -> Path:

@@ -48,7 +48,7 @@ from perf import header, versions, write_record
 from perf.services import Mooncake, kvtier_server, mooncake_python, release_binary
 
 MEMSPEED = Path(os.environ.get("KVTIER_MEMSPEED") or ROOT / "target" / "release" / "examples" / "memspeed")
-DRIVER = ROOT / "crates/kvtier-bench/src/peers/mooncake_driver.py"
+DRIVER = ROOT / "crates/kvtier-bench/src/competitors/mooncake_driver.py"
 SIZES = {"4MiB": 4 << 20, "1.2MB": 1_200_000}
 BLOCKS = 128
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs Mooncake Store (CPU build, TCP transport) into its own venv,
 # .tools/mooncake, for the Mooncake peer of `kvtier bench`
-# (crates/kvtier-bench/src/peers/mooncake_driver.py runs with .tools/mooncake/bin/python).
+# (crates/kvtier-bench/src/competitors/mooncake_driver.py runs with .tools/mooncake/bin/python).
 #
 # The wheel mooncake-transfer-engine-non-cuda ships the Python binding
 # (mooncake.store.MooncakeDistributedStore) and the mooncake_master binary.

@@ -2,26 +2,26 @@
 //!
 //! The crate in four parts:
 //!
-//! * **the generator**: [`run`] (a sweep, its processes and peers), [`load`]
+//! * **the generator**: [`run`] (a sweep, its processes and competitors), [`load`]
 //!   (closed and open loops), [`workloads`] (what each worker sends),
 //!   [`probe`] (raw TCP throughput) and [`netobs`] (the congestion control each
 //!   system's sockets ran);
-//! * **the peers** ([`peers`]): Redis through a RESP2 client or `redis-rs`,
+//! * **the competitors** ([`competitors`]): Redis through a RESP2 client or `redis-rs`,
 //!   Mooncake Store through its Python API;
 //! * **the record** ([`record`]): a versioned schema, filled by
 //!   [`builder::StepBuilder`] from the generator's histograms;
 //! * **analysis and outputs**: [`analysis`] (self-checks, knees, USL, SLAs,
-//!   coordinated omission, comparisons with peers under the rules, `compare`
+//!   coordinated omission, comparisons with competitors under the rules, `compare`
 //!   between two records), rendered by [`summary`] and [`report`]
 //!   ([`write_outputs`]).
 
 pub mod ab;
 pub mod analysis;
 pub mod builder;
+pub mod competitors;
 pub mod diff;
 pub mod load;
 pub mod netobs;
-pub mod peers;
 pub mod probe;
 pub mod record;
 pub mod report;

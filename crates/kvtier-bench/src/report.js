@@ -242,17 +242,17 @@
     chart({ title: "Bandwidth vs load", xLabel: cs.length ? "total concurrency" : "rate (req/s)", yLabel: "Gbit/s", logX: wide(steps), series: bws, note: note });
   }
 
-  // 5. kvtier vs peer.
-  (R.peers || []).forEach(function (peer) {
-    if (!peer.steps || !peer.steps.length) return;
-    var pc = byLoad(peer.steps, true), map = peer.op_map || {};
+  // 5. kvtier vs competitor.
+  (R.peers || []).forEach(function (competitor) {
+    if (!competitor.steps || !competitor.steps.length) return;
+    var pc = byLoad(competitor.steps, true), map = competitor.op_map || {};
     Object.keys(map).forEach(function (kop) {
       var pop = map[kop];
       [["throughput_ops_s", "ops/s"], ["p50", "p50 (ms)"], ["p99", "p99 (ms)"]].forEach(function (m) {
         var get = function (op) { return function (s) { var o = s.ops[op]; if (!o) return null; return m[0] === "throughput_ops_s" ? o.throughput_ops_s : (e2e(o) ? ms(e2e(o)[m[0]]) : null); }; };
-        chart({ title: "kvtier " + kop + " vs " + peer.name + " " + pop + ": " + m[1], xLabel: "total concurrency", yLabel: m[1], logX: wide(cs),
+        chart({ title: "kvtier " + kop + " vs " + competitor.name + " " + pop + ": " + m[1], xLabel: "total concurrency", yLabel: m[1], logX: wide(cs),
           canLogY: m[0] !== "throughput_ops_s",
-          series: [{ name: "kvtier " + kop, points: pointsOf(cs, get(kop)) }, { name: peer.name + " " + pop, points: pointsOf(pc, get(pop)) }] });
+          series: [{ name: "kvtier " + kop, points: pointsOf(cs, get(kop)) }, { name: competitor.name + " " + pop, points: pointsOf(pc, get(pop)) }] });
       });
     });
   });

@@ -70,7 +70,7 @@ pub fn expected_charts(r: &Record) -> usize {
     if !r.steps.is_empty() {
         n += 1; // bandwidth
     }
-    for p in r.peers.iter().filter(|p| !p.steps.is_empty()) {
+    for p in r.competitors.iter().filter(|p| !p.steps.is_empty()) {
         n += 3 * p.op_map.len();
     }
     if open > 0 {
@@ -117,11 +117,11 @@ pub fn render_report(r: &Record) -> anyhow::Result<String> {
             }),
         ),
         (
-            "Peers",
-            if r.peers.is_empty() {
+            "Competitors",
+            if r.competitors.is_empty() {
                 "none".into()
             } else {
-                r.peers
+                r.competitors
                     .iter()
                     .map(|p| p.name.as_str())
                     .collect::<Vec<_>>()
@@ -159,7 +159,7 @@ Click legend entries to hide series; hover points for values. The full record is
 }
 
 /// The seeds' reports lead with tables: one per operation, a row per load
-/// step (throughput, end-to-end percentiles, errors, flags), plus the peer's
+/// step (throughput, end-to-end percentiles, errors, flags), plus the competitor's
 /// numbers next to kvtier's when the run had one.
 fn tables_html(r: &Record) -> String {
     let ms = |us: f64| format!("{:.2}", us / 1000.0);
@@ -197,20 +197,20 @@ fn tables_html(r: &Record) -> String {
         }
         out.push_str("</table>");
     }
-    for peer in r.peers.iter().filter(|p| !p.steps.is_empty()) {
-        for (kop, pop) in &peer.op_map {
+    for competitor in r.competitors.iter().filter(|p| !p.steps.is_empty()) {
+        for (kop, pop) in &competitor.op_map {
             out.push_str(&format!(
                 "<h3>kvtier {} vs {} {}</h3><table class=\"t\"><tr><th>load</th><th>kvtier ops/s</th>\
                  <th>{} ops/s</th><th>ratio</th><th>kvtier p99 ms</th><th>{} p99 ms</th></tr>",
                 esc(kop),
-                esc(&peer.name),
+                esc(&competitor.name),
                 esc(pop),
-                esc(&peer.name),
-                esc(&peer.name)
+                esc(&competitor.name),
+                esc(&competitor.name)
             ));
             for s in &steps {
                 let Some(k) = s.ops.get(kop) else { continue };
-                let Some(ps) = peer
+                let Some(ps) = competitor
                     .steps
                     .iter()
                     .find(|p| p.total_concurrency() == s.total_concurrency())
@@ -248,7 +248,7 @@ pub fn embedded_json(html: &str) -> Option<&str> {
 mod tests {
     use super::*;
     use crate::analysis::analyze;
-    use crate::record::{LinkProbe, PeerRun};
+    use crate::record::{CompetitorRun, LinkProbe};
     use crate::testutil::{synthetic_record, synthetic_step};
 
     fn record() -> Record {
@@ -260,7 +260,7 @@ mod tests {
             duration_s: 10.0,
             method: "tcp".into(),
         });
-        let peer = r
+        let competitor = r
             .steps
             .iter()
             .map(|s| {
@@ -270,10 +270,10 @@ mod tests {
                 )
             })
             .collect();
-        r.peers = vec![PeerRun {
+        r.competitors = vec![CompetitorRun {
             name: "redis".into(),
             op_map: [("read".to_string(), "get".to_string())].into(),
-            steps: peer,
+            steps: competitor,
             ..Default::default()
         }];
         analyze(&mut r);
@@ -313,7 +313,7 @@ mod tests {
 
     #[test]
     fn expected_chart_count() {
-        // 1 op: percentiles + throughput + phase stack + bandwidth + 3 peer charts.
+        // 1 op: percentiles + throughput + phase stack + bandwidth + 3 competitor charts.
         let r = record();
         assert_eq!(expected_charts(&r), 7);
         assert!(

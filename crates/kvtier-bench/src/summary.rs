@@ -8,7 +8,7 @@
 use std::fmt::Write;
 
 use crate::analysis::Analysis;
-use crate::record::{PeerRun, Phase, Record, Step};
+use crate::record::{CompetitorRun, Phase, Record, Step};
 
 fn ms(us: f64) -> String {
     format!("{:.2}", us / 1000.0)
@@ -205,7 +205,7 @@ fn degradation_tables(out: &mut String, a: &Analysis) {
     }
 }
 
-fn peer_tables(out: &mut String, r: &Record) {
+fn competitor_tables(out: &mut String, r: &Record) {
     if let Some(n) = &r.network {
         let _ = writeln!(out, "## Network settings\n");
         let _ = writeln!(
@@ -228,8 +228,8 @@ fn peer_tables(out: &mut String, r: &Record) {
         }
         out.push('\n');
     }
-    for peer in &r.peers {
-        peer_table(out, r, peer);
+    for competitor in &r.competitors {
+        competitor_table(out, r, competitor);
     }
     if let Some(a) = r.analysis.as_ref().filter(|a| !a.comparison.is_empty()) {
         fair_table(out, a);
@@ -240,7 +240,7 @@ fn fair_table(out: &mut String, a: &Analysis) {
     let _ = writeln!(out, "## Comparisons under the rules\n");
     let _ = writeln!(
         out,
-        "Equal network settings; the peer's number is the better of the bench's client and its own tool; \
+        "Equal network settings; the competitor's number is the better of the bench's client and its own tool; \
          medians over repeats; saturated or failing steps get no ratio (docs/bench.md).\n"
     );
     header(
@@ -248,14 +248,14 @@ fn fair_table(out: &mut String, a: &Analysis) {
         &[
             "Step",
             "op",
-            "peer",
+            "competitor",
             "kvtier ops/s",
-            "peer client ops/s",
-            "peer tool ops/s",
+            "competitor client ops/s",
+            "competitor tool ops/s",
             "denominator",
             "throughput ratio",
             "kvtier p99",
-            "peer p99",
+            "competitor p99",
             "p99 ratio",
             "notes",
         ]
@@ -275,15 +275,15 @@ fn fair_table(out: &mut String, a: &Analysis) {
             "| {} | {} | {} {} | {:.1} | {} | {} | {} | {} | {} | {} | {} | {} |",
             c.step,
             c.op,
-            c.peer,
-            c.peer_op,
+            c.competitor,
+            c.competitor_op,
             c.kvtier_ops_s,
-            opt(c.peer_client_ops_s),
-            opt(c.peer_tool_ops_s),
-            c.peer_best_source,
+            opt(c.competitor_client_ops_s),
+            opt(c.competitor_tool_ops_s),
+            c.competitor_best_source,
             x(c.throughput_ratio),
             ms(c.kvtier_p99_us),
-            ms(c.peer_best_p99_us),
+            ms(c.competitor_best_p99_us),
             x(c.p99_ratio),
             notes.join("; ")
         );
@@ -291,33 +291,33 @@ fn fair_table(out: &mut String, a: &Analysis) {
     out.push('\n');
 }
 
-fn peer_table(out: &mut String, r: &Record, peer: &PeerRun) {
-    let _ = writeln!(out, "## kvtier vs {} (same run)\n", peer.name);
-    if !peer.client.is_empty() {
-        let _ = writeln!(out, "Driven by: {}.\n", peer.client);
+fn competitor_table(out: &mut String, r: &Record, competitor: &CompetitorRun) {
+    let _ = writeln!(out, "## kvtier vs {} (same run)\n", competitor.name);
+    if !competitor.client.is_empty() {
+        let _ = writeln!(out, "Driven by: {}.\n", competitor.client);
     }
     header(
         out,
         &[
             "Step",
             "kvtier op",
-            "peer op",
+            "competitor op",
             "kvtier ops/s",
-            "peer ops/s",
+            "competitor ops/s",
             "throughput ratio",
             "kvtier p50",
-            "peer p50",
+            "competitor p50",
             "kvtier p99",
-            "peer p99",
+            "competitor p99",
             "p99 ratio",
         ]
         .map(String::from),
     );
     for s in &r.steps {
-        let Some(ps) = peer.steps.iter().find(|p| p.label() == s.label()) else {
+        let Some(ps) = competitor.steps.iter().find(|p| p.label() == s.label()) else {
             continue;
         };
-        for (kop, pop) in &peer.op_map {
+        for (kop, pop) in &competitor.op_map {
             let (Some(k), Some(p)) = (s.ops.get(kop), ps.ops.get(pop)) else {
                 continue;
             };
@@ -335,7 +335,7 @@ fn peer_table(out: &mut String, r: &Record, peer: &PeerRun) {
             let flagged = if ps.flags.is_empty() {
                 label(s)
             } else {
-                format!("{} ⚠peer", label(s))
+                format!("{} ⚠competitor", label(s))
             };
             let _ = writeln!(
                 out,
@@ -354,13 +354,13 @@ fn peer_table(out: &mut String, r: &Record, peer: &PeerRun) {
     let _ = writeln!(
         out,
         "\nRatios are kvtier / {}; throughput > 1x and p99 < 1x favour kvtier.\n",
-        peer.name
+        competitor.name
     );
-    if let Some(rf) = &peer.reference {
+    if let Some(rf) = &competitor.reference {
         let _ = writeln!(
             out,
             "### {} measured by its own tool (same run)\n",
-            peer.name
+            competitor.name
         );
         let _ = writeln!(out, "`{}`\n", rf.tool);
         header(out, &["c", "op", "ops/s", "p50", "p99"].map(String::from));
@@ -552,7 +552,7 @@ pub fn render_summary(r: &Record) -> String {
     if let Some(a) = &r.analysis {
         degradation_tables(&mut out, a);
     }
-    peer_tables(&mut out, r);
+    competitor_tables(&mut out, r);
     if let Some(a) = &r.analysis {
         analysis_sections(&mut out, a);
     }
@@ -561,7 +561,7 @@ pub fn render_summary(r: &Record) -> String {
         .iter()
         .map(|s| (String::new(), s))
         .chain(
-            r.peers
+            r.competitors
                 .iter()
                 .flat_map(|p| p.steps.iter().map(|s| (format!("{} ", p.name), s))),
         )
@@ -601,7 +601,7 @@ mod tests {
             duration_s: 10.0,
             method: "tcp".into(),
         });
-        let peer_steps = r
+        let competitor_steps = r
             .steps
             .iter()
             .map(|s| {
@@ -611,10 +611,10 @@ mod tests {
                 )
             })
             .collect();
-        r.peers = vec![PeerRun {
+        r.competitors = vec![CompetitorRun {
             name: "redis".into(),
             op_map: [("read".to_string(), "get".to_string())].into(),
-            steps: peer_steps,
+            steps: competitor_steps,
             ..Default::default()
         }];
         r.steps[3].generator_cpu_utilisation = 0.99;
@@ -632,7 +632,7 @@ mod tests {
         assert!(md.contains("| **c=8 ⚠** | **1.00x** |"), "{md}");
         // Bandwidth: 800 MiB/s = 6.71 Gbit/s = 33.6 % of 20 Gbit/s.
         assert!(md.contains("| **6.71** | 33.6% |"), "{md}");
-        // Peer: 800 vs 200 ops/s at c=8.
+        // Competitor: 800 vs 200 ops/s at c=8.
         assert!(
             md.contains("| read | get | 800.0 | 200.0 | 4.00x |"),
             "{md}"

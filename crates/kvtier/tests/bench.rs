@@ -1,7 +1,7 @@
 //! `kvtier bench` end to end: tiny sweeps against an in-process server, the
 //! three output files, open loop, child processes, `compare`, a 3-node
 //! cluster through its node list, and the HTML report rendered in headless
-//! Chromium. The peers (Redis, Mooncake Store) are in bench_peers.rs.
+//! Chromium. The competitors (Redis, Mooncake Store) are in bench_peers.rs.
 use std::path::Path;
 use std::process::Command;
 
@@ -129,9 +129,11 @@ fn prefix_read_loads_the_whole_long_prefix_striped_or_not() {
         );
         let _ = std::fs::remove_dir_all(&out);
     }
-    // Refused where it cannot be honest: the kvstore API, and peers.
+    // Refused where it cannot be honest: the kvstore API, and competitors
+    // (also under the old flag name `--peer`, which scripts still use).
     for args in [
         &["--api", "kvstore"][..],
+        &["--competitor", "redis://127.0.0.1:1"][..],
         &["--peer", "redis://127.0.0.1:1"][..],
     ] {
         let o = Command::new(BIN)

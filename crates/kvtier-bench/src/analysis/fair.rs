@@ -1,22 +1,22 @@
-//! Comparisons with peers, under the rules every published ratio follows
+//! Comparisons with competitors, under the rules every published ratio follows
 //! (docs/bench.md, "Comparisons"):
 //!
 //! 1. **Equal network settings.** The congestion control seen on each
 //!    system's sockets during the run ([`Network`]) must be the same for
-//!    kvtier and the peer; otherwise the row is excluded.
-//! 2. **The peer's best number.** The denominator is the higher of the
-//!    bench's own client of the peer and the peer's reference tool
+//!    kvtier and the competitor; otherwise the row is excluded.
+//! 2. **The competitor's best number.** The denominator is the higher of the
+//!    bench's own client of the competitor and the competitor's reference tool
 //!    (`redis-benchmark`, …) at the same concurrency in the same run.
 //! 3. **Saturated generators are excluded; medians are compared; outliers are
-//!    shown.** A step whose generator (kvtier's, or the chosen peer source's)
+//!    shown.** A step whose generator (kvtier's, or the chosen competitor source's)
 //!    used more than `client_cpu_max` of its cores, or that had errors, gets
 //!    no ratio. Throughput and p99 are medians over repeats; a repeat outside
 //!    [`OUTLIER_LOW`, `OUTLIER_HIGH`] × the median is listed, not dropped.
 //!
-//! Ratios are kvtier / peer: throughput > 1 and p99 < 1 favour kvtier.
+//! Ratios are kvtier / competitor: throughput > 1 and p99 < 1 favour kvtier.
 
-pub use crate::record::PeerComparison;
-use crate::record::{Network, OpStats, PeerRun, Phase, Record, ReferenceRow, Spread, Step};
+pub use crate::record::CompetitorComparison;
+use crate::record::{CompetitorRun, Network, OpStats, Phase, Record, ReferenceRow, Spread, Step};
 
 /// A repeat below this fraction of the median is reported as an outlier.
 pub const OUTLIER_LOW: f64 = 0.75;
@@ -83,41 +83,42 @@ fn errors(step: &Step, op: &str, who: &str) -> Option<String> {
     (o.errors > 0).then(|| format!("{who}: {} of {} {op} operations failed", o.errors, o.ops))
 }
 
-fn tool_row<'a>(peer: &'a PeerRun, step: &Step, op: &str) -> Option<&'a ReferenceRow> {
+fn tool_row<'a>(competitor: &'a CompetitorRun, step: &Step, op: &str) -> Option<&'a ReferenceRow> {
     let c = step.total_concurrency()?;
-    peer.reference
+    competitor
+        .reference
         .as_ref()?
         .rows
         .iter()
         .find(|r| r.concurrency == c && r.op == op)
 }
 
-/// One row per (kvtier step, kvtier op, peer) that the peer measured too.
+/// One row per (kvtier step, kvtier op, competitor) that the competitor measured too.
 /// `client_cpu_max`: the saturation threshold the steps were flagged with.
 pub fn compare(
     steps: &[Step],
-    peers: &[PeerRun],
+    competitors: &[CompetitorRun],
     network: Option<&Network>,
     client_cpu_max: f64,
-) -> Vec<PeerComparison> {
+) -> Vec<CompetitorComparison> {
     let mut rows = Vec::new();
-    for peer in peers {
-        let net = network.and_then(|n| n.unequal(&peer.name));
+    for competitor in competitors {
+        let net = network.and_then(|n| n.unequal(&competitor.name));
         for step in steps {
-            let ps = peer.steps.iter().find(|p| p.label() == step.label());
-            for (kop, pop) in &peer.op_map {
+            let ps = competitor.steps.iter().find(|p| p.label() == step.label());
+            for (kop, pop) in &competitor.op_map {
                 let Some(k) = step.ops.get(kop) else { continue };
                 let client = ps.and_then(|p| p.ops.get(pop).map(|o| (p, o)));
-                let tool = tool_row(peer, step, pop);
+                let tool = tool_row(competitor, step, pop);
                 if client.is_none() && tool.is_none() {
                     continue;
                 }
-                let mut row = PeerComparison {
+                let mut row = CompetitorComparison {
                     step: step.label(),
                     load: step.load(),
                     op: kop.clone(),
-                    peer: peer.name.clone(),
-                    peer_op: pop.clone(),
+                    competitor: competitor.name.clone(),
+                    competitor_op: pop.clone(),
                     kvtier_repeats_ops_s: repeats(k),
                     kvtier_p99_us: median_p99(k),
                     ..Default::default()
@@ -129,46 +130,49 @@ pub fn compare(
                 row.excluded.extend(net.clone());
                 let mut client_sat = None;
                 if let Some((ps, o)) = client {
-                    row.peer_client_repeats_ops_s = repeats(o);
-                    row.peer_client_ops_s = Some(median(&row.peer_client_repeats_ops_s));
-                    row.peer_client_p99_us = Some(median_p99(o));
-                    row.outliers
-                        .extend(outliers(&peer.name, &row.peer_client_repeats_ops_s));
-                    row.excluded.extend(errors(ps, pop, &peer.name));
-                    client_sat = saturated(ps, &format!("{} client", peer.name));
+                    row.competitor_client_repeats_ops_s = repeats(o);
+                    row.competitor_client_ops_s =
+                        Some(median(&row.competitor_client_repeats_ops_s));
+                    row.competitor_client_p99_us = Some(median_p99(o));
+                    row.outliers.extend(outliers(
+                        &competitor.name,
+                        &row.competitor_client_repeats_ops_s,
+                    ));
+                    row.excluded.extend(errors(ps, pop, &competitor.name));
+                    client_sat = saturated(ps, &format!("{} client", competitor.name));
                 }
                 if let Some(t) = tool {
-                    row.peer_tool_ops_s = Some(t.throughput_ops_s);
-                    row.peer_tool_p99_us = Some(t.p99_us);
+                    row.competitor_tool_ops_s = Some(t.throughput_ops_s);
+                    row.competitor_tool_p99_us = Some(t.p99_us);
                 }
-                let use_tool = match (row.peer_client_ops_s, row.peer_tool_ops_s) {
+                let use_tool = match (row.competitor_client_ops_s, row.competitor_tool_ops_s) {
                     (Some(c), Some(t)) => t > c,
                     (None, Some(_)) => true,
                     _ => false,
                 };
                 if use_tool {
                     let t = tool.expect("tool row");
-                    row.peer_best_ops_s = t.throughput_ops_s;
-                    row.peer_best_p99_us = t.p99_us;
-                    row.peer_best_source = "tool".into();
+                    row.competitor_best_ops_s = t.throughput_ops_s;
+                    row.competitor_best_p99_us = t.p99_us;
+                    row.competitor_best_source = "tool".into();
                     if let Some(u) = t.generator_cpu_utilisation.filter(|u| *u > client_cpu_max) {
                         row.excluded.push(format!(
                             "{} tool used {:.0}% of its CPU (limit {:.0}%)",
-                            peer.name,
+                            competitor.name,
                             u * 100.0,
                             client_cpu_max * 100.0
                         ));
                     }
                 } else {
-                    row.peer_best_ops_s = row.peer_client_ops_s.unwrap_or(0.0);
-                    row.peer_best_p99_us = row.peer_client_p99_us.unwrap_or(0.0);
-                    row.peer_best_source = "client".into();
+                    row.competitor_best_ops_s = row.competitor_client_ops_s.unwrap_or(0.0);
+                    row.competitor_best_p99_us = row.competitor_client_p99_us.unwrap_or(0.0);
+                    row.competitor_best_source = "client".into();
                     row.excluded.extend(client_sat);
                 }
-                if row.excluded.is_empty() && row.peer_best_ops_s > 0.0 {
-                    row.throughput_ratio = Some(row.kvtier_ops_s / row.peer_best_ops_s);
-                    row.p99_ratio = (row.peer_best_p99_us > 0.0)
-                        .then(|| row.kvtier_p99_us / row.peer_best_p99_us);
+                if row.excluded.is_empty() && row.competitor_best_ops_s > 0.0 {
+                    row.throughput_ratio = Some(row.kvtier_ops_s / row.competitor_best_ops_s);
+                    row.p99_ratio = (row.competitor_best_p99_us > 0.0)
+                        .then(|| row.kvtier_p99_us / row.competitor_best_p99_us);
                 }
                 rows.push(row);
             }
@@ -178,10 +182,10 @@ pub fn compare(
 }
 
 /// [`compare`] over a whole record with its thresholds.
-pub fn compare_record(r: &Record) -> Vec<PeerComparison> {
+pub fn compare_record(r: &Record) -> Vec<CompetitorComparison> {
     compare(
         &r.steps,
-        &r.peers,
+        &r.competitors,
         r.network.as_ref(),
         r.analysis_config_thresholds().client_cpu_max,
     )
@@ -228,12 +232,12 @@ mod tests {
         }
     }
 
-    fn peer(steps: Vec<Step>, tool: Option<(f64, f64, f64)>) -> PeerRun {
-        PeerRun {
+    fn competitor(steps: Vec<Step>, tool: Option<(f64, f64, f64)>) -> CompetitorRun {
+        CompetitorRun {
             name: "redis".into(),
             op_map: BTreeMap::from([("read".into(), "get".into())]),
             steps,
-            reference: tool.map(|(ops, p99, cpu)| crate::record::PeerReference {
+            reference: tool.map(|(ops, p99, cpu)| crate::record::CompetitorReference {
                 tool: "redis-benchmark".into(),
                 rows: vec![ReferenceRow {
                     concurrency: 8,
@@ -249,10 +253,10 @@ mod tests {
     }
 
     #[test]
-    fn the_denominator_is_the_peers_best_source_and_ratios_use_medians() {
+    fn the_denominator_is_the_competitors_best_source_and_ratios_use_medians() {
         let k = vec![step(8, "read", &[100.0, 110.0, 90.0], 1000.0, 0)];
         // Client median 80, tool 95: the tool is the denominator.
-        let p = peer(
+        let p = competitor(
             vec![step(8, "get", &[80.0, 79.0, 85.0], 500.0, 0)],
             Some((95.0, 400.0, 0.5)),
         );
@@ -260,24 +264,24 @@ mod tests {
         assert_eq!(rows.len(), 1);
         let r = &rows[0];
         assert_eq!(r.kvtier_ops_s, 100.0);
-        assert_eq!(r.peer_client_ops_s, Some(80.0));
-        assert_eq!(r.peer_best_source, "tool");
+        assert_eq!(r.competitor_client_ops_s, Some(80.0));
+        assert_eq!(r.competitor_best_source, "tool");
         assert!((r.throughput_ratio.unwrap() - 100.0 / 95.0).abs() < 1e-9);
         assert!((r.p99_ratio.unwrap() - 2.5).abs() < 1e-9);
         // Tool below the client: the client is the denominator.
-        let p = peer(
+        let p = competitor(
             vec![step(8, "get", &[80.0, 79.0, 85.0], 500.0, 0)],
             Some((60.0, 400.0, 0.5)),
         );
         let r = &compare(&k, &[p], None, 0.9)[0];
-        assert_eq!(r.peer_best_source, "client");
+        assert_eq!(r.competitor_best_source, "client");
         assert!((r.throughput_ratio.unwrap() - 100.0 / 80.0).abs() < 1e-9);
     }
 
     #[test]
     fn an_outlier_repeat_is_reported_and_does_not_move_the_median() {
         let k = vec![step(8, "read", &[2387.0, 162.0, 2476.0], 1000.0, 0)];
-        let p = peer(vec![step(8, "get", &[1000.0; 3], 1000.0, 0)], None);
+        let p = competitor(vec![step(8, "get", &[1000.0; 3], 1000.0, 0)], None);
         let r = &compare(&k, &[p], None, 0.9)[0];
         assert_eq!(r.kvtier_ops_s, 2387.0);
         assert_eq!(r.outliers.len(), 1, "{:?}", r.outliers);
@@ -286,7 +290,7 @@ mod tests {
 
     #[test]
     fn saturated_generators_errors_and_unequal_networks_get_no_ratio() {
-        let p = || peer(vec![step(8, "get", &[100.0; 2], 1000.0, 0)], None);
+        let p = || competitor(vec![step(8, "get", &[100.0; 2], 1000.0, 0)], None);
         let mut k = vec![step(8, "read", &[100.0; 2], 1000.0, 0)];
         k[0].flags.push(Flag {
             kind: "client_cpu".into(),
@@ -301,12 +305,12 @@ mod tests {
 
         // The chosen tool source saturated.
         let k = vec![step(8, "read", &[100.0; 2], 1000.0, 0)];
-        let sat = peer(
+        let sat = competitor(
             vec![step(8, "get", &[50.0; 2], 1000.0, 0)],
             Some((90.0, 1.0, 0.99)),
         );
         let r = &compare(&k, &[sat], None, 0.9)[0];
-        assert_eq!(r.peer_best_source, "tool");
+        assert_eq!(r.competitor_best_source, "tool");
         assert_eq!(r.throughput_ratio, None);
 
         let mut net = Network::default();

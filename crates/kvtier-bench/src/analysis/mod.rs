@@ -5,7 +5,7 @@
 //! saturation (generator CPU, open-loop schedule lag), latency falling as load
 //! rises, errors. Flagged steps stay in every table, marked; recommendations
 //! say when they rest on a flagged step. The heavier pieces live in their own
-//! modules: [`knee`], [`usl`], [`sla`], [`co`], [`fair`] (comparisons with peers) and
+//! modules: [`knee`], [`usl`], [`sla`], [`co`], [`fair`] (comparisons with competitors) and
 //! [`compare`] (two records).
 pub mod co;
 pub mod compare;
@@ -314,9 +314,9 @@ pub fn degradation(steps: &[Step]) -> Vec<Degradation> {
         .collect()
 }
 
-/// kvtier op → peer op: the same name when the peer measured it, else
-/// `read → get`, `write → set`, `lookup → exists` when the peer has those.
-pub fn default_op_map(ours: &[Step], peer: &[Step]) -> BTreeMap<String, String> {
+/// kvtier op → competitor op: the same name when the competitor measured it, else
+/// `read → get`, `write → set`, `lookup → exists` when the competitor has those.
+pub fn default_op_map(ours: &[Step], competitor: &[Step]) -> BTreeMap<String, String> {
     let has = |steps: &[Step], op: &str| steps.iter().any(|s| s.ops.contains_key(op));
     let mut names: Vec<&String> = ours.iter().flat_map(|s| s.ops.keys()).collect();
     names.sort();
@@ -332,20 +332,20 @@ pub fn default_op_map(ours: &[Step], peer: &[Step]) -> BTreeMap<String, String> 
             };
             [op.as_str(), alias]
                 .into_iter()
-                .find(|p| !p.is_empty() && has(peer, p))
+                .find(|p| !p.is_empty() && has(competitor, p))
                 .map(|p| (op.clone(), p.to_string()))
         })
         .collect()
 }
 
-/// Runs every check and analysis on `record` (also on the peer's steps) and stores the result.
+/// Runs every check and analysis on `record` (also on the competitor's steps) and stores the result.
 pub fn analyze(record: &mut Record) {
     let t = record.analysis_config_thresholds();
     check_steps(&mut record.steps, &t);
-    for peer in &mut record.peers {
-        check_steps(&mut peer.steps, &t);
-        if peer.op_map.is_empty() {
-            peer.op_map = default_op_map(&record.steps, &peer.steps);
+    for competitor in &mut record.competitors {
+        check_steps(&mut competitor.steps, &t);
+        if competitor.op_map.is_empty() {
+            competitor.op_map = default_op_map(&record.steps, &competitor.steps);
         }
     }
     let mut a = Analysis {

@@ -1,7 +1,7 @@
 //! The record's analysis section: what `crate::analysis` (with its `sla`,
 //! `usl` and `fair` parts) derives from the measured steps — self-checks,
 //! knees, USL fits, degradation tables, SLA recommendations, capacity plans
-//! and the comparisons with peers.
+//! and the comparisons with competitors.
 //!
 //! The schema lives with the rest of the record so that `record` depends on no
 //! other module of the crate; the code that computes it does not.
@@ -115,49 +115,61 @@ pub struct Analysis {
     pub capacity: Vec<CapacityPlan>,
     /// Problems met while analysing (bad SLA strings, too few points, ...).
     pub warnings: Vec<String>,
-    /// kvtier vs each peer under the comparison rules ([`crate::analysis::fair`]).
+    /// kvtier vs each competitor under the comparison rules ([`crate::analysis::fair`]).
     #[serde(default)]
-    pub comparison: Vec<PeerComparison>,
+    pub comparison: Vec<CompetitorComparison>,
 }
 
-/// One (step, kvtier op, peer) comparison.
+/// One (step, kvtier op, competitor) comparison. Its fields keep the
+/// record's names `peer`, `peer_op`, `peer_*`, which readers of
+/// notes/*.json use (docs/architecture.md, Glossary).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
-pub struct PeerComparison {
+pub struct CompetitorComparison {
     /// Step label (`c=8`).
     pub step: String,
     /// Total concurrency (closed loop) or rate.
     pub load: f64,
     /// kvtier op (`read`).
     pub op: String,
-    /// Peer name (`redis 7.0.15`).
-    pub peer: String,
-    /// Peer op (`get`).
-    pub peer_op: String,
+    /// Competitor name (`redis 7.0.15`).
+    #[serde(rename = "peer")]
+    pub competitor: String,
+    /// Competitor op (`get`).
+    #[serde(rename = "peer_op")]
+    pub competitor_op: String,
     /// kvtier ops/s, median over repeats.
     pub kvtier_ops_s: f64,
     /// kvtier ops/s of each repeat.
     pub kvtier_repeats_ops_s: Vec<f64>,
     /// kvtier e2e p99 (µs), median over repeats.
     pub kvtier_p99_us: f64,
-    /// The bench's client of the peer: ops/s, median over repeats.
-    pub peer_client_ops_s: Option<f64>,
-    /// The bench's client of the peer: ops/s of each repeat.
-    pub peer_client_repeats_ops_s: Vec<f64>,
-    /// The bench's client of the peer: e2e p99 (µs), median over repeats.
-    pub peer_client_p99_us: Option<f64>,
-    /// The peer's own tool: ops/s.
-    pub peer_tool_ops_s: Option<f64>,
-    /// The peer's own tool: p99 (µs).
-    pub peer_tool_p99_us: Option<f64>,
-    /// The peer's best ops/s (rule 2), the ratio's denominator.
-    pub peer_best_ops_s: f64,
+    /// The bench's client of the competitor: ops/s, median over repeats.
+    #[serde(rename = "peer_client_ops_s")]
+    pub competitor_client_ops_s: Option<f64>,
+    /// The bench's client of the competitor: ops/s of each repeat.
+    #[serde(rename = "peer_client_repeats_ops_s")]
+    pub competitor_client_repeats_ops_s: Vec<f64>,
+    /// The bench's client of the competitor: e2e p99 (µs), median over repeats.
+    #[serde(rename = "peer_client_p99_us")]
+    pub competitor_client_p99_us: Option<f64>,
+    /// The competitor's own tool: ops/s.
+    #[serde(rename = "peer_tool_ops_s")]
+    pub competitor_tool_ops_s: Option<f64>,
+    /// The competitor's own tool: p99 (µs).
+    #[serde(rename = "peer_tool_p99_us")]
+    pub competitor_tool_p99_us: Option<f64>,
+    /// The competitor's best ops/s (rule 2), the ratio's denominator.
+    #[serde(rename = "peer_best_ops_s")]
+    pub competitor_best_ops_s: f64,
     /// p99 (µs) of the source that gave the best ops/s.
-    pub peer_best_p99_us: f64,
+    #[serde(rename = "peer_best_p99_us")]
+    pub competitor_best_p99_us: f64,
     /// `client` or `tool`.
-    pub peer_best_source: String,
-    /// kvtier / peer best ops/s; `None` when excluded.
+    #[serde(rename = "peer_best_source")]
+    pub competitor_best_source: String,
+    /// kvtier / competitor best ops/s; `None` when excluded.
     pub throughput_ratio: Option<f64>,
-    /// kvtier p99 / peer best source's p99; `None` when excluded.
+    /// kvtier p99 / competitor best source's p99; `None` when excluded.
     pub p99_ratio: Option<f64>,
     /// Why no ratio is given (empty: included).
     pub excluded: Vec<String>,

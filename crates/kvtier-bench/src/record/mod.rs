@@ -18,7 +18,7 @@
 //! The rest of the schema is in parts, all re-exported here:
 //!
 //! * `step`: load modes, latency phases, steps and their per-op results;
-//! * `peers`: peer runs, their tools' references, network settings, link probe;
+//! * `competitors`: competitor runs, their tools' references, network settings, link probe;
 //! * `analysis`: the derived section [`Analysis`] and everything in it.
 
 use std::collections::BTreeMap;
@@ -27,15 +27,15 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 mod analysis;
+mod competitors;
 pub mod header;
-mod peers;
 mod step;
 
 pub use analysis::{
-    Analysis, CapacityPlan, Degradation, DegradationRow, Knee, LittleCheck, Multipliers, OpUsl,
-    PeerComparison, Recommendation, Sla, Thresholds, UslFit,
+    Analysis, CapacityPlan, CompetitorComparison, Degradation, DegradationRow, Knee, LittleCheck,
+    Multipliers, OpUsl, Recommendation, Sla, Thresholds, UslFit,
 };
-pub use peers::{LinkProbe, Network, PeerReference, PeerRun, ReferenceRow};
+pub use competitors::{CompetitorReference, CompetitorRun, LinkProbe, Network, ReferenceRow};
 pub use step::{AcrossRepeats, Flag, Mode, OpStats, Percentiles, Phase, RepeatOp, Spread, Step};
 
 /// Schema version of [`Record`]; bumped on any incompatible change.
@@ -59,7 +59,7 @@ pub struct Record {
     /// `command_line` shell-quoted, as the header writes it.
     #[serde(default)]
     pub command: Option<String>,
-    /// kvtier's version and each peer's (`redis`, `mooncake`).
+    /// kvtier's version and each competitor's (`redis`, `mooncake`).
     #[serde(default)]
     pub versions: BTreeMap<String, Option<String>>,
     /// Always [`SCHEMA_VERSION`] when written by this crate.
@@ -85,10 +85,11 @@ pub struct Record {
     pub analysis_config: AnalysisConfig,
     /// One entry per load level (closed concurrency or open rate), in run order.
     pub steps: Vec<Step>,
-    /// Peer systems (Redis, Mooncake Store) measured in the same run with the
-    /// same steps, repeats alternating with kvtier's.
-    #[serde(default)]
-    pub peers: Vec<PeerRun>,
+    /// Competitor systems (Redis, Mooncake Store) measured in the same run with the
+    /// same steps, repeats alternating with kvtier's. Named `peers` in the
+    /// record, the name readers of notes/*.json use.
+    #[serde(default, rename = "peers")]
+    pub competitors: Vec<CompetitorRun>,
     /// Raw TCP throughput between generator and target, measured in the same run.
     #[serde(default)]
     pub link_probe: Option<LinkProbe>,
@@ -121,7 +122,7 @@ impl Record {
             cluster: None,
             analysis_config: AnalysisConfig::default(),
             steps: Vec::new(),
-            peers: Vec::new(),
+            competitors: Vec::new(),
             link_probe: None,
             network: None,
             analysis: None,
@@ -130,7 +131,7 @@ impl Record {
 
     /// Parses a record, rejecting unknown schema versions. Version 1 (one
     /// `peer` and a separate `peer_reference`) is read as version 2 with
-    /// that peer first in `peers` and the reference attached to it.
+    /// that competitor first in `peers` and the reference attached to it.
     pub fn from_json(text: &str) -> anyhow::Result<Self> {
         let mut v: serde_json::Value = serde_json::from_str(text)?;
         let version = v.get("schema_version").and_then(|x| x.as_u64());
@@ -144,17 +145,19 @@ impl Record {
         Ok(serde_json::from_value(v)?)
     }
 
-    /// The peer run named `name` (e.g. `redis 7.0.15`), if any.
-    pub fn peer(&self, name: &str) -> Option<&PeerRun> {
-        self.peers.iter().find(|p| p.name == name)
+    /// The competitor run named `name` (e.g. `redis 7.0.15`), if any.
+    pub fn competitor(&self, name: &str) -> Option<&CompetitorRun> {
+        self.competitors.iter().find(|p| p.name == name)
     }
 }
 
-/// Version 1 → 2: `peer` + `peer_reference` become `peers[0]` (+ its `reference`).
+/// Version 1 → 2: `peer` + `peer_reference` become `peers[0]` (+ its
+/// `reference`). The record keeps the field names "peer"/"peers" for
+/// competitors (docs/architecture.md, Glossary).
 fn upgrade_v1(v: &mut serde_json::Value) {
     let Some(o) = v.as_object_mut() else { return };
     let reference = o.remove("peer_reference").filter(|r| !r.is_null());
-    let peers = match o.remove("peer").filter(|p| !p.is_null()) {
+    let competitors = match o.remove("peer").filter(|p| !p.is_null()) {
         Some(mut p) => {
             if let (Some(po), Some(r)) = (p.as_object_mut(), reference) {
                 po.insert("reference".into(), r);
@@ -163,7 +166,7 @@ fn upgrade_v1(v: &mut serde_json::Value) {
         }
         None => Vec::new(),
     };
-    o.insert("peers".into(), serde_json::Value::Array(peers));
+    o.insert("peers".into(), serde_json::Value::Array(competitors));
     o.insert("schema_version".into(), SCHEMA_VERSION.into());
 }
 
@@ -303,7 +306,7 @@ mod tests {
     }
 
     #[test]
-    fn a_version_1_record_reads_with_its_peer_and_reference_attached() {
+    fn a_version_1_record_reads_with_its_competitor_and_reference_attached() {
         let mut v: serde_json::Value =
             serde_json::to_value(Record::new("read", "grpc", 1, "t")).unwrap();
         let o = v.as_object_mut().unwrap();
@@ -320,12 +323,12 @@ mod tests {
         );
         let r = Record::from_json(&v.to_string()).unwrap();
         assert_eq!(r.schema_version, SCHEMA_VERSION);
-        assert_eq!(r.peers.len(), 1);
-        assert_eq!(r.peers[0].name, "redis 7");
-        let rf = r.peers[0]
+        assert_eq!(r.competitors.len(), 1);
+        assert_eq!(r.competitors[0].name, "redis 7");
+        let rf = r.competitors[0]
             .reference
             .as_ref()
-            .expect("reference moved onto the peer");
+            .expect("reference moved onto the competitor");
         assert_eq!(rf.rows[0].throughput_ops_s, 5.0);
         assert_eq!(rf.rows[0].generator_cpu_utilisation, None);
     }

@@ -3,8 +3,8 @@
 //! their percentiles, per-repeat figures and spread across repeats.
 //!
 //! These are the types the generator fills (through
-//! `crate::builder::StepBuilder`) and every analysis reads; peers' runs reuse
-//! them unchanged, so kvtier and a peer are measured in the same shape.
+//! `crate::builder::StepBuilder`) and every analysis reads; competitors' runs reuse
+//! them unchanged, so kvtier and a competitor are measured in the same shape.
 
 use std::collections::BTreeMap;
 

@@ -7,24 +7,24 @@
 //! * `--processes P > 1` runs each repeat of each step in P separate OS
 //!   processes (`kvtier bench --worker SPEC`), started together (each connects,
 //!   says `ready`, and starts on `go`); their histograms are merged.
-//! * With peers, each step runs against kvtier and every peer at the same
+//! * With competitors, each step runs against kvtier and every competitor at the same
 //!   load, repeats alternating between the systems.
 //!
-//! The sweep in parts: `setup` starts the target and the peers, `runner`
+//! The sweep in parts: `setup` starts the target and the competitors, `runner`
 //! executes the steps (repeats alternating between systems), `worker` is one
 //! process's share of a repeat (also the `--worker` child mode), and
-//! `reference` runs the peers' own tools. This file holds the configuration
+//! `reference` runs the competitors' own tools. This file holds the configuration
 //! and [`run`], which puts them in order and assembles the record.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use crate::competitors::CompetitorSpec;
+use crate::competitors::redis::{self as competitor_redis, CompetitorClient};
 use crate::load::{Load, Progress, cores};
 use crate::netobs::Sel;
-use crate::peers::PeerSpec;
-use crate::peers::redis::{self as peer_redis, PeerClient};
-use crate::record::{ClusterTarget, LinkProbe, Mode, Network, PeerRun, Record};
+use crate::record::{ClusterTarget, CompetitorRun, LinkProbe, Mode, Network, Record};
 use crate::workloads::{Api, Conn, ConnOpts, Ctx, Transport, Workload, target_addrs};
 
 mod reference;
@@ -34,16 +34,16 @@ mod worker;
 
 pub use worker::{System, WorkerSpec, worker_main};
 
-use reference::peer_references;
+use reference::competitor_references;
 use runner::Runner;
-use setup::{Peer, Target, port_of, start_peers};
+use setup::{Competitor, Target, port_of, start_peers};
 
 /// Thread-name prefix of the generator runtime.
 pub const GEN_THREADS: &str = "kvtier-gen";
 
-/// Memory of a spawned peer (Redis `maxmemory`, Mooncake's segment): the
+/// Memory of a spawned competitor (Redis `maxmemory`, Mooncake's segment): the
 /// same as kvtier's default memory tier, so all hold the same data.
-pub const PEER_MEMORY: u64 = 2 << 30;
+pub const COMPETITOR_MEMORY: u64 = 2 << 30;
 
 /// Everything `kvtier bench` was asked to do.
 #[derive(Debug, Clone)]
@@ -56,11 +56,11 @@ pub struct BenchConfig {
     pub api: Api,
     /// Read/Write transport of the v1 API.
     pub transport: Transport,
-    /// Client library of the Redis peer.
-    pub peer_client: PeerClient,
-    /// Also run the peer's own benchmark tool (`redis-benchmark`) at each
+    /// Client library of the Redis competitor.
+    pub competitor_client: CompetitorClient,
+    /// Also run the competitor's own benchmark tool (`redis-benchmark`) at each
     /// closed-loop concurrency (read / write workloads).
-    pub peer_tool: bool,
+    pub competitor_tool: bool,
     /// Payload bytes per block (`None`: the workload's default).
     pub value_size: Option<u64>,
     /// Closed-loop workers per process, one step each (also the open-loop pool: the largest).
@@ -75,10 +75,10 @@ pub struct BenchConfig {
     pub warmup: Duration,
     /// Repeats per step.
     pub repeat: u32,
-    /// Peers to measure in the same run.
-    pub peers: Vec<PeerSpec>,
-    /// CPUs (a `taskset -c` list) of the peers this run spawns.
-    pub peer_cpus: Option<String>,
+    /// Competitors to measure in the same run.
+    pub competitors: Vec<CompetitorSpec>,
+    /// CPUs (a `taskset -c` list) of the competitors this run spawns.
+    pub competitor_cpus: Option<String>,
     /// SLA strings.
     pub slas: Vec<String>,
     /// Capacity-planning target.
@@ -110,8 +110,8 @@ impl BenchConfig {
             workload,
             api: Api::V1,
             transport: Transport::Auto,
-            peer_client: PeerClient::Resp,
-            peer_tool: false,
+            competitor_client: CompetitorClient::Resp,
+            competitor_tool: false,
             value_size: None,
             concurrency: vec![1, 2, 5, 10, 20, 50, 100, 200],
             processes: 1,
@@ -119,8 +119,8 @@ impl BenchConfig {
             duration: Duration::from_secs(10),
             warmup: Duration::from_secs(2),
             repeat: 1,
-            peers: Vec::new(),
-            peer_cpus: None,
+            competitors: Vec::new(),
+            competitor_cpus: None,
             slas: Vec::new(),
             target_tokens_per_s: None,
             probe: false,
@@ -144,8 +144,8 @@ fn check(cfg: &BenchConfig) -> anyhow::Result<()> {
         "the ping workloads need --api v1"
     );
     anyhow::ensure!(
-        cfg.workload != Workload::PrefixRead || (cfg.api == Api::V1 && cfg.peers.is_empty()),
-        "the prefix-read workload needs --api v1 and no --peer (no peer implements it yet)"
+        cfg.workload != Workload::PrefixRead || (cfg.api == Api::V1 && cfg.competitors.is_empty()),
+        "the prefix-read workload needs --api v1 and no --competitor (no competitor implements it yet)"
     );
     let nodes = cfg.target.as_deref().map_or(0, |t| target_addrs(t).len());
     anyhow::ensure!(
@@ -202,7 +202,7 @@ pub fn run(cfg: &BenchConfig) -> anyhow::Result<Record> {
         .enable_all()
         .build()?;
     let target = Target::start(cfg)?;
-    let mut peers = start_peers(cfg)?;
+    let mut competitors = start_peers(cfg)?;
     let system_cc = crate::netobs::system_default();
     let nonce = nonce();
     let progress = Progress::new(cfg.quiet);
@@ -218,7 +218,7 @@ pub fn run(cfg: &BenchConfig) -> anyhow::Result<Record> {
     } else {
         None
     };
-    // Preload kvtier and the Redis peers with the same data.
+    // Preload kvtier and the Redis competitors with the same data.
     let ctx_pre = Ctx::new(cfg.workload, value_size, nonce);
     let (data_addrs, wire, replicas) = gen_rt.block_on(async {
         let opts = ConnOpts {
@@ -236,11 +236,11 @@ pub fn run(cfg: &BenchConfig) -> anyhow::Result<Record> {
         let mut ctx = Ctx::new(cfg.workload, value_size, nonce);
         ctx.preload(&conn).await?;
         let wire = conn.uses_data_plane();
-        for p in &mut peers {
-            if let Peer::Bench { url, name, .. } = p {
-                let mut c = peer_redis::connect(url, cfg.peer_client).await?;
-                peer_redis::preload(&ctx_pre, &mut c).await?;
-                *name = peer_redis::version(&mut c).await;
+        for p in &mut competitors {
+            if let Competitor::Bench { url, name, .. } = p {
+                let mut c = competitor_redis::connect(url, cfg.competitor_client).await?;
+                competitor_redis::preload(&ctx_pre, &mut c).await?;
+                *name = competitor_redis::version(&mut c).await;
             }
         }
         anyhow::Ok((conn.data_plane_addrs(), wire, conn.cluster_replicas()))
@@ -268,23 +268,24 @@ pub fn run(cfg: &BenchConfig) -> anyhow::Result<Record> {
         transport: cfg.transport,
     };
     let mut steps = Vec::new();
-    let mut peer_runs: Vec<PeerRun> = peers
+    let mut competitor_runs: Vec<CompetitorRun> = competitors
         .iter()
-        .map(|p| PeerRun {
+        .map(|p| CompetitorRun {
             name: p.name(),
             op_map: match p {
-                Peer::Mooncake(_) => [("read", "get"), ("write", "put")]
+                Competitor::Mooncake(_) => [("read", "get"), ("write", "put")]
                     .map(|(a, b)| (a.to_string(), b.to_string()))
                     .into(),
-                Peer::Bench { .. } => Default::default(),
+                Competitor::Bench { .. } => Default::default(),
             },
             ..Default::default()
         })
         .collect();
     for (load, mode, name) in &loads(cfg) {
-        let (kv, ps, how) = runner.step_all(&kv_system, &kv_sockets, &peers, *load, *mode, name)?;
+        let (kv, ps, how) =
+            runner.step_all(&kv_system, &kv_sockets, &competitors, *load, *mode, name)?;
         steps.push(kv);
-        for ((run, step), how) in peer_runs.iter_mut().zip(ps).zip(how) {
+        for ((run, step), how) in competitor_runs.iter_mut().zip(ps).zip(how) {
             run.steps.push(step);
             run.client = how;
         }
@@ -295,10 +296,10 @@ pub fn run(cfg: &BenchConfig) -> anyhow::Result<Record> {
         ..
     } = runner;
     drop(gen_rt);
-    peer_references(cfg, &peers, &mut peer_runs, value_size)?;
+    competitor_references(cfg, &competitors, &mut competitor_runs, value_size)?;
     let target_desc = target.desc.clone();
     target.stop()?;
-    drop(peers);
+    drop(competitors);
     let mut rec = Record::new(
         cfg.workload.name(),
         cfg.api.record_name(wire),
@@ -314,17 +315,17 @@ pub fn run(cfg: &BenchConfig) -> anyhow::Result<Record> {
     rec.analysis_config.target_tokens_per_s = cfg.target_tokens_per_s;
     rec.steps = steps;
     rec.link_probe = link_probe;
-    rec.peers = peer_runs;
-    // The header's versions: each peer's name is "<tool> <version>".
-    let peer_versions: Vec<(String, Option<String>)> = rec
-        .peers
+    rec.competitors = competitor_runs;
+    // The header's versions: each competitor's name is "<tool> <version>".
+    let competitor_versions: Vec<(String, Option<String>)> = rec
+        .competitors
         .iter()
         .map(|p| match p.name.split_once(' ') {
             Some((tool, v)) => (tool.to_string(), Some(v.to_string())),
             None => (p.name.clone(), None),
         })
         .collect();
-    rec.versions.extend(peer_versions);
+    rec.versions.extend(competitor_versions);
     rec.network = Some(Network {
         system_default_cc: system_cc,
         kvtier_client_cc: cfg.data_tcp_congestion.clone(),

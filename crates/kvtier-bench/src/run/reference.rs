@@ -1,5 +1,5 @@
-//! The peers' own benchmark tools, run at each closed-loop concurrency after
-//! the sweep (comparison rule 2: a peer is compared at the better of the
+//! The competitors' own benchmark tools, run at each closed-loop concurrency after
+//! the sweep (comparison rule 2: a competitor is compared at the better of the
 //! bench's client and its own tool): `redis-benchmark` here, Mooncake's
 //! through its driver.
 
@@ -9,18 +9,18 @@ use std::time::Duration;
 use anyhow::Context;
 
 use super::BenchConfig;
-use super::setup::Peer;
-use crate::record::{PeerReference, PeerRun, ReferenceRow};
+use super::setup::Competitor;
+use crate::record::{CompetitorReference, CompetitorRun, ReferenceRow};
 use crate::workloads::Workload;
 
-/// The peers' own tools at each closed-loop concurrency (comparison rule 2).
-pub(super) fn peer_references(
+/// The competitors' own tools at each closed-loop concurrency (comparison rule 2).
+pub(super) fn competitor_references(
     cfg: &BenchConfig,
-    peers: &[Peer],
-    runs: &mut [PeerRun],
+    competitors: &[Competitor],
+    runs: &mut [CompetitorRun],
     value_size: usize,
 ) -> anyhow::Result<()> {
-    let applies = cfg.peer_tool
+    let applies = cfg.competitor_tool
         && cfg.rates.is_empty()
         && matches!(cfg.workload, Workload::Read | Workload::Write);
     if !applies {
@@ -31,10 +31,12 @@ pub(super) fn peer_references(
         .iter()
         .map(|c| c * cfg.processes.max(1))
         .collect();
-    for (peer, run) in peers.iter().zip(runs) {
-        run.reference = match peer {
-            Peer::Bench { url, .. } => Some(redis_benchmark(url, value_size, &totals, cfg.quiet)?),
-            Peer::Mooncake(m) => m.reference(&totals, cfg.duration, value_size)?,
+    for (competitor, run) in competitors.iter().zip(runs) {
+        run.reference = match competitor {
+            Competitor::Bench { url, .. } => {
+                Some(redis_benchmark(url, value_size, &totals, cfg.quiet)?)
+            }
+            Competitor::Mooncake(m) => m.reference(&totals, cfg.duration, value_size)?,
         };
     }
     Ok(())
@@ -53,7 +55,7 @@ fn redis_benchmark(
     value_size: usize,
     concurrency: &[u32],
     quiet: bool,
-) -> anyhow::Result<PeerReference> {
+) -> anyhow::Result<CompetitorReference> {
     let addr = url.trim_start_matches("redis://");
     let addr = addr.split('/').next().unwrap_or(addr);
     let (host, port) = addr
@@ -144,7 +146,7 @@ fn redis_benchmark(
             }
         }
     }
-    Ok(PeerReference { tool, rows })
+    Ok(CompetitorReference { tool, rows })
 }
 
 /// CPU time (user + system) of every child process waited for so far.

@@ -1,5 +1,5 @@
 //! Load execution: the [`Runner`] drives every repeat of every step, against
-//! kvtier and each peer in turn, in this process or in `--processes` child
+//! kvtier and each competitor in turn, in this process or in `--processes` child
 //! processes whose histograms it merges, sampling the congestion control of
 //! each system's sockets while it is under load (comparison rule 1).
 
@@ -10,13 +10,13 @@ use std::time::Duration;
 
 use anyhow::Context;
 
-use super::setup::Peer;
+use super::setup::Competitor;
 use super::worker::{System, WorkerSpec, local_repeat, workers_of};
 use super::{BenchConfig, GEN_THREADS};
 use crate::builder::{RepeatInput, StepBuilder};
+use crate::competitors::mooncake::SpawnedMooncake;
 use crate::load::{ChildReport, Load, Progress, thread_cpu};
 use crate::netobs::{Sampler, Sel};
-use crate::peers::mooncake::SpawnedMooncake;
 use crate::record::{Mode, Step};
 use crate::workloads::Workload;
 
@@ -70,13 +70,13 @@ impl Runner<'_> {
         label: &str,
     ) -> anyhow::Result<(RepeatInput, String)> {
         let Load::Closed(c) = load else {
-            anyhow::bail!("the Mooncake peer runs closed-loop steps only (--concurrency)");
+            anyhow::bail!("the Mooncake competitor runs closed-loop steps only (--concurrency)");
         };
         let op = match self.cfg.workload {
             Workload::Read => "get",
             Workload::Write => "put",
             w => anyhow::bail!(
-                "the Mooncake peer runs --workload read or write, not {}",
+                "the Mooncake competitor runs --workload read or write, not {}",
                 w.name()
             ),
         };
@@ -184,15 +184,15 @@ impl Runner<'_> {
         Ok(r)
     }
 
-    /// One step for kvtier and every peer: repeats alternate (kvtier, peer
-    /// 1, peer 2, kvtier, ...) so that drift on a shared machine lands on
+    /// One step for kvtier and every competitor: repeats alternate (kvtier, competitor
+    /// 1, competitor 2, kvtier, ...) so that drift on a shared machine lands on
     /// every system alike instead of on whichever ran last. Returns kvtier's
-    /// step, each peer's, and how each peer was driven.
+    /// step, each competitor's, and how each competitor was driven.
     pub(super) fn step_all(
         &mut self,
         kv: &System,
         kv_sockets: &Sel,
-        peers: &[Peer],
+        competitors: &[Competitor],
         load: Load,
         mode: Mode,
         name: &str,
@@ -200,19 +200,19 @@ impl Runner<'_> {
         let mut kb = StepBuilder::new(mode, self.cfg.processes);
         // Mooncake's driver runs the whole concurrency itself; the step keeps
         // kvtier's process count so that both carry the same label.
-        let mut pbs: Vec<StepBuilder> = peers
+        let mut pbs: Vec<StepBuilder> = competitors
             .iter()
             .map(|_| StepBuilder::new(mode, self.cfg.processes))
             .collect();
-        let mut how = vec![String::new(); peers.len()];
+        let mut how = vec![String::new(); competitors.len()];
         let k = self.cfg.repeat.max(1);
         for rep in 0..k {
             let label = format!("{name} rep {}/{k}", rep + 1);
             kb.add_repeat(self.observed_repeat(kv, "kvtier", kv_sockets, load, &label)?);
-            for (i, peer) in peers.iter().enumerate() {
-                let plabel = format!("{} {label}", peer.name());
-                let r = match peer {
-                    Peer::Bench {
+            for (i, competitor) in competitors.iter().enumerate() {
+                let plabel = format!("{} {label}", competitor.name());
+                let r = match competitor {
+                    Competitor::Bench {
                         name,
                         system,
                         sockets,
@@ -222,7 +222,7 @@ impl Runner<'_> {
                         how[i] = client.clone();
                         self.observed_repeat(system, name, sockets, load, &plabel)?
                     }
-                    Peer::Mooncake(m) => {
+                    Competitor::Mooncake(m) => {
                         let (r, h) = self.mooncake_repeat(m, load, &plabel)?;
                         how[i] = h;
                         r

@@ -1,19 +1,19 @@
 //! Start-up of the systems a sweep measures: the system under test
 //! ([`Target`]: `--target`, or an in-process server on its own runtime) and
-//! every `--peer` ([`start_peers`]: a Redis this run spawns or is given, or a
+//! every `--competitor` ([`start_peers`]: a Redis this run spawns or is given, or a
 //! spawned Mooncake Store). Spawned systems stop when dropped or stopped.
 
 use super::worker::System;
-use super::{BenchConfig, PEER_MEMORY};
+use super::{BenchConfig, COMPETITOR_MEMORY};
+use crate::competitors::CompetitorSpec;
+use crate::competitors::mooncake::SpawnedMooncake;
+use crate::competitors::redis::SpawnedRedis;
 use crate::load::cores;
 use crate::netobs::Sel;
-use crate::peers::PeerSpec;
-use crate::peers::mooncake::SpawnedMooncake;
-use crate::peers::redis::SpawnedRedis;
 use crate::workloads::Workload;
 
-/// A peer of this run.
-pub(super) enum Peer {
+/// A competitor of this run.
+pub(super) enum Competitor {
     /// Driven by this bench's own client (Redis) through a [`System`].
     Bench {
         name: String,
@@ -28,11 +28,11 @@ pub(super) enum Peer {
     Mooncake(SpawnedMooncake),
 }
 
-impl Peer {
+impl Competitor {
     pub(super) fn name(&self) -> String {
         match self {
-            Peer::Bench { name, .. } => name.clone(),
-            Peer::Mooncake(m) => m.name(),
+            Competitor::Bench { name, .. } => name.clone(),
+            Competitor::Mooncake(m) => m.name(),
         }
     }
 }
@@ -86,45 +86,48 @@ impl Target {
     }
 }
 
-/// Starts (or names) every `--peer`; Redis peers get their names once connected.
-pub(super) fn start_peers(cfg: &BenchConfig) -> anyhow::Result<Vec<Peer>> {
-    let mut peers = Vec::new();
-    for p in &cfg.peers {
+/// Starts (or names) every `--competitor`; Redis competitors get their names once connected.
+pub(super) fn start_peers(cfg: &BenchConfig) -> anyhow::Result<Vec<Competitor>> {
+    let mut competitors = Vec::new();
+    for p in &cfg.competitors {
         let (url, spawned) = match p {
-            PeerSpec::RedisSpawn => {
-                let r = SpawnedRedis::start(cfg.peer_cpus.as_deref())?;
+            CompetitorSpec::RedisSpawn => {
+                let r = SpawnedRedis::start(cfg.competitor_cpus.as_deref())?;
                 (r.url.clone(), Some(r))
             }
-            PeerSpec::MooncakeSpawn => {
+            CompetitorSpec::MooncakeSpawn => {
                 anyhow::ensure!(
                     cfg.rates.is_empty()
                         && matches!(cfg.workload, Workload::Read | Workload::Write),
-                    "the Mooncake peer runs closed-loop --workload read or write"
+                    "the Mooncake competitor runs closed-loop --workload read or write"
                 );
-                peers.push(Peer::Mooncake(SpawnedMooncake::start(
-                    PEER_MEMORY,
-                    cfg.peer_cpus.as_deref(),
+                competitors.push(Competitor::Mooncake(SpawnedMooncake::start(
+                    COMPETITOR_MEMORY,
+                    cfg.competitor_cpus.as_deref(),
                 )?));
                 continue;
             }
-            PeerSpec::Redis(url) => (url.clone(), None),
+            CompetitorSpec::Redis(url) => (url.clone(), None),
         };
-        peers.push(Peer::Bench {
+        competitors.push(Competitor::Bench {
             name: String::new(),
-            client: format!("kvtier bench's Redis client ({})", cfg.peer_client.name()),
+            client: format!(
+                "kvtier bench's Redis client ({})",
+                cfg.competitor_client.name()
+            ),
             sockets: Sel {
                 ports: port_of(&url).into_iter().collect(),
                 pids: Vec::new(),
             },
             system: System::Redis {
                 url: url.clone(),
-                client: cfg.peer_client,
+                client: cfg.competitor_client,
             },
             url,
             _spawned: spawned,
         });
     }
-    Ok(peers)
+    Ok(competitors)
 }
 
 /// The default server config with every listener on an ephemeral loopback port

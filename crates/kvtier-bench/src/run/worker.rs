@@ -12,8 +12,8 @@ use anyhow::Context;
 use serde::{Deserialize, Serialize};
 
 use crate::builder::RepeatInput;
+use crate::competitors::redis::{CompetitorClient, RedisWorker};
 use crate::load::{ChildReport, Load, Progress, run_repeat, thread_cpu};
-use crate::peers::redis::{PeerClient, RedisWorker};
 use crate::workloads::{Api, Conn, ConnOpts, Ctx, KvWorker, Transport, WorkerId, Workload};
 
 /// What a process drives.
@@ -35,7 +35,7 @@ pub enum System {
         url: String,
         /// Client library.
         #[serde(default)]
-        client: PeerClient,
+        client: CompetitorClient,
     },
 }
 
@@ -107,7 +107,7 @@ pub(super) async fn local_repeat(
                 api: *api,
                 connections: spec.connections,
                 transport: *transport,
-                // One data-plane connection per worker, like the Redis peer;
+                // One data-plane connection per worker, like the Redis competitor;
                 // a prefix read gets one per stripe.
                 data_connections: n as usize
                     * if spec.workload == Workload::PrefixRead {

@@ -1,5 +1,5 @@
 //! `kvtier bench`: latency-vs-concurrency sweeps against kvtier (and a Redis
-//! peer), written as `record.json`, `summary.md` and `report.html`;
+//! competitor), written as `record.json`, `summary.md` and `report.html`;
 //! `kvtier bench ab` (two binaries, alternating repeats: `ab.rs`) and
 //! `kvtier bench compare A B` (what changed between two perf records).
 mod ab;
@@ -8,8 +8,8 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Args, Subcommand};
-use kvtier_bench::peers::PeerSpec;
-use kvtier_bench::peers::redis::PeerClient;
+use kvtier_bench::competitors::CompetitorSpec;
+use kvtier_bench::competitors::redis::CompetitorClient;
 use kvtier_bench::run::{BenchConfig, run as run_sweep, worker_main};
 use kvtier_bench::workloads::{Api, Transport, Workload};
 use kvtier_core::ByteSize;
@@ -63,14 +63,14 @@ struct RunArgs {
     /// one) | grpc | data-plane. Recorded as api `v1+wire` / `v1+grpc`.
     #[arg(long, default_value = "auto", value_parser = Transport::parse)]
     transport: Transport,
-    /// Redis peer client: resp (hand-written RESP2) | redis-rs (the redis crate).
-    #[arg(long, default_value = "resp", value_parser = PeerClient::parse)]
-    peer_client: PeerClient,
-    /// Also run each peer's own benchmark tool at each concurrency
+    /// Redis competitor client: resp (hand-written RESP2) | redis-rs (the redis crate).
+    #[arg(long, alias = "peer-client", default_value = "resp", value_parser = CompetitorClient::parse)]
+    competitor_client: CompetitorClient,
+    /// Also run each competitor's own benchmark tool at each concurrency
     /// (read/write workloads): redis-benchmark; comparisons use the better
     /// of it and the bench's own client.
-    #[arg(long)]
-    peer_tool: bool,
+    #[arg(long, alias = "peer-tool")]
+    competitor_tool: bool,
     /// Payload per block, e.g. 1.2MB, 64KB (default: 1.2MB; conversation 512B; kv 100B).
     #[arg(long)]
     value_size: Option<ByteSize>,
@@ -92,15 +92,16 @@ struct RunArgs {
     /// Repeats per step (merged; spread kept for significance).
     #[arg(long, default_value_t = 1)]
     repeat: u32,
-    /// Peers to compare with, comma-separated: redis://HOST:PORT,
+    /// Competitors to compare with (the `--peer*` flags are the old names of
+    /// `--competitor*`, still accepted), comma-separated: redis://HOST:PORT,
     /// redis://spawn (a private redis-server), mooncake://spawn (a private
     /// Mooncake Store: scripts/setup-mooncake.sh installs it).
-    #[arg(long, value_delimiter = ',', value_parser = PeerSpec::parse)]
-    peer: Vec<PeerSpec>,
-    /// CPUs of the peers spawned by this run (`taskset -c` list, e.g. 1):
+    #[arg(long, alias = "peer", value_delimiter = ',', value_parser = CompetitorSpec::parse)]
+    competitor: Vec<CompetitorSpec>,
+    /// CPUs of the competitors spawned by this run (`taskset -c` list, e.g. 1):
     /// pin them where the kvtier server under test runs.
-    #[arg(long)]
-    peer_cpus: Option<String>,
+    #[arg(long, alias = "peer-cpus")]
+    competitor_cpus: Option<String>,
     /// SLAs, e.g. read.p99=100ms,lookup.p50<5ms.
     #[arg(long)]
     sla: Option<String>,
@@ -181,8 +182,8 @@ pub async fn run(a: BenchArgs) -> anyhow::Result<()> {
     cfg.target = if r.spawn { None } else { r.target };
     cfg.api = r.api;
     cfg.transport = r.transport;
-    cfg.peer_client = r.peer_client;
-    cfg.peer_tool = r.peer_tool;
+    cfg.competitor_client = r.competitor_client;
+    cfg.competitor_tool = r.competitor_tool;
     cfg.value_size = r.value_size.map(ByteSize::bytes);
     cfg.concurrency = r.concurrency;
     cfg.processes = r.processes.max(1);
@@ -190,8 +191,8 @@ pub async fn run(a: BenchArgs) -> anyhow::Result<()> {
     cfg.duration = r.duration;
     cfg.warmup = r.warmup;
     cfg.repeat = r.repeat.max(1);
-    cfg.peers = r.peer;
-    cfg.peer_cpus = r.peer_cpus;
+    cfg.competitors = r.competitor;
+    cfg.competitor_cpus = r.competitor_cpus;
     cfg.slas = r
         .sla
         .map(|s| {

@@ -1,4 +1,4 @@
-//! The Mooncake Store peer (`--peer mooncake://spawn`): the store kvtier's
+//! The Mooncake Store competitor (`--competitor mooncake://spawn`): the store kvtier's
 //! users would otherwise pick (vLLM's `MooncakeStoreConnector`, LMCache's
 //! `mooncakestore://`, SGLang HiCache), measured with the same value size and
 //! concurrency in the same run.
@@ -25,7 +25,7 @@ use serde::Deserialize;
 
 use crate::builder::{OpInput, RepeatInput};
 use crate::load::cores;
-use crate::record::{PeerReference, Phase, ReferenceRow};
+use crate::record::{CompetitorReference, Phase, ReferenceRow};
 
 /// The driver script.
 pub const DRIVER: &str = include_str!("mooncake_driver.py");
@@ -98,7 +98,7 @@ impl SpawnedMooncake {
         let dir = tempfile::tempdir()?;
         std::fs::write(dir.path().join("mooncake_driver.py"), DRIVER)?;
         let ready = dir.path().join("ready.json");
-        let mut child = crate::peers::redis::pinned(cpus, &python)
+        let mut child = crate::competitors::redis::pinned(cpus, &python)
             .arg(dir.path().join("mooncake_driver.py"))
             .args(["cluster", "--mem", &mem.to_string(), "--ready-file"])
             .arg(&ready)
@@ -215,7 +215,7 @@ impl SpawnedMooncake {
         concurrency: &[u32],
         duration: Duration,
         value_size: usize,
-    ) -> anyhow::Result<Option<PeerReference>> {
+    ) -> anyhow::Result<Option<CompetitorReference>> {
         let mut tool = None;
         let mut rows = Vec::new();
         for &c in concurrency {
@@ -236,7 +236,7 @@ impl SpawnedMooncake {
             tool = Some(r.tool);
             rows.extend(r.rows);
         }
-        Ok(tool.map(|tool| PeerReference { tool, rows }))
+        Ok(tool.map(|tool| CompetitorReference { tool, rows }))
     }
 }
 

@@ -6,9 +6,9 @@ pub mod mooncake;
 pub mod redis;
 pub mod resp;
 
-/// One `--peer`: what to compare kvtier with.
+/// One `--competitor`: what to compare kvtier with.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum PeerSpec {
+pub enum CompetitorSpec {
     /// A private `redis-server` started by the run.
     RedisSpawn,
     /// A running Redis, `redis://HOST:PORT`.
@@ -17,12 +17,12 @@ pub enum PeerSpec {
     MooncakeSpawn,
 }
 
-impl PeerSpec {
+impl CompetitorSpec {
     /// Parses `redis://spawn`, `redis://HOST:PORT` or `mooncake://spawn`.
     pub fn parse(s: &str) -> anyhow::Result<Self> {
         match s {
-            "redis://spawn" => return Ok(PeerSpec::RedisSpawn),
-            "mooncake://spawn" => return Ok(PeerSpec::MooncakeSpawn),
+            "redis://spawn" => return Ok(CompetitorSpec::RedisSpawn),
+            "mooncake://spawn" => return Ok(CompetitorSpec::MooncakeSpawn),
             _ => {}
         }
         let addr_ok = s.strip_prefix("redis://").is_some_and(|a| {
@@ -31,29 +31,29 @@ impl PeerSpec {
         });
         anyhow::ensure!(
             addr_ok,
-            "unsupported peer {s:?}: expected redis://HOST:PORT, redis://spawn or mooncake://spawn"
+            "unsupported competitor {s:?}: expected redis://HOST:PORT, redis://spawn or mooncake://spawn"
         );
-        Ok(PeerSpec::Redis(s.to_string()))
+        Ok(CompetitorSpec::Redis(s.to_string()))
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::PeerSpec;
+    use super::CompetitorSpec;
 
     #[test]
     fn peers_parse_or_say_what_is_expected() {
         assert_eq!(
-            PeerSpec::parse("redis://spawn").unwrap(),
-            PeerSpec::RedisSpawn
+            CompetitorSpec::parse("redis://spawn").unwrap(),
+            CompetitorSpec::RedisSpawn
         );
         assert_eq!(
-            PeerSpec::parse("redis://10.0.0.1:6379").unwrap(),
-            PeerSpec::Redis("redis://10.0.0.1:6379".into())
+            CompetitorSpec::parse("redis://10.0.0.1:6379").unwrap(),
+            CompetitorSpec::Redis("redis://10.0.0.1:6379".into())
         );
         assert_eq!(
-            PeerSpec::parse("mooncake://spawn").unwrap(),
-            PeerSpec::MooncakeSpawn
+            CompetitorSpec::parse("mooncake://spawn").unwrap(),
+            CompetitorSpec::MooncakeSpawn
         );
         for bad in [
             "memcached://x",
@@ -61,7 +61,7 @@ mod tests {
             "redis://:1",
             "redis://h:99999",
         ] {
-            let e = PeerSpec::parse(bad).unwrap_err().to_string();
+            let e = CompetitorSpec::parse(bad).unwrap_err().to_string();
             assert!(e.contains("expected redis://HOST:PORT"), "{bad}: {e}");
         }
     }

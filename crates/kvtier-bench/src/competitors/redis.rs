@@ -1,9 +1,9 @@
-//! The Redis peer: the same workload, payload sizes and concurrency against
+//! The Redis competitor: the same workload, payload sizes and concurrency against
 //! Redis (`GET` for reads, `SET` for writes, `EXISTS k1..kn` for chain lookups).
 //!
 //! Client: **one connection per worker**, one request at a time (what
 //! `redis-benchmark -c N` does). By default a minimal hand-written RESP2
-//! client ([`crate::peers::resp`]); `--peer-client redis-rs` uses the `redis` crate
+//! client ([`crate::competitors::resp`]); `--competitor-client redis-rs` uses the `redis` crate
 //! (a multiplexed connection used by one task only), which measured as the
 //! bottleneck for MB-sized values (`notes/006-data-plane.md`).
 //!
@@ -13,7 +13,7 @@
 //! fresh memory and eviction alike. (Overwriting a few hot keys instead would
 //! let Redis reuse the same already-faulted buffers while kvtier stores new
 //! blocks: on this VM a first-touch 1.2 MB buffer costs ~0.5 ms of page faults,
-//! so that comparison measured the workloads, not the systems.) The peer must
+//! so that comparison measured the workloads, not the systems.) The competitor must
 //! therefore bound its memory: [`preload`] refuses a Redis without
 //! `maxmemory` and an `allkeys-*` eviction policy. `redis://spawn` starts a
 //! private `redis-server` (no persistence, `allkeys-lru`, 2 GiB: kvtier's
@@ -28,8 +28,8 @@ use redis::AsyncConnectionConfig;
 use redis::aio::MultiplexedConnection;
 use serde::{Deserialize, Serialize};
 
+use crate::competitors::resp::{Reply, Resp};
 use crate::load::{Sample, Unit};
-use crate::peers::resp::{Reply, Resp};
 use crate::workloads::{
     BLOCK_TOKENS, CHAIN_BLOCKS, CONV_BLOCKS, CONVERSATIONS, Ctx, KV_KEYS, TIMEOUT, WorkerId,
     Workload, mix,
@@ -100,38 +100,38 @@ pub fn redis_server_available() -> bool {
         .is_ok_and(|s| s.success())
 }
 
-/// Which client library drives the peer.
+/// Which client library drives the competitor.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
-pub enum PeerClient {
-    /// The hand-written RESP2 client ([`crate::peers::resp`]).
+pub enum CompetitorClient {
+    /// The hand-written RESP2 client ([`crate::competitors::resp`]).
     #[default]
     Resp,
     /// The `redis` crate (multiplexed connection, one task per connection).
     RedisRs,
 }
 
-impl PeerClient {
+impl CompetitorClient {
     /// Parses `resp` / `redis-rs`.
     pub fn parse(s: &str) -> anyhow::Result<Self> {
         match s {
-            "resp" => Ok(PeerClient::Resp),
-            "redis-rs" | "redis" => Ok(PeerClient::RedisRs),
-            _ => anyhow::bail!("unknown peer client {s:?}: expected resp or redis-rs"),
+            "resp" => Ok(CompetitorClient::Resp),
+            "redis-rs" | "redis" => Ok(CompetitorClient::RedisRs),
+            _ => anyhow::bail!("unknown competitor client {s:?}: expected resp or redis-rs"),
         }
     }
 
     /// The name.
     pub fn name(self) -> &'static str {
         match self {
-            PeerClient::Resp => "resp",
-            PeerClient::RedisRs => "redis-rs",
+            CompetitorClient::Resp => "resp",
+            CompetitorClient::RedisRs => "redis-rs",
         }
     }
 }
 
-/// One peer connection.
-pub enum PeerConn {
+/// One competitor connection.
+pub enum CompetitorConn {
     /// Hand-written RESP2.
     Resp(Resp),
     /// The `redis` crate.
@@ -139,19 +139,19 @@ pub enum PeerConn {
 }
 
 /// One connection to `url` with `client`.
-pub async fn connect(url: &str, client: PeerClient) -> anyhow::Result<PeerConn> {
+pub async fn connect(url: &str, client: CompetitorClient) -> anyhow::Result<CompetitorConn> {
     match client {
-        PeerClient::Resp => Ok(PeerConn::Resp(
+        CompetitorClient::Resp => Ok(CompetitorConn::Resp(
             Resp::connect(url)
                 .await
                 .with_context(|| format!("connecting to {url}"))?,
         )),
-        PeerClient::RedisRs => {
+        CompetitorClient::RedisRs => {
             let c = redis::Client::open(url).with_context(|| format!("redis url {url}"))?;
             let cfg = AsyncConnectionConfig::new()
                 .set_response_timeout(Some(TIMEOUT))
                 .set_connection_timeout(Some(Duration::from_secs(5)));
-            Ok(PeerConn::RedisRs(
+            Ok(CompetitorConn::RedisRs(
                 c.get_multiplexed_async_connection_with_config(&cfg)
                     .await
                     .with_context(|| format!("connecting to {url}"))?,
@@ -167,11 +167,11 @@ enum Got {
     Bulk(Option<usize>),
 }
 
-impl PeerConn {
+impl CompetitorConn {
     /// One command; errors (including `-ERR` replies) as `Err`.
     async fn cmd(&mut self, args: &[&[u8]]) -> anyhow::Result<Got> {
         match self {
-            PeerConn::Resp(c) => {
+            CompetitorConn::Resp(c) => {
                 let r = tokio::time::timeout(TIMEOUT, c.cmd(args))
                     .await
                     .context("redis: no answer in time")??;
@@ -182,7 +182,7 @@ impl PeerConn {
                     Reply::Simple(_) | Reply::Array(_) => Got::Ok,
                 })
             }
-            PeerConn::RedisRs(c) => {
+            CompetitorConn::RedisRs(c) => {
                 let mut cmd = redis::cmd(std::str::from_utf8(args[0])?);
                 for a in &args[1..] {
                     cmd.arg(*a);
@@ -201,11 +201,11 @@ impl PeerConn {
     /// The last bulk reply as text (RESP client only; used for INFO).
     async fn text(&mut self, args: &[&[u8]]) -> String {
         match self {
-            PeerConn::Resp(c) => match c.cmd(args).await {
+            CompetitorConn::Resp(c) => match c.cmd(args).await {
                 Ok(Reply::Bulk(Some(_))) => String::from_utf8_lossy(c.value()).into_owned(),
                 _ => String::new(),
             },
-            PeerConn::RedisRs(c) => {
+            CompetitorConn::RedisRs(c) => {
                 let mut cmd = redis::cmd(std::str::from_utf8(args[0]).unwrap_or("INFO"));
                 for a in &args[1..] {
                     cmd.arg(*a);
@@ -217,7 +217,7 @@ impl PeerConn {
 }
 
 /// `redis <version>` from `INFO server`.
-pub async fn version(conn: &mut PeerConn) -> String {
+pub async fn version(conn: &mut CompetitorConn) -> String {
     let info = conn.text(&[b"INFO", b"server"]).await;
     info.lines()
         .find_map(|l| l.strip_prefix("redis_version:"))
@@ -242,7 +242,7 @@ fn write_key(nonce: u64, u: u64) -> String {
 }
 
 /// Fails unless Redis bounds its memory by evicting any key (`maxmemory` set,
-/// policy `allkeys-*`): the peer's writes store new keys without end.
+/// policy `allkeys-*`): the competitor's writes store new keys without end.
 pub fn check_bounded(info_memory: &str) -> anyhow::Result<()> {
     let field = |name: &str| {
         info_memory
@@ -256,7 +256,7 @@ pub fn check_bounded(info_memory: &str) -> anyhow::Result<()> {
     let policy = field("maxmemory_policy").unwrap_or("");
     anyhow::ensure!(
         max > 0 && policy.starts_with("allkeys-"),
-        "the Redis peer has maxmemory {max} and policy {policy:?}: this workload writes a new \
+        "the Redis competitor has maxmemory {max} and policy {policy:?}: this workload writes a new \
          key per request, so Redis must bound its memory and evict any key \
          (redis-server --maxmemory 2gb --maxmemory-policy allkeys-lru; redis://spawn does this)"
     );
@@ -265,7 +265,7 @@ pub fn check_bounded(info_memory: &str) -> anyhow::Result<()> {
 
 /// Writes what the workload reads; checks that Redis bounds its memory when
 /// the workload writes.
-pub async fn preload(ctx: &Ctx, conn: &mut PeerConn) -> anyhow::Result<()> {
+pub async fn preload(ctx: &Ctx, conn: &mut CompetitorConn) -> anyhow::Result<()> {
     if matches!(
         ctx.workload,
         Workload::Write | Workload::Mixed | Workload::Conversation | Workload::Kv
@@ -285,7 +285,7 @@ pub async fn preload(ctx: &Ctx, conn: &mut PeerConn) -> anyhow::Result<()> {
             }
         }
         Workload::Kv => keys.extend((0..KV_KEYS as u64).map(|i| kv_key(n, i))),
-        // prefix-read has no peer implementation (the sweep refuses it with peers).
+        // prefix-read has no competitor implementation (the sweep refuses it with competitors).
         Workload::Write | Workload::Ping | Workload::PrefixRead => {}
     }
     for k in keys {
@@ -299,7 +299,7 @@ pub async fn preload(ctx: &Ctx, conn: &mut PeerConn) -> anyhow::Result<()> {
 /// One Redis worker with its own connection.
 pub struct RedisWorker {
     ctx: std::sync::Arc<Ctx>,
-    conn: PeerConn,
+    conn: CompetitorConn,
     id: WorkerId,
     seq: u64,
 }
@@ -309,7 +309,7 @@ impl RedisWorker {
     pub async fn new(
         ctx: std::sync::Arc<Ctx>,
         url: &str,
-        client: PeerClient,
+        client: CompetitorClient,
         id: WorkerId,
     ) -> anyhow::Result<Self> {
         Ok(RedisWorker {

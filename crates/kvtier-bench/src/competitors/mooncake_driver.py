@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""Mooncake Store driver for `kvtier bench` (the `mooncake://spawn` peer).
+"""Mooncake Store driver for `kvtier bench` (the `mooncake://spawn` competitor).
 
-Embedded in the Rust bench (peer_mooncake.rs, include_str!) and run with the
+Embedded in the Rust bench (competitors/mooncake.rs, include_str!) and run with the
 Python of .tools/mooncake (scripts/setup-mooncake.sh). Self-contained: stdlib
 plus the `mooncake` package. Results are JSON on stdout; diagnostics go to
 stderr. Every wait has a deadline.

@@ -1,4 +1,4 @@
-//! `kvtier bench` with peers in the same run: Redis (its RESP client,
+//! `kvtier bench` with competitors in the same run: Redis (its RESP client,
 //! redis-rs and redis-benchmark) under the comparison rules, and Mooncake
 //! Store through its own Python API (docs/bench.md, "Comparisons").
 use std::process::Command;
@@ -12,7 +12,7 @@ use bench_common::{bench, plausible, tmp};
 use common::BIN;
 
 #[test]
-fn redis_peer_runs_interleaved() {
+fn redis_competitor_runs_interleaved() {
     assert!(
         Command::new("redis-server")
             .arg("--version")
@@ -20,7 +20,7 @@ fn redis_peer_runs_interleaved() {
             .is_ok(),
         "redis-server is not installed (scripts/setup.sh --test installs it)"
     );
-    let out = tmp("peer");
+    let out = tmp("competitor");
     let r = bench(
         &out,
         &[
@@ -34,17 +34,17 @@ fn redis_peer_runs_interleaved() {
             "300ms",
             "--warmup",
             "100ms",
-            "--peer",
+            "--competitor",
             "redis://spawn",
             "--probe",
         ],
     );
     plausible(&r, &["lookup", "read", "write"]);
-    assert_eq!(r.peers.len(), 1);
-    let peer = &r.peers[0];
-    assert!(peer.name.starts_with("redis "), "{}", peer.name);
-    assert_eq!(peer.steps.len(), r.steps.len());
-    for s in &peer.steps {
+    assert_eq!(r.competitors.len(), 1);
+    let competitor = &r.competitors[0];
+    assert!(competitor.name.starts_with("redis "), "{}", competitor.name);
+    assert_eq!(competitor.steps.len(), r.steps.len());
+    for s in &competitor.steps {
         for op in ["exists", "get", "set"] {
             let o = &s.ops[op];
             assert!(
@@ -65,7 +65,7 @@ fn redis_peer_runs_interleaved() {
 /// sockets is observed, redis-benchmark runs next to the bench's client, and
 /// every ratio uses the better of the two.
 #[test]
-fn peer_comparisons_follow_the_rules() {
+fn competitor_comparisons_follow_the_rules() {
     for tool in ["redis-server", "redis-benchmark", "ss"] {
         assert!(
             Command::new(tool).arg("--version").output().is_ok(),
@@ -88,9 +88,9 @@ fn peer_comparisons_follow_the_rules() {
             "100ms",
             "--repeat",
             "2",
-            "--peer",
+            "--competitor",
             "redis://spawn",
-            "--peer-tool",
+            "--competitor-tool",
         ],
     );
     let net = r.network.as_ref().expect("network settings recorded");
@@ -100,26 +100,26 @@ fn peer_comparisons_follow_the_rules() {
         net.kvtier_client_cc, "",
         "the bench's default is the system's"
     );
-    let peer = &r.peers[0];
+    let competitor = &r.competitors[0];
     // Both systems seen under load, on the same (system default) congestion control.
     let seen = |s: &str| net.observed_cc.get(s).cloned().unwrap_or_default();
     assert!(!seen("kvtier").is_empty(), "{net:?}");
-    assert_eq!(seen("kvtier"), seen(&peer.name), "{net:?}");
+    assert_eq!(seen("kvtier"), seen(&competitor.name), "{net:?}");
     assert!(seen("kvtier").contains(system.trim()), "{net:?}");
-    let rf = peer.reference.as_ref().expect("redis-benchmark ran");
+    let rf = competitor.reference.as_ref().expect("redis-benchmark ran");
     assert!(rf.tool.contains("-r 1000000000"), "{}", rf.tool);
     let a = r.analysis.as_ref().unwrap();
     assert_eq!(a.comparison.len(), 2, "{:?}", a.comparison);
     for c in &a.comparison {
-        assert_eq!((c.op.as_str(), c.peer_op.as_str()), ("read", "get"));
+        assert_eq!((c.op.as_str(), c.competitor_op.as_str()), ("read", "get"));
         assert_eq!(c.kvtier_repeats_ops_s.len(), 2);
-        let client = c.peer_client_ops_s.expect("client measured");
-        let tool = c.peer_tool_ops_s.expect("tool measured");
-        assert_eq!(c.peer_best_ops_s, client.max(tool), "{c:?}");
+        let client = c.competitor_client_ops_s.expect("client measured");
+        let tool = c.competitor_tool_ops_s.expect("tool measured");
+        assert_eq!(c.competitor_best_ops_s, client.max(tool), "{c:?}");
         match c.throughput_ratio {
             Some(x) => {
                 assert!(c.excluded.is_empty());
-                assert!((x - c.kvtier_ops_s / c.peer_best_ops_s).abs() < 1e-9);
+                assert!((x - c.kvtier_ops_s / c.competitor_best_ops_s).abs() < 1e-9);
             }
             None => assert!(!c.excluded.is_empty(), "no ratio and no reason: {c:?}"),
         }
@@ -130,15 +130,15 @@ fn peer_comparisons_follow_the_rules() {
     let _ = std::fs::remove_dir_all(&out);
 }
 
-/// Mooncake Store as a peer (rule 5): spawned by the bench, driven through
+/// Mooncake Store as a competitor (rule 5): spawned by the bench, driven through
 /// its own Python API from a separate process, in the same run and with the
 /// same value size; its steps get their own ratio rows.
 #[test]
-fn mooncake_peer_runs_in_the_same_run() {
+fn mooncake_competitor_runs_in_the_same_run() {
     let python =
         std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../.tools/mooncake/bin/python");
     assert!(
-        kvtier_bench::peers::mooncake::available(&python),
+        kvtier_bench::competitors::mooncake::available(&python),
         "Mooncake Store is not installed: scripts/setup-mooncake.sh (make test runs it)"
     );
     let out = tmp("mooncake");
@@ -152,7 +152,7 @@ fn mooncake_peer_runs_in_the_same_run() {
             "--warmup",
             "200ms",
         ])
-        .args(["--peer", "mooncake://spawn", "--quiet", "--out"])
+        .args(["--competitor", "mooncake://spawn", "--quiet", "--out"])
         .arg(&out)
         .env("KVTIER_MOONCAKE_PYTHON", &python)
         .env("RUST_LOG", "warn")
@@ -160,15 +160,19 @@ fn mooncake_peer_runs_in_the_same_run() {
         .expect("run kvtier bench");
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let r = Record::from_json(&std::fs::read_to_string(out.join("record.json")).unwrap()).unwrap();
-    let peer = &r.peers[0];
-    assert!(peer.name.starts_with("mooncake-store "), "{}", peer.name);
+    let competitor = &r.competitors[0];
     assert!(
-        peer.client.contains("put_from") || peer.client.contains("put"),
+        competitor.name.starts_with("mooncake-store "),
         "{}",
-        peer.client
+        competitor.name
     );
-    assert_eq!(peer.steps.len(), 2);
-    for s in &peer.steps {
+    assert!(
+        competitor.client.contains("put_from") || competitor.client.contains("put"),
+        "{}",
+        competitor.client
+    );
+    assert_eq!(competitor.steps.len(), 2);
+    for s in &competitor.steps {
         let put = &s.ops["put"];
         assert!(put.ops > 0 && put.errors == 0, "{} {put:?}", s.label());
         let e2e = put.phase(Phase::E2e).unwrap();
@@ -179,15 +183,18 @@ fn mooncake_peer_runs_in_the_same_run() {
     let rows: Vec<_> = a
         .comparison
         .iter()
-        .filter(|c| c.peer == peer.name)
+        .filter(|c| c.competitor == competitor.name)
         .collect();
     assert_eq!(rows.len(), 2, "{:?}", a.comparison);
-    assert!(rows.iter().all(|c| c.op == "write" && c.peer_op == "put"));
+    assert!(
+        rows.iter()
+            .all(|c| c.op == "write" && c.competitor_op == "put")
+    );
     // Mooncake's sockets were seen too (by its processes' ids).
     let net = r.network.as_ref().unwrap();
     assert!(
         !net.observed_cc
-            .get(&peer.name)
+            .get(&competitor.name)
             .cloned()
             .unwrap_or_default()
             .is_empty(),

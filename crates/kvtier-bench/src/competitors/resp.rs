@@ -1,10 +1,10 @@
-//! A minimal RESP2 client for the Redis peer: one TCP connection, one request
+//! A minimal RESP2 client for the Redis competitor: one TCP connection, one request
 //! at a time, `TCP_NODELAY`.
 //!
-//! Why hand-written: with the `redis` crate (multiplexed connection) the peer
+//! Why hand-written: with the `redis` crate (multiplexed connection) the competitor
 //! reached ~730 GET/s of 1.2 MB at c=8 where `redis-benchmark` reaches ~3,000/s
 //! on the same machine (`notes/006-data-plane.md` measures both in one run:
-//! `--peer-client redis-rs`). This client does what `redis-benchmark` does: a
+//! `--competitor-client redis-rs`). This client does what `redis-benchmark` does: a
 //! command goes out with one vectored write (header + payload, no user-space
 //! concatenation of the payload) and a bulk reply is read with `read_exact`
 //! into a buffer reused by the connection (no allocation or zeroing per reply).
