@@ -37,7 +37,6 @@ pub mod fuzzing;
 pub mod grpc;
 pub mod http;
 pub mod limits;
-pub mod local;
 pub mod messages;
 pub mod metrics;
 pub mod numa;
@@ -45,6 +44,7 @@ pub mod object;
 pub mod read;
 pub mod refusal;
 pub mod rx_stamp;
+pub mod same_host;
 pub mod state;
 pub mod status;
 pub mod timing;
@@ -73,7 +73,7 @@ pub struct Server {
     /// Bound data-plane address, if enabled.
     pub data_addr: Option<SocketAddr>,
     /// Path of the same-host socket, if enabled (docs/local.md).
-    pub local_path: Option<std::path::PathBuf>,
+    pub same_host_path: Option<std::path::PathBuf>,
     /// The engine (for in-process use and tests).
     pub engine: Arc<Engine>,
     /// The token table (reload it on SIGHUP).
@@ -174,7 +174,7 @@ impl Server {
         let grpc_addrs = fronts.start_grpc(&mut tasks)?;
         let http_addr = fronts.start_http(&mut tasks).await?;
         let data_addr = fronts.start_data_plane(&mut tasks).await?;
-        let local_path = fronts.start_local(&mut tasks)?;
+        let same_host_path = fronts.start_same_host(&mut tasks)?;
         if let Some(p) = &peers
             && !cfg.cluster.dns.is_empty()
         {
@@ -199,7 +199,7 @@ impl Server {
             grpc_addrs,
             http_addr,
             data_addr,
-            local_path,
+            same_host_path,
             engine,
             auth,
             tls,
@@ -367,18 +367,18 @@ impl Fronts<'_> {
 
 impl Fronts<'_> {
     /// Binds and serves the same-host socket, if `server.local_listen` is set.
-    fn start_local(&self, tasks: &mut Tasks) -> anyhow::Result<Option<std::path::PathBuf>> {
-        let Some(spec) = self.cfg.local_socket()? else {
+    fn start_same_host(&self, tasks: &mut Tasks) -> anyhow::Result<Option<std::path::PathBuf>> {
+        let Some(spec) = self.cfg.same_host_socket()? else {
             return Ok(None);
         };
-        let bound = local::bind(&spec)?;
+        let bound = same_host::bind(&spec)?;
         let shared = self.shared.for_front("local", &self.cfg.server);
         let router = grpc_router(self.cfg, shared.clone())?;
         let _ = shared
             .advertise
-            .local_path
+            .same_host_path
             .set(spec.path.display().to_string());
-        tasks.spawn(local::serve(
+        tasks.spawn(same_host::serve(
             bound,
             router,
             shared,

@@ -49,7 +49,7 @@ pub struct Advertise {
     /// Bound address of the bulk data plane, once listening.
     pub data_addr: std::sync::OnceLock<std::net::SocketAddr>,
     /// Path of the same-host socket, once listening.
-    pub local_path: std::sync::OnceLock<String>,
+    pub same_host_path: std::sync::OnceLock<String>,
     /// `server.max_message_size`: clients split larger writes.
     pub max_message_size: u64,
     /// Random at each start: a client checks that the same-host socket it
@@ -62,7 +62,7 @@ impl Advertise {
     pub fn new(max_message_size: u64) -> Self {
         Self {
             data_addr: Default::default(),
-            local_path: Default::default(),
+            same_host_path: Default::default(),
             max_message_size,
             instance_id: rand::random::<u64>() | 1,
         }

@@ -61,7 +61,7 @@ async fn blocks_move_by_memory_into_the_callers_buffers() {
     let dir = tempfile::tempdir().unwrap();
     let (server, path) = server(&dir).await;
     assert_eq!(
-        server.local_path.as_deref(),
+        server.same_host_path.as_deref(),
         Some(std::path::Path::new(&path))
     );
     let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;

@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 
 /// `server.local_listen` and how its socket file is made (docs/local.md).
 #[derive(Debug, Clone, PartialEq)]
-pub struct LocalSocket {
+pub struct SameHostSocket {
     /// Path of the socket file.
     pub path: std::path::PathBuf,
     /// Its permission bits.
@@ -50,7 +50,7 @@ impl Config {
     }
 
     /// The same-host socket, when `server.local_listen` enables it.
-    pub fn local_socket(&self) -> anyhow::Result<Option<LocalSocket>> {
+    pub fn same_host_socket(&self) -> anyhow::Result<Option<SameHostSocket>> {
         let s = &self.server;
         if s.local_listen.is_empty() {
             return Ok(None);
@@ -86,6 +86,6 @@ impl Config {
             "server.local_listen {:?}: a Unix socket path must be under 108 bytes",
             s.local_listen
         );
-        Ok(Some(LocalSocket { path, mode, owner }))
+        Ok(Some(SameHostSocket { path, mode, owner }))
     }
 }

@@ -430,7 +430,7 @@ impl EngineSection {
 }
 
 pub use crate::numa::ListenSpec;
-pub use listen::LocalSocket;
+pub use listen::SameHostSocket;
 
 mod listen;
 
@@ -483,7 +483,7 @@ impl Config {
             })?;
         }
         self.data_listen()?;
-        self.local_socket()?;
+        self.same_host_socket()?;
         let cc = &self.server.data_tcp_congestion;
         if cc.len() > 15 || !cc.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_') {
             anyhow::bail!(

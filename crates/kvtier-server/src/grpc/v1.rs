@@ -372,7 +372,7 @@ impl KvTier for V1Service {
                     .get()
                     .map(|a| a.to_string())
                     .unwrap_or_default(),
-                local_listen: adv.local_path.get().cloned().unwrap_or_default(),
+                local_listen: adv.same_host_path.get().cloned().unwrap_or_default(),
                 max_message_size: adv.max_message_size,
                 instance_id: adv.instance_id,
                 cluster_self: this.shared.cluster_self.clone(),

@@ -33,7 +33,7 @@ use tokio::io::{AsyncWrite, AsyncWriteExt};
 
 mod handlers;
 mod linger;
-mod local_copy;
+mod memory_copy;
 mod reply;
 mod taken;
 use handlers::{read, write, write_rejected};
@@ -323,10 +323,10 @@ pub(crate) async fn connection<S: FrameStream>(
                 within(by, discard(&mut sock, header.data_len.into())).await?;
                 match sock.peer_pid() {
                     Some(pid) if header.kind == Kind::ReadInto => {
-                        local_copy::read_into(&shared, &who, meta, arrived, pid).await
+                        memory_copy::read_into(&shared, &who, meta, arrived, pid).await
                     }
                     Some(pid) => {
-                        local_copy::write_from(&shared, &who, meta, arrived, max_frame, pid).await
+                        memory_copy::write_from(&shared, &who, meta, arrived, max_frame, pid).await
                     }
                     None => error_reply(
                         refusal::Kind::FailedPrecondition,

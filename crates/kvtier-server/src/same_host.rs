@@ -1,6 +1,6 @@
 //! The same-host front (docs/local.md): one Unix socket that serves both
 //! gRPC and the data plane to engines on this machine, where Read and Write
-//! payloads can move by memory (ReadInto/WriteFrom, `wire::local_copy`)
+//! payloads can move by memory (ReadInto/WriteFrom, `wire::memory_copy`)
 //! instead of through the socket.
 //!
 //! Each connection says what it is by its first bytes: a data-plane frame
@@ -9,7 +9,7 @@
 //! owner before it becomes visible (bound under a temporary name, then
 //! renamed), so no client can connect through looser permissions.
 use crate::GrpcRouter;
-use crate::config::LocalSocket;
+use crate::config::SameHostSocket;
 use crate::rx_stamp::FrameStream;
 use crate::state::Shared;
 use anyhow::Context as _;
@@ -24,18 +24,18 @@ use tokio::sync::{mpsc, watch};
 
 /// A data-plane connection on the same-host socket: the stream and the
 /// process at its other end.
-pub struct LocalConn {
+pub struct SameHostConn {
     sock: UnixStream,
     pid: Option<i32>,
 }
 
-impl FrameStream for LocalConn {
+impl FrameStream for SameHostConn {
     fn peer_pid(&self) -> Option<i32> {
         self.pid
     }
 }
 
-impl AsyncRead for LocalConn {
+impl AsyncRead for SameHostConn {
     fn poll_read(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -45,7 +45,7 @@ impl AsyncRead for LocalConn {
     }
 }
 
-impl AsyncWrite for LocalConn {
+impl AsyncWrite for SameHostConn {
     fn poll_write(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -90,7 +90,7 @@ impl Drop for Bound {
 /// Binds `spec.path` with its mode and owner. A socket file left by a server
 /// that is gone is replaced; one another process still listens on, or a
 /// file that is not a socket, is an error naming it.
-pub fn bind(spec: &LocalSocket) -> anyhow::Result<Bound> {
+pub fn bind(spec: &SameHostSocket) -> anyhow::Result<Bound> {
     let path = &spec.path;
     if let Ok(m) = std::fs::symlink_metadata(path) {
         anyhow::ensure!(
@@ -184,7 +184,7 @@ pub async fn serve(
                     match tokio::time::timeout(wait, is_data_plane(&sock)).await {
                         Ok(Ok(true)) => {
                             let pid = sock.peer_cred().ok().and_then(|c| c.pid()).filter(|p| *p > 0);
-                            let conn = LocalConn { sock, pid };
+                            let conn = SameHostConn { sock, pid };
                             if let Err(e) = crate::wire::connection(conn, shared, max_frame, stop, slot).await {
                                 tracing::debug!(error = %e, "same-host data-plane connection closed");
                             }
