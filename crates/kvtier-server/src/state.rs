@@ -9,38 +9,39 @@ use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// Everything a request handler needs.
+/// Everything a request handler needs. Its fields are the crate's own:
+/// fronts reach the store and the limits through it, nothing outside does.
 #[derive(Clone)]
 pub struct Shared {
     /// The store.
-    pub engine: Arc<Engine>,
+    pub(crate) engine: Arc<Engine>,
     /// Metrics registry.
-    pub metrics: Arc<Metrics>,
+    pub(crate) metrics: Arc<Metrics>,
     /// Bounds requests served at once by this front; waiting for it is
     /// queue time (each front gets its own, see [`Shared::for_front`]).
-    pub admission: Arc<Limiter>,
+    pub(crate) admission: Arc<Limiter>,
     /// What Stats tells clients about this server's fronts and limits.
-    pub advertise: Arc<Advertise>,
+    pub(crate) advertise: Arc<Advertise>,
     /// Who may do what (docs/security.md); allows everything when off.
-    pub auth: Arc<Auth>,
+    pub(crate) auth: Arc<Auth>,
     /// `/metrics` and `/healthz` (plus grpc.health.v1) without a token.
-    pub public_metrics: bool,
+    pub(crate) public_metrics: bool,
     /// See `public_metrics`.
-    pub public_health: bool,
+    pub(crate) public_health: bool,
     /// Request memory, connections, timeouts (docs/operations.md).
-    pub limits: crate::limits::Limits,
+    pub(crate) limits: crate::limits::Limits,
     /// In a cluster, the engine's local twin: what serves requests other
     /// nodes forward here (docs/cluster.md).
-    pub local: Option<Arc<Engine>>,
+    pub(crate) local: Option<Arc<Engine>>,
     /// This node's name in its cluster (`host:port`); empty outside one.
-    pub cluster_self: String,
+    pub(crate) cluster_self: String,
     /// `Bearer <KVTIER_CLUSTER_TOKEN>`: with authentication on, only a
     /// request carrying it may be served as forwarded by another node.
-    pub cluster_authorization: Option<String>,
+    pub(crate) cluster_authorization: Option<String>,
     /// In a cluster, the admission limit of requests other nodes forward:
     /// apart from the clients', so a flood of client requests sheds client
     /// requests, not the peer calls other nodes' admitted requests depend on.
-    pub peer_admission: Option<Arc<Limiter>>,
+    pub(crate) peer_admission: Option<Arc<Limiter>>,
 }
 
 /// What Stats reports about the fronts and limits, so clients choose their
