@@ -48,6 +48,8 @@ WEIGHTS = {"lookup": 0.35, "read": 0.35, "write": 0.30}
 BLOCK_MIN, BLOCK_MAX = 4 << 10, 32 << 10
 #: Client deadline per call, retries included.
 DEADLINE_S = 5.0
+#: A call that returns later than its deadline plus this counts as a deadline error, whatever it returned.
+DEADLINE_SLACK_S = 0.5
 #: A call still running this long past its deadline is hung.
 HANG_GRACE_S = 10.0
 
@@ -99,10 +101,13 @@ class Load:
                         self.skips.append((sched - self.t0, int((now - sched) / interval)))
                     sched = now
                 op = rng.choices(list(WEIGHTS), weights=list(WEIGHTS.values()))[0]
-                self.inflight[i] = (op, time.monotonic())
+                started = time.monotonic()
+                self.inflight[i] = (op, started)
                 outcome = self._op(client, rng, op)
                 done = time.monotonic()
                 self.inflight.pop(i, None)
+                if done - started > DEADLINE_S + DEADLINE_SLACK_S:  # answered, but past its deadline
+                    outcome = "deadline"
                 with self.lock:
                     self.ops.append((sched - self.t0, done - sched, op, outcome))
         finally:
