@@ -440,12 +440,15 @@ class Mooncake(Service):
         self._tmp: Path | None = None
 
     @classmethod
-    def start(cls, mem_bytes: int = 2 << 30, log: Path | None = None, timeout: float = 90.0) -> Mooncake:
+    def start(cls, mem_bytes: int = 2 << 30, log: Path | None = None, timeout: float = 90.0,
+              cpus: Iterable[int] | None = None) -> Mooncake:
+        """``cpus``: the driver starts pinned, so the master and the segment
+        holder it starts are pinned with it (children inherit affinity)."""
         tmp = Path(tempfile.mkdtemp(prefix="kvtier-mooncake-"))
         ready = tmp / "ready.json"
         cmd = [str(mooncake_python()), str(MOONCAKE_DRIVER), "cluster", "--mem", str(mem_bytes),
                "--ready-file", str(ready), *(["--log", str(log)] if log else [])]
-        proc = cls._spawn(cmd, None, stdin=subprocess.PIPE)
+        proc = cls._spawn(cmd, None, cpus=cpus, stdin=subprocess.PIPE)
         m = cls(proc, {}, log)
         m._tmp = tmp  # the driver's log is there unless `log` is given: kept until stop()
         try:
