@@ -227,8 +227,16 @@ class Run:
         self.a, self.work = a, work
         self.binary = Path(a.binary)
         self.kv = kvtier_server(self.binary, ["--memory-capacity", "2GiB"], cpus={SERVER_CPU})
-        self.redis = Redis.start(cpus={SERVER_CPU}, maxmemory="2gb", directory=work)
-        self.mc = Mooncake.start(mem_bytes=2 << 30, cpus={SERVER_CPU})
+        try:  # a server that failed to start leaves none of the others running
+            self.redis = Redis.start(cpus={SERVER_CPU}, maxmemory="2gb", directory=work)
+            try:
+                self.mc = Mooncake.start(mem_bytes=2 << 30, cpus={SERVER_CPU})
+            except BaseException:
+                self.redis.stop()
+                raise
+        except BaseException:
+            self.kv.stop()
+            raise
         self.pids = {"kvtier": [self.kv.pid], "redis": [self.redis.pid], "mooncake": list(self.mc.info["pids"])}
         #: per repeat and system: c=1 write CPU µs per op (the read preload's estimate)
         self.write_cost: dict[tuple[int, str], float] = {}
