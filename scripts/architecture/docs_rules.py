@@ -29,7 +29,9 @@ Placeholders are skipped, never guessed: a path with `*`, `?`, `<`, `>`,
 that is not a conventional document name (`scripts/NAME.py`,
 `notes/NNN-title.md`, `crates/CRATE/`; but `fuzz/README.md` is checked).
 
-"Exists" means on disk in this checkout, a directory or a file.
+"Exists" means on disk in this checkout, a directory or a file. A path git
+ignores is build output (`python/kvtier/_native.abi3.so`, made by `make
+native`): it need not exist in a fresh clone, so it is not checked.
 """
 from __future__ import annotations
 
@@ -153,6 +155,15 @@ def check(root: Path, dirs: set[str] | None = None) -> list[str]:
             kind = "links to" if from_doc else "names"
             if resolved_root not in (target, *target.parents):
                 problems.append(f"{rel_doc}:{lineno}: {kind} {path}, outside the repository")
-            elif not target.exists():
+            elif not target.exists() and not ignored(root, target):
                 problems.append(f"{rel_doc}:{lineno}: {kind} {path}, which does not exist")
     return problems
+
+
+def ignored(root: Path, target: Path) -> bool:
+    """Whether git ignores `target` (build output); False outside a checkout."""
+    try:
+        r = subprocess.run(["git", "-C", str(root), "check-ignore", "-q", str(target)], capture_output=True)
+    except OSError:
+        return False
+    return r.returncode == 0
