@@ -127,16 +127,22 @@ where
         }
         match this.inner.as_mut().poll_frame(cx) {
             Poll::Ready(Some(Ok(frame))) => {
+                // Only the body's first bytes are a length prefix: once any
+                // arrived the check is over (a prefix split across frames is
+                // not read; the budget still refuses that message as it comes).
                 if let Some(d) = frame.data_ref()
                     && !this.sized
-                    && d.len() >= 5
+                    && !d.is_empty()
                 {
                     this.sized = true;
-                    let len = u32::from_be_bytes([d[1], d[2], d[3], d[4]]);
-                    if let Some(never) = this.limits.too_large((5 + u64::from(len)) * this.factor) {
-                        crate::limits::refused::log("grpc_too_large", &never.message);
-                        let status = tonic::Status::from(never);
-                        return Poll::Ready(Some(Err(Box::new(status))));
+                    if d.len() >= 5 {
+                        let len = u32::from_be_bytes([d[1], d[2], d[3], d[4]]);
+                        let declared = (5 + u64::from(len)) * this.factor;
+                        if let Some(never) = this.limits.too_large(declared) {
+                            crate::limits::refused::log("grpc_too_large", &never.message);
+                            let status = tonic::Status::from(never);
+                            return Poll::Ready(Some(Err(Box::new(status))));
+                        }
                     }
                 }
                 if let Some(d) = frame.data_ref() {
