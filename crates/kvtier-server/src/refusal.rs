@@ -104,9 +104,9 @@ impl std::fmt::Display for Refusal {
 
 impl std::error::Error for Refusal {}
 
-impl From<Error> for Refusal {
-    fn from(e: Error) -> Self {
-        let kind = match e.kind {
+impl From<ErrorKind> for Kind {
+    fn from(k: ErrorKind) -> Self {
+        match k {
             ErrorKind::InvalidArgument => Kind::InvalidArgument,
             ErrorKind::DataLoss => Kind::DataLoss,
             ErrorKind::NotFound => Kind::NotFound,
@@ -115,8 +115,13 @@ impl From<Error> for Refusal {
             ErrorKind::Unavailable => Kind::Unavailable,
             ErrorKind::DeadlineExceeded => Kind::DeadlineExceeded,
             ErrorKind::Internal => Kind::Internal,
-        };
-        Self::new(kind, e.message)
+        }
+    }
+}
+
+impl From<Error> for Refusal {
+    fn from(e: Error) -> Self {
+        Self::new(e.kind.into(), e.message)
     }
 }
 

@@ -80,7 +80,7 @@ pub fn from_status(s: &tonic::Status) -> Refusal {
 
 /// HTTP status and a stable machine-readable code for a core error.
 pub fn to_http(e: &Error) -> (http::StatusCode, &'static str) {
-    http_status(Refusal::from(e.clone()).kind)
+    http_status(e.kind.into())
 }
 
 /// HTTP status and the body's machine-readable `code` for a refusal kind.
