@@ -11,6 +11,12 @@ names are fixed:
   control (and the host name);
 * ``command``: the command line exactly as it was executed;
 * ``versions``: every tool and peer the measurement used.
+
+For a program that writes its own record and reads its stamp from the
+environment (``crates/kvtier-server/examples/object_bench.rs`` reads
+``BENCH_*``), ``python3 -m perf.stamp --env [--command CMD]`` prints the
+header as shell ``export`` lines (:func:`env_exports`), so no script computes
+a stamp by hand; ``python3 -m perf.stamp RECORD`` then completes the record.
 """
 from __future__ import annotations
 
@@ -206,3 +212,20 @@ def stamp_file(path: str | os.PathLike[str], head: Mapping[str, Any] | None = No
     rec = stamp(json.loads(p.read_text()), head if head is not None else header())
     p.write_text(json.dumps(rec, indent=1) + "\n")
     return rec
+
+
+def env_exports(head: Mapping[str, Any]) -> list[str]:
+    """``head`` as the ``export BENCH_*=...`` lines a program that writes its
+    own record reads (date; commit with ``-dirty`` when the tree differed, as
+    perf.migrate reads it back; the machine as one line of the form
+    perf.migrate parses; the command)."""
+    m = head["machine"]
+    values = {
+        "BENCH_DATE": head["date"],
+        "BENCH_COMMIT": f"{head['commit'] or 'unknown'}{'-dirty' if head['dirty'] else ''}",
+        "BENCH_MACHINE": f"{platform.system()} {m['kernel']} {platform.machine()}; {m['cores']} CPUs; "
+                         f"{m['cpu_model']}",
+        "BENCH_COMMAND": head["command"],
+    }
+    return [f"export {k}={shlex.quote(str(v))}" for k, v in values.items()]
+

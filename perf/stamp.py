@@ -2,6 +2,7 @@
 object-store example's record) perf's header, right after that tool ran:
 
     python3 -m perf.stamp RECORD [--command CMD] [--versions redis-server,azurite] [--kvtier BIN]
+    eval "$(python3 -m perf.stamp --env --command CMD)"   # before a program that stamps its own record
 
 What the record already says is kept and mapped to the header's names as
 perf/migrate.py maps old records (``git_commit`` with ``-dirty``,
@@ -10,6 +11,11 @@ from this machine and checkout now (the run has just ended here): the
 commit and whether the tree is dirty, the machine's missing fields, the
 versions of the tools named, and ``CMD`` as the command when the record
 has none. Every field of the record is kept.
+
+``--env`` prints, instead, the header measured now as ``export BENCH_DATE=...
+BENCH_COMMIT BENCH_MACHINE BENCH_COMMAND`` lines, for a program that writes
+those into its own record (``crates/kvtier-server/examples/object_bench.rs``,
+run by scripts/bench-object-store.sh), so no script computes them by hand.
 """
 from __future__ import annotations
 
@@ -18,7 +24,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .header import HEADER_KEYS, header, versions
+from .header import HEADER_KEYS, env_exports, header, versions
 from .migrate import migrate
 from .records import load, save
 
@@ -46,11 +52,18 @@ def stamp_now(rec: dict[str, Any], command: str | None = None, tools: list[str] 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("record", type=Path)
+    ap.add_argument("record", type=Path, nargs="?")
+    ap.add_argument("--env", action="store_true",
+                    help="print the header as `export BENCH_*=...` lines for a shell's eval; stamp nothing")
     ap.add_argument("--command", help="what produced the record, if the record does not say")
     ap.add_argument("--versions", default="", help="tools whose versions to record (comma-separated)")
     ap.add_argument("--kvtier", help="the kvtier binary that ran (its version is recorded)")
     a = ap.parse_args(argv)
+    if a.env:
+        print("\n".join(env_exports(header(command=a.command))))
+        return 0
+    if a.record is None:
+        ap.error("a RECORD to stamp (or --env)")
     text = a.record.read_text()
     rec = stamp_now(load(a.record), a.command, [t for t in a.versions.split(",") if t], a.kvtier)
     save(a.record, rec, like=text)

@@ -9,10 +9,8 @@ scripts/setup.sh
 OUT=${1:-notes/003-object-store-tier.json}
 PROFILE=${PROFILE:-release}
 flag=(); [ "$PROFILE" = release ] && flag=(--release)
-export BENCH_DATE=$(date -u +%Y-%m-%dT%H:%M:%SZ)
-export BENCH_COMMIT=$(git rev-parse HEAD 2>/dev/null || echo unknown)$(git diff --quiet 2>/dev/null || echo "-dirty")
-export BENCH_MACHINE="$(uname -srm); $(nproc) CPUs; $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
-export BENCH_COMMAND="PROFILE=$PROFILE REPEATS=${REPEATS:-3} scripts/bench-object-store.sh $OUT"
+# The example writes date, commit, machine and command from BENCH_*, which perf
+# measures (perf/stamp.py, --env); perf.stamp then adds the rest of the header.
+eval "$(python3 -m perf.stamp --env --command "PROFILE=$PROFILE REPEATS=${REPEATS:-3} scripts/bench-object-store.sh $OUT")"
 cargo run -q "${flag[@]}" -p kvtier-server --example object_bench -- "$OUT"
-# The example writes date, commit and machine from BENCH_*; perf adds the rest of its header.
 python3 -m perf.stamp "$OUT" --versions azurite
