@@ -75,12 +75,9 @@ import argparse
 import concurrent.futures
 import contextlib
 import gc
-import importlib
 import json
 import math
 import os
-import platform
-import shlex
 import statistics
 import subprocess
 import sys
@@ -89,16 +86,17 @@ import time
 from pathlib import Path
 
 import torch
+from _perf import ROOT  # noqa: F401 (puts perf and this checkout's SDK on sys.path)
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "python"))
+import kvtier
+from kvtier._crc import ACCELERATED as CRC_ACCELERATED
+from kvtier.client import token_chain
+from kvtier.dataplane import available as native_available
+from perf import header as perf_header
+from perf import versions
+from perf.services import find_binary, kvtier_server
 
-# This checkout's SDK (imported after the path is set, hence importlib).
-kvtier = importlib.import_module("kvtier")
-token_chain = importlib.import_module("kvtier.client").token_chain
-find_binary = importlib.import_module("kvtier.server").find_binary
-CRC_ACCELERATED = importlib.import_module("kvtier._crc").ACCELERATED
-NATIVE = importlib.import_module("kvtier.dataplane").available()
+NATIVE = native_available()
 
 BLOCK = 128  # tokens per kvtier block
 WRITE_BATCH = 128 << 20  # bytes per Write call
@@ -240,7 +238,8 @@ def run_length(model, client: kvtier.Client, n: int, a, dev: torch.device, shape
     kv = torch.empty((full, layers, 2, heads, BLOCK, dim), dtype=torch.bfloat16, device=dev)
     save_host = pinned((full, block_bytes), dev)
     payloads = [memoryview(save_host[i].numpy()) for i in range(full)]
-    chain = token_chain(keys, payloads, BLOCK, n)
+    # Views of pinned memory, not copies: the SDK sends any buffer, though its annotation says bytes.
+    chain = token_chain(keys, payloads, BLOCK, n)  # type: ignore[arg-type]
     per_call = max(1, WRITE_BATCH // block_bytes)
     batches = [chain[i:i + per_call] for i in range(0, full, per_call)]
     saves = []
@@ -386,50 +385,22 @@ def run_length(model, client: kvtier.Client, n: int, a, dev: torch.device, shape
     return res
 
 
-def git(*args: str) -> str | None:
-    try:
-        p = subprocess.run(["git", "-C", str(REPO), *args], check=False, capture_output=True, text=True,
-                           timeout=30)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return p.stdout.strip() if p.returncode == 0 else None
-
-
 def header(dev: torch.device, binary: Path) -> dict:
-    """The record's common header: date, commit, dirty, machine, command, versions."""
+    """perf's record header (date, commit, dirty, machine, command, versions), with the GPU."""
     import transformers
 
-    def first(path: str, prefix: str) -> str:
-        try:
-            return next((ln.split(":", 1)[1].strip() for ln in open(path) if ln.startswith(prefix)), "")
-        except OSError:
-            return ""
-
-    mem_kib = first("/proc/meminfo", "MemTotal").split()
-    status = git("status", "--porcelain", "--untracked-files=no")
-    machine = {"cpu": first("/proc/cpuinfo", "model name") or platform.processor(), "cores": os.cpu_count(),
-               "memory_gib": round(int(mem_kib[0]) / 2**20, 1) if mem_kib else None,
-               "kernel": platform.release(), "host": platform.node(),
-               "gpu": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "none (cpu dry run)"}
+    rec = perf_header(env=["PYTHONPATH"], versions=versions("kvtier", paths={"kvtier": binary}, known={
+        "torch": torch.__version__, "transformers": transformers.__version__, "kvtier_binary": str(binary)}))
+    rec["versions"]["crc32c_accelerated"] = CRC_ACCELERATED
+    # A device machine's copy of the tree may carry no (or a stale) .git: $KVTIER_COMMIT names the commit.
+    if os.environ.get("KVTIER_COMMIT"):
+        rec["commit"], rec["dirty"] = os.environ["KVTIER_COMMIT"], None
+    m = rec["machine"]
+    m["gpu"] = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "none (cpu dry run)"
     if dev.type == "cuda":
-        machine["gpu_memory_gib"] = round(torch.cuda.get_device_properties(dev).total_memory / 2**30, 1)
-        machine["cuda"] = torch.version.cuda
-    try:
-        kv_version = subprocess.run([str(binary), "--version"], check=False, capture_output=True, text=True,
-                                    timeout=30).stdout.strip()
-    except (OSError, subprocess.SubprocessError) as e:
-        kv_version = f"unknown ({e})"
-    return {
-        "date": time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime()),
-        "commit": os.environ.get("KVTIER_COMMIT") or git("rev-parse", "HEAD") or "unknown",
-        "dirty": None if status is None else bool(status),
-        "machine": machine,
-        "command": (f"PYTHONPATH={shlex.quote(os.environ['PYTHONPATH'])} " if os.environ.get("PYTHONPATH") else "")
-        + shlex.join([sys.executable, *sys.argv]),
-        "versions": {"python": platform.python_version(), "torch": torch.__version__,
-                     "transformers": transformers.__version__, "kvtier": kv_version, "kvtier_binary": str(binary),
-                     "crc32c_accelerated": CRC_ACCELERATED},
-    }
+        m["gpu_memory_gib"] = round(torch.cuda.get_device_properties(dev).total_memory / 2**30, 1)
+        m["cuda"] = torch.version.cuda
+    return rec
 
 
 def has_local_listen(binary: Path) -> bool:
@@ -452,7 +423,7 @@ def connect(stack: contextlib.ExitStack, binary: Path, want: str, capacity: str,
     for transport in tries:
         sock = Path(tmp) / f"kvtier-{transport}.sock"
         args = ["--memory-capacity", capacity] + (["--local-listen", str(sock)] if transport == "local" else [])
-        srv = kvtier.Server.start(binary=binary, args=args)
+        srv = kvtier_server(binary, args)
         target = f"unix://{sock}" if transport == "local" else srv.grpc
         # Big reads and writes give their own timeouts; a long prefix is striped
         # over the connections (on the same-host socket, copied by as many server threads).
@@ -485,8 +456,8 @@ def summary(rec: dict) -> str:
              f"{c['shape']['head_dim']}), bf16, random weights; {c['block_bytes'] / 2**10:g} KiB per "
              f"{BLOCK}-token block; tail of {c['tail']} token(s) computed. Transport: **{rec['transport']}** "
              f"(client {rec['client_target']}, payloads via {rec['data_plane']}). torch {rec['versions']['torch']}, "
-             f"transformers {rec['versions']['transformers']}, {rec['versions']['kvtier']}, commit "
-             f"{rec['commit'][:12]}{' (dirty)' if rec['dirty'] else ''}. Medians of {c['repeats']} repeats."), "",
+             f"transformers {rec['versions']['transformers']}, kvtier {rec['versions']['kvtier']}, commit "
+             f"{str(rec['commit'])[:12]}{' (dirty)' if rec['dirty'] else ''}. Medians of {c['repeats']} repeats."), "",
              ("| tokens | recompute | cached | speed-up | lookup | read | h2d | build | forward | load GB/s "
               "| h2d floor GB/s | load/floor | save GB/s | max logit diff (tol) | bytes equal |"),
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]

@@ -39,9 +39,10 @@ def test_dry_run_records_every_length_and_passes(tmp_path, transport):
     assert p.returncode == 0, p.stdout[-6000:] + p.stderr[-6000:]
     for key in HEADER:
         assert key in rec, key
-    assert {"cpu", "cores", "memory_gib", "kernel", "gpu"} <= set(rec["machine"])
+    assert {"cpu_model", "cores", "memory_gib", "kernel", "gpu"} <= set(rec["machine"])  # perf's header
     assert {"python", "torch", "transformers", "kvtier"} <= set(rec["versions"])
-    assert rec["versions"]["kvtier"].startswith("kvtier"), rec["versions"]
+    version = subprocess.run([str(find_binary()), "--version"], capture_output=True, text=True, check=True).stdout
+    assert rec["versions"]["kvtier"] == version.split()[-1], rec["versions"]
     assert "gpu-ttft.py" in rec["command"] and "--device cpu" in rec["command"]
     # auto takes the same-host socket where the binary has it and the SDK gets through it (one probe
     # write and read); otherwise TCP, with the reason in transport_notes.
