@@ -30,8 +30,15 @@ Docs (architecture/docs_rules.py):
    CONTRIBUTING.md), resolved from the root. Fenced code blocks are not read; placeholders (`*`, `<name>`, `...`,
    a word in capitals such as `notes/NNN-title.md`) are skipped.
 
-Exit status 1 with one line per violation. `--rust`, `--python`, `--docs`
-pick rule groups (default: all). `--self-test` checks that each rule fires on
+Measurement scripts (architecture/perf_rules.py):
+8. Every Python or shell script directly in scripts/ uses the perf library
+   (imports it, runs `python3 -m perf.NAME`, or is a shell script that runs
+   a script that does), or is on the rule's ALLOWED list of scripts that
+   measure nothing, each with its reason; an ALLOWED entry no script needs
+   is reported too.
+
+Exit status 1 with one line per violation. `--rust`, `--python`, `--docs`,
+`--perf` pick rule groups (default: all). `--self-test` checks that each rule fires on
 made-up files (so the check itself can fail). Run by `make arch` (`make test`).
 """
 from __future__ import annotations
@@ -40,7 +47,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from architecture import MAX_LINES, docs_rules, python_rules, rust_rules
+from architecture import MAX_LINES, docs_rules, perf_rules, python_rules, rust_rules
 from architecture.selftest import self_test
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -49,6 +56,7 @@ GROUPS = {
     "rust": (rust_rules.check, "no crate module circles, no Rust file over {n} lines, every file says why"),
     "python": (python_rules.check, "no kvtier import circles, no Python file over {n} lines, every module says why"),
     "docs": (docs_rules.check, "every repository path the docs name exists"),
+    "perf": (perf_rules.check, "every measurement script in scripts/ runs on perf/"),
 }
 
 

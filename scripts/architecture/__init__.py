@@ -5,6 +5,7 @@
 * `python_rules`: the SDK package and every Python file (import circles, file
   size, module docstrings);
 * `docs_rules`: repository paths named in the docs exist;
+* `perf_rules`: every measurement script in `scripts/` uses perf/;
 * `selftest`: proves each rule fires on made-up files.
 
 `scripts/check-architecture.py`'s docstring states the rules and the choices

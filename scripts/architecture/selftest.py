@@ -9,7 +9,7 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
-from architecture import MAX_LINES, docs_rules, python_rules, rust_rules
+from architecture import MAX_LINES, docs_rules, perf_rules, python_rules, rust_rules
 
 
 def write(root: Path, rel: str, text: str) -> None:
@@ -123,8 +123,33 @@ def docs(root: Path) -> None:
     assert "out/y.txt" not in got, got  # out/ is not a directory of this repository
 
 
+def perf(root: Path) -> None:
+    write(root, "scripts/_perf.py", "ROOT = 1\n")  # the shim itself is not a script
+    write(root, "scripts/bench-a.py", '"""a"""\nfrom _perf import ROOT\n')
+    write(root, "scripts/bench-b.sh", "#!/bin/sh\ncargo run\npython3 -m perf.stamp out/x.json\n")
+    write(root, "scripts/bench-c.sh", '#!/bin/sh\nexec python3 "$(dirname "$0")/bench-a.py" "$@"\n')
+    write(root, "scripts/inline.sh", "#!/bin/sh\npython3 - <<'EOF'\nfrom perf import write_record\nEOF\n")
+    write(root, "scripts/tcp-floor.c", "int main(void) { return 0; }\n")  # not a script
+    for pattern in perf_rules.ALLOWED:  # one script per entry, so none is unused
+        write(root, "scripts/" + pattern.replace("*", "x") + ("" if pattern.endswith((".py", ".sh")) else ".sh"),
+              "#!/bin/sh\n")
+    assert perf_rules.check(root) == [], perf_rules.check(root)
+
+    # Off the library: a hand-started server and stamp; "perf" in a word or a comment does not count.
+    write(root, "scripts/bench-new.py", '"""new"""\nimport subprocess  # not perf.header\nsuperf.x = 1\n')
+    # Runs a script that is itself off the library.
+    write(root, "scripts/bench-new.sh", "#!/bin/sh\nexec python3 scripts/bench-new.py\n")
+    (root / "scripts/link-dists.py").unlink()  # its ALLOWED entry is now unused
+    got = "\n".join(perf_rules.check(root))
+    assert "scripts/bench-new.py: measures without perf" in got, got
+    assert "scripts/bench-new.sh: measures without perf" in got, got
+    assert "ALLOWED entry 'link-dists.py' matches no script" in got, got
+    assert "bench-a" not in got and "bench-b" not in got and "bench-c" not in got and "inline" not in got, got
+    assert "tcp-floor" not in got and "scripts/_perf.py" not in got, got
+
+
 def self_test() -> None:
-    for rule in (rust, python, docs):
+    for rule in (rust, python, docs, perf):
         with tempfile.TemporaryDirectory() as d:
             rule(Path(d))
-    print("check-architecture self-test: ok (rust, python, docs)")
+    print("check-architecture self-test: ok (rust, python, docs, perf)")
