@@ -52,8 +52,12 @@ def _git(*args: str) -> str | None:
 
 def git_state() -> tuple[str | None, bool | None]:
     """(HEAD's commit, whether tracked files differ from it); ``None`` for
-    what git cannot tell (no git, not a checkout)."""
+    what git cannot tell (no git, not a checkout). A device machine's copy of
+    the tree has no .git: there ``$KVTIER_COMMIT`` names the commit (and
+    whether it was dirty is not known)."""
     commit = _git("rev-parse", "HEAD")
+    if commit is None and os.environ.get("KVTIER_COMMIT"):
+        return os.environ["KVTIER_COMMIT"], None
     status = _git("status", "--porcelain", "--untracked-files=no")
     return commit, (None if status is None else bool(status))
 
@@ -136,7 +140,8 @@ def tool_version(tool: str, path: str | os.PathLike[str] | None = None) -> str |
         except (OSError, ValueError, KeyError):
             return None
     if tool == "mooncake":
-        py = exe if path is not None else str(ROOT / ".tools/mooncake/bin/python")
+        py = exe if path is not None else os.environ.get("KVTIER_MOONCAKE_PYTHON",
+                                                             str(ROOT / ".tools/mooncake/bin/python"))
         return _first_line([py, "-c", "import importlib.metadata as m; "
                             "print(m.version('mooncake-transfer-engine-non-cuda'))"])
     if tool == "perf":
