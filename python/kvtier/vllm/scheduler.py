@@ -51,6 +51,26 @@ class _State:
     load_block_ids: list[int] = field(default_factory=list)
 
 
+@dataclass
+class _Wait:
+    """A consumer waiting for the blocks a prefill engine said it stored."""
+
+    deadline: float
+    next_probe: float = 0.0
+
+
+#: How often a waiting consumer asks kvtier again (the scheduler calls back every step).
+_WAIT_PROBE_S = 0.005
+
+
+def awaited_blocks(request) -> int:
+    """Blocks a prefill engine stored for this request (``kv_transfer_params``
+    from the disaggregated-serving router, docs/vllm.md), 0 if none were announced."""
+    params = getattr(request, "kv_transfer_params", None) or {}
+    n = params.get("kvtier_blocks", 0) if isinstance(params, dict) else 0
+    return n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else 0
+
+
 def _uncacheable(request) -> str:
     if getattr(request, "lora_request", None) is not None:
         return "LoRA adapter"
@@ -80,6 +100,7 @@ class SchedulerSide:
         self.breaker = Breaker(cfg.url, cfg.retry_initial_ms / 1000, cfg.retry_max_ms / 1000)
         self._states: dict[str, _State] = {}
         self._requests: dict[str, Any] = {}  # vLLM's Request objects
+        self._waits: dict[str, _Wait] = {}
         self._loads: list[LoadSpec] = []
         self._forget: list[bytes] = []
         self._kv_cache_manager = None
@@ -152,10 +173,13 @@ class SchedulerSide:
 
         self._releaser.submit(go)
 
-    def get_num_new_matched_tokens(self, request, num_computed_tokens: int) -> tuple[int, bool]:
+    def get_num_new_matched_tokens(self, request, num_computed_tokens: int) -> tuple[int | None, bool]:
         req_id = request.request_id
         st = self._states.get(req_id)
         epoch = getattr(request, "num_preemptions", 0)
+        wait = self._waits.get(req_id)
+        if wait is not None and time.monotonic() < wait.next_probe:
+            return None, False  # vLLM keeps the request waiting and asks again next step
         if st is None or st.epoch != epoch:
             reason = _uncacheable(request)
             salt = getattr(request, "cache_salt", None)
@@ -170,6 +194,8 @@ class SchedulerSide:
             want_lease = self.can_load and not getattr(request, "skip_reading_prefix_cache", False)
             self._lookup(request, st, want_lease)
             st.saved = st.found
+            if want_lease and self._still_waiting(request, st):
+                return None, False
         elif st.leases and time.monotonic() > st.lease_deadline and not st.loading:
             # Still waiting to be scheduled and the lease is about to lapse: look again.
             self._release(st.leases)
@@ -185,6 +211,35 @@ class SchedulerSide:
             hit = request.num_tokens - 1  # vLLM must compute at least the last token
         ext = max(0, hit - num_computed_tokens)
         return ext, ext > 0 and self.cfg.load_mode == "async"
+
+    def _still_waiting(self, request, st: _State) -> bool:
+        """A consumer of a prefill engine (``kv_role: kv_consumer`` behind a
+        prefill/decode router) is told how many blocks the producer stored;
+        its writes may still be in flight, so the request waits for them, up
+        to ``load_timeout_ms``, rather than recomputing the prefix. Past the
+        deadline it takes what is there (the rest is recomputed)."""
+        want = min(awaited_blocks(request), len(st.keys))
+        req_id = request.request_id
+        now = time.monotonic()
+        wait = self._waits.get(req_id)
+        if st.found >= want:
+            if wait is not None:
+                self._waits.pop(req_id, None)
+                self.stats("awaited", req=req_id, blocks=want, found=st.found)
+            return False
+        if wait is None:
+            wait = self._waits[req_id] = _Wait(deadline=now + self.cfg.load_timeout_ms / 1000)
+        if now >= wait.deadline:
+            self._waits.pop(req_id, None)
+            log.warning("kvtier: request %s waited %d ms for %d announced blocks, found %d; the rest is recomputed",
+                        req_id, self.cfg.load_timeout_ms, want, st.found)
+            self.stats("awaited", req=req_id, blocks=want, found=st.found, timeout=True)
+            return False
+        wait.next_probe = now + _WAIT_PROBE_S
+        self._release(st.leases)
+        del self._states[req_id]  # looked up afresh on the next call
+        self._requests.pop(req_id, None)
+        return True
 
     def update_state_after_alloc(self, request, blocks, num_external_tokens: int) -> None:
         if num_external_tokens <= 0:
@@ -263,11 +318,21 @@ class SchedulerSide:
         ))
         st.saved = full
 
-    def request_finished(self, request) -> None:
+    def request_finished(self, request) -> dict[str, Any] | None:
+        """Forgets the request. A prefill engine (``kv_producer``, or any
+        engine asked with ``do_remote_decode``) answers with the
+        ``kv_transfer_params`` a decode engine waits on: how many leading
+        blocks it stored or handed to its workers to store."""
         st = self._states.pop(request.request_id, None)
         self._requests.pop(request.request_id, None)
+        self._waits.pop(request.request_id, None)
         if st is not None and st.leases:
             self._release(st.leases)
+        params = getattr(request, "kv_transfer_params", None) or {}
+        announce = self.can_save and (not self.can_load or bool(params.get("do_remote_decode")))
+        if st is None or not announce or not st.cacheable:
+            return None
+        return {"kvtier_blocks": st.saved}
 
     def update_connector_output(self, finished_recving, invalid_block_ids) -> None:
         """Worker results of the last step. Blocks that failed to load are

@@ -153,6 +153,7 @@ class FakeRequest:
         self.mm_features = []
         self.prompt_embeds = None
         self.cache_salt = None
+        self.kv_transfer_params = None
 
     @property
     def num_tokens(self):

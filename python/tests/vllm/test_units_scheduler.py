@@ -206,3 +206,75 @@ def test_blocks_computed_after_a_failed_load_are_forgotten_and_stored_again():
     assert s.take_forget() == keys[6:10]
     assert [(x.keys, x.block_ids, x.parent) for x in saves] == [(keys[3:10], ids[3:10], keys[2])]
     assert s.take_forget() == []
+
+
+# -- prefill/decode split ------------------------------------------------------
+
+def _role_sched(client, can_load, can_save, **cfg):
+    from kvtier.vllm.scheduler import SchedulerSide
+
+    conf = ConnectorConfig.from_extra({"url": "x:1", **cfg})
+    ident = SimpleNamespace(namespaces=lambda: ["ns"])
+    s = SchedulerSide(conf, ident, client, can_load=can_load, can_save=can_save, block_size=BS,
+                      stats=StatsLog("", "t"))
+    s.bind_kv_cache_manager(FakeManager())
+    return s
+
+
+def test_producer_announces_the_blocks_it_stored():
+    toks = list(range(3 * BS + 7))
+    s = _role_sched(FakeClient(), can_load=False, can_save=True)
+    r = FakeRequest("p", toks)
+    assert s.get_num_new_matched_tokens(r, 0) == (0, False)
+    s._kv_cache_manager.blocks["p"] = [1, 2, 3, 4]
+    _, saves = s.build(sched_output(new=[("p", 0)], scheduled={"p": len(toks)}))
+    assert sum(len(x.keys) for x in saves) == 3
+    assert s.request_finished(r) == {"kvtier_blocks": 3}
+    # an engine that also loads (kv_both) announces only when the router asks
+    both = _role_sched(FakeClient(), can_load=True, can_save=True)
+    r2 = FakeRequest("q", toks)
+    both.get_num_new_matched_tokens(r2, 0)
+    assert both.request_finished(r2) is None
+    r3 = FakeRequest("r", toks)
+    r3.kv_transfer_params = {"do_remote_decode": True}
+    both.get_num_new_matched_tokens(r3, 0)
+    assert both.request_finished(r3) == {"kvtier_blocks": 0}
+
+
+def test_consumer_waits_for_announced_blocks_then_loads_them():
+    toks = list(range(3 * BS + 7))
+    keys = kvkeys.chain(toks, BS)
+    c = FakeClient(stored=keys[:1])  # the producer's writes are still arriving
+    s = _role_sched(c, can_load=True, can_save=False)
+    r = FakeRequest("d", toks)
+    r.kv_transfer_params = {"kvtier_blocks": 3}
+    assert s.get_num_new_matched_tokens(r, 0) == (None, False), "fewer blocks than announced: wait"
+    assert c.released == [7], "the partial hit's lease is given back while waiting"
+    assert s.get_num_new_matched_tokens(r, 0) == (None, False)
+    assert len(c.lookups) == 1, "asked again only after the probe interval"
+    c.stored.update(keys)
+    time.sleep(0.01)
+    assert s.get_num_new_matched_tokens(r, 0) == (3 * BS, False)
+    assert len(c.lookups) == 2
+
+
+def test_consumer_stops_waiting_at_its_load_deadline():
+    toks = list(range(2 * BS + 3))
+    keys = kvkeys.chain(toks, BS)
+    c = FakeClient(stored=keys[:1])
+    s = _role_sched(c, can_load=True, can_save=False, load_timeout_ms=30)
+    r = FakeRequest("d", toks)
+    r.kv_transfer_params = {"kvtier_blocks": 2}
+    end = time.monotonic() + 5
+    got = s.get_num_new_matched_tokens(r, 0)
+    while got[0] is None and time.monotonic() < end:
+        time.sleep(0.002)
+        got = s.get_num_new_matched_tokens(r, 0)
+    assert got == (BS, False), "past the deadline the request takes what is there"
+    # without an announcement nothing waits
+    r2 = FakeRequest("e", toks)
+    assert s.get_num_new_matched_tokens(r2, 0) == (BS, False)
+    for bad in ({"kvtier_blocks": "3"}, {"kvtier_blocks": True}, ["x"]):
+        r3 = FakeRequest(f"f{bad!r}", toks)
+        r3.kv_transfer_params = bad
+        assert s.get_num_new_matched_tokens(r3, 0) == (BS, False), bad

