@@ -121,6 +121,8 @@ def run_one(variant: str, rnd: int, a: argparse.Namespace, bins: dict[str, Path]
     out = a.work_dir / f"{variant}-{rnd}"
     shutil.rmtree(out, ignore_errors=True)  # a stale record.json must not stand in for this run's
     srv = kvtier_server(bins[binary], args=SERVER_ARGS, cpus=[a.server_cpu], env={"GLIBC_TUNABLES": tunables})
+    print(f"round {rnd}: {variant} (pid {srv.pid}, CPU {a.server_cpu}, GLIBC_TUNABLES={tunables or 'unset'})",
+          flush=True)
     try:
         if not srv.ready.get("data"):
             raise SystemExit(f"{variant}: the server has no data plane ({srv.ready}); notes/007 measures it")
@@ -192,7 +194,7 @@ def main() -> int:
     head = header(env=ENV_KNOBS, versions=versions("kvtier", paths={"kvtier": bins["jemalloc"]},
                                                     known={"kvtier-glibc": tool_version("kvtier", bins["glibc"])}))
     by_variant = alternate(list(VARIANTS), a.rounds, lambda v, r: run_one(v, r + 1, a, bins),
-                           log=lambda m: print(m, flush=True))
+                           log=None)
     results = summary(by_variant)
     write_record(a.out, {
         "settings": {"rounds": a.rounds, "duration": a.duration, "warmup": "1s", "concurrency": a.concurrency,
