@@ -33,7 +33,7 @@ from _perf import ROOT
 
 from perf import header, versions, write_record
 from perf.serving.engines import ReplicaSpec
-from perf.serving.run import TOPOLOGIES, System, deploy, run_rate
+from perf.serving.run import TOPOLOGIES, System, check_outputs, deploy, run_rate
 from perf.serving.trace import TraceSpec, generate, token_counts, write_trace
 
 
@@ -92,10 +92,13 @@ def main() -> int:
                     help="each replica's CPUs, ';' between replicas (vLLM's CPU workers spin: two engines "
                          "sharing cores slow each other down by seconds); empty: not pinned")
     ap.add_argument("--kvtier-bin", default=None)
+    ap.add_argument("--check-outputs", type=int, default=5,
+                    help="after the sweep, the last trace's last N prompts greedy with logprobs, compared "
+                         "across systems by perf.serving.report")
     ap.add_argument("--quick", action="store_true", help="the make-test version: tiny model, seconds")
     a = ap.parse_args()
     if a.quick:
-        a.rates, a.topologies = "0.5", "two"
+        a.model_size, a.rates, a.topologies = "small", "1", "two"
         a.systems = "alone,kvtier" if a.systems == ap.get_default("systems") else a.systems
         a.users, a.turns, a.system_words, a.user_words, a.reply_words, a.output_tokens = 3, 3, 60, 40, 40, 4
         a.num_blocks = 64
@@ -142,6 +145,8 @@ def main() -> int:
                         print(f"{topo:4} {system.name:12} rate {rate:5g}: TTFT p50 {step['median_ttft_ms']:8.1f} "
                               f"p99 {step['p99_ttft_ms']:8.1f} ms, hit {step['hit_rate']:.2f} "
                               f"(local {step['local_hit_rate']:.2f}), {step['completed']} done", flush=True)
+                    if a.check_outputs:
+                        entry["outputs"] = check_outputs(dep, model, traces[-1][0], a.check_outputs)
             except Exception as e:  # a peer that cannot run here: its error is the row
                 entry["error"] = f"{type(e).__name__}: {e}"[:2000]
                 print(f"{topo} {system.name}: {entry['error'][:300]}", file=sys.stderr, flush=True)

@@ -31,6 +31,8 @@ from aiohttp import web
 
 __all__ = ["make_app", "main"]
 
+_SESSION = web.AppKey("session", aiohttp.ClientSession)
+
 _HOP_HEADERS = {"content-length", "transfer-encoding", "connection", "keep-alive", "content-encoding"}
 
 
@@ -54,17 +56,17 @@ def make_app(backends: list[str], mode: str, seed: int = 0, prefill: str = "", d
     async def session_ctx(app: web.Application):
         # No total timeout: a request at saturation may queue for minutes;
         # the benchmark client has its own.
-        app["session"] = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None),
+        app[_SESSION] = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None),
                                                connector=aiohttp.TCPConnector(limit=0))
         yield
-        await app["session"].close()
+        await app[_SESSION].close()
 
     async def completions(request: web.Request) -> web.StreamResponse:
         try:
             body = await request.json()
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             return web.json_response({"error": f"request body is not JSON: {e}"}, status=400)
-        session: aiohttp.ClientSession = request.app["session"]
+        session = request.app[_SESSION]
         path = request.path
         if mode == "pd":
             first = {**body, "max_tokens": 1, "stream": False, "kv_transfer_params": {"do_remote_decode": True}}
@@ -82,7 +84,7 @@ def make_app(backends: list[str], mode: str, seed: int = 0, prefill: str = "", d
 
     async def models(request: web.Request) -> web.Response:
         url = (prefill or backends[0]) + "/v1/models"
-        async with request.app["session"].get(url) as up:
+        async with request.app[_SESSION].get(url) as up:
             return web.Response(status=up.status, body=await up.read(), content_type="application/json")
 
     async def stats(request: web.Request) -> web.Response:

@@ -27,7 +27,7 @@ from typing import Any
 from ..services import Server, free_port, kvtier_server
 from .engines import Replica, ReplicaSpec, http_json, wait_http
 
-__all__ = ["Deployment", "System", "TOPOLOGIES", "deploy", "run_rate"]
+__all__ = ["Deployment", "System", "TOPOLOGIES", "check_outputs", "deploy", "run_rate"]
 
 TOPOLOGIES = ("one", "two", "pd")
 
@@ -71,7 +71,7 @@ def _kvtier_args(kind: str, workdir: Path) -> list[str]:
     if kind == "memory":
         return ["--memory-capacity", "4GiB", "--local-listen", str(sock)]
     if kind == "disk":
-        return ["--memory-capacity", "64MiB", "--disk-dir", str(workdir / "disk"), "--disk-capacity", "8GiB",
+        return ["--memory-capacity", "16MiB", "--disk-dir", str(workdir / "disk"), "--disk-capacity", "8GiB",
                 "--local-listen", str(sock)]
     raise ValueError(f"unknown kvtier tiers {kind!r}")
 
@@ -150,6 +150,23 @@ def warm_up(url: str, model: str, requests: int = 3) -> None:
         req = urllib.request.Request(url + "/v1/completions", data=body, headers={"Content-Type": "application/json"})
         with urllib.request.urlopen(req, timeout=300) as r:
             r.read()
+
+
+def check_outputs(dep: Deployment, model: str, trace: Path, n: int) -> list[dict[str, Any]]:
+    """The last ``n`` prompts of ``trace`` once more, greedy, 2 tokens with
+    their top-5 logprobs: compared across systems by the report (every
+    system must give vLLM alone's first tokens)."""
+    prompts = [json.loads(line)["prompt"] for line in trace.read_text().splitlines() if line.strip()][-n:]
+    out = []
+    for prompt in prompts:
+        body = json.dumps({"model": model, "prompt": prompt, "max_tokens": 2, "temperature": 0.0,
+                           "logprobs": 5}).encode()
+        req = urllib.request.Request(dep.router + "/v1/completions", data=body,
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=600) as r:
+            choice = json.loads(r.read())["choices"][0]
+        out.append({"text": choice["text"], "top_logprobs": choice["logprobs"]["top_logprobs"]})
+    return out
 
 
 def run_rate(dep: Deployment, model: str, trace: Path, requests: int, rate: float, out: Path,
