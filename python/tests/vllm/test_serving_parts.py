@@ -4,19 +4,19 @@ against stand-in backends (docs/serving.md)."""
 from __future__ import annotations
 
 import asyncio
-import json
 import sys
 
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
+
 from kvtier.server import REPO_ROOT
 
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
-from perf.serving import report  # noqa: E402
-from perf.serving.router import make_app  # noqa: E402
-from perf.serving.trace import TraceSpec, generate, infinite_cache_hits  # noqa: E402
+from perf.serving import report
+from perf.serving.router import make_app
+from perf.serving.trace import TraceSpec, generate, infinite_cache_hits
 
 
 def test_trace_is_seeded_and_each_turn_extends_the_last():
