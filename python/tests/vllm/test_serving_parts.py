@@ -62,13 +62,18 @@ def test_report_verdicts():
         ],
     }
     s = report.summary(rec)
-    assert s["idle_ttft_ms"] == 100 and s["ttft_bound_ms"] == 1000
+    assert s["idle_ttft_ms"]["two"]["ms"] == 100 and s["ttft_bound_ms"]["two"] == 1000
     assert s["sustained_rate"] == {"two/alone": 1, "two/kvtier": 2}
     t = s["targets"]
     assert t["rate_compared"] == 1 and t["ttft_p50_ratio"] == 25 / 400 and t["ttft_p99_ratio"] == 200 / 900
     assert t["ttft_p50_met"] and t["ttft_p99_met"] and t["sustained_ratio"] == 2 and t["sustained_ratio_met"]
     assert t["sustained_kvtier_is_sweep_top"]
     assert abs(t["hit_vs_bound_min"] - 0.7 / 0.8) < 1e-12 and not t["hit_vs_bound_met"]
+    rec["runs"][0]["outputs"] = [{"text": "x", "top_logprobs": [{"a": -0.1, "b": -2.0}]}] * 2
+    rec["runs"][1]["outputs"] = [{"text": "x", "top_logprobs": [{"a": -0.1, "b": -2.0}]},
+                                 {"text": "y", "top_logprobs": [{"a": -3.0, "b": -0.5}]}]
+    o = report.outputs(rec)["two/kvtier"]
+    assert o == {"against": "two/alone", "checked": 2, "same_first_token": 1, "max_logprob_diff": 2.9}
     text = report.tables({**rec, "summary": s})
     assert "| broken | `PeerUnavailable: no` |" in text
 
