@@ -12,8 +12,8 @@ this build, across a sweep of request rates (notes/*-serving).
 Each (topology, system) deploys fresh engines, kvtier and the router
 (perf.serving.run) and replays, at each rate, a trace of its own seed (the
 same seeds for every system), so one rate's conversations never help the
-next. ``--quick`` is the seconds-long version ``make test`` runs
-(python/tests/vllm/test_serving.py): tiny model, two replicas, alone and
+next. ``--quick`` is the minutes-long version ``make test`` runs
+(python/tests/vllm/test_serving.py): small model, two replicas, alone and
 kvtier, one rate.
 
 Needs: scripts/setup-vllm.sh (the venv this runs in), a release build of
@@ -95,13 +95,15 @@ def main() -> int:
     ap.add_argument("--check-outputs", type=int, default=5,
                     help="after the sweep, the last trace's last N prompts greedy with logprobs, compared "
                          "across systems by perf.serving.report")
-    ap.add_argument("--quick", action="store_true", help="the make-test version: tiny model, seconds")
+    ap.add_argument("--quick", action="store_true", help="the make-test version: small model, 3 users x 4 turns, one rate")
     a = ap.parse_args()
     if a.quick:
         a.model_size, a.rates, a.topologies = "small", "1", "two"
         a.systems = "alone,kvtier" if a.systems == ap.get_default("systems") else a.systems
-        a.users, a.turns, a.system_words, a.user_words, a.reply_words, a.output_tokens = 3, 3, 60, 40, 40, 4
-        a.num_blocks = 64
+        # the note's trace shape, 3 users x 4 turns: the history a turn brings
+        # to the other replica must outweigh the per-request fixed cost
+        # (notes/048-serving.md), or the comparison would measure noise
+        a.users, a.turns, a.output_tokens = 3, 4, 4
 
     from transformers import AutoTokenizer
 

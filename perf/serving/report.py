@@ -180,7 +180,7 @@ def readme_table(rec: dict[str, Any], note: str) -> str:
     t = rec["summary"].get("targets", {})
     rate = t.get("rate_compared") or min(rec["rates"])
     lines = [f"Two vLLM replicas behind a round-robin router, vLLM's own `vllm bench serve` replaying a "
-             f"multi-turn chat trace at {rate:g} requests/s ({rec['model']['size']} test model, CPU build, "
+             f"multi-turn chat trace at {rate:g} req/s ({rec['model']['size']} test model, CPU build, "
              f"one core per engine; [{note}](notes/{note}.md)):", "",
              "| system | TTFT p50 | TTFT p99 | prefix hit rate (trace bound "
              f"{rec['traces'][0]['infinite_cache_hit_rate']:.2f}) |", "|---|---|---|---|"]
