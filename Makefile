@@ -70,7 +70,9 @@ setup-vllm:
 # The Python suites use target/debug/kvtier as `cargo test` left it (their
 # conftest builds it when missing); a separate `cargo build -p kvtier` would
 # compile the workspace again with other features.
-vllm-test: setup-vllm native
+# The serving benchmark's peers (python/tests/vllm/test_peers.py) include
+# LMCache's server, from setup-integrations' venv.
+vllm-test: setup-vllm setup-integrations native
 	.tools/vllm/bin/python -m pytest -q python/tests/vllm
 
 # LMCache and SGLang's storage interface in their own venv (.tools/lmcache, ~1.5 GB; torch shared with .tools/vllm).
