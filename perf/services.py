@@ -417,13 +417,19 @@ class Azurite(Service):
 MOONCAKE_DRIVER = ROOT / "crates/kvtier-bench/src/competitors/mooncake_driver.py"
 
 
-def mooncake_python() -> Path:
-    env = os.environ.get("KVTIER_MOONCAKE_PYTHON")
-    p = Path(env) if env else ROOT / ".tools/mooncake/bin/python"
+def venv_python(env_var: str, default: str, what: str, how: str) -> Path:
+    """A peer's own venv interpreter: ``$env_var``, else ``ROOT/default``;
+    a clear error naming ``how`` to install it when missing."""
+    env = os.environ.get(env_var)
+    p = Path(env) if env else ROOT / default
     if not p.exists():
-        raise ServerError(f"Mooncake Store is not installed ({p}): run scripts/setup-mooncake.sh "
-                          "(or set KVTIER_MOONCAKE_PYTHON)")
+        raise ServerError(f"{what} is not installed ({p}): {how} (or set {env_var})")
     return p
+
+
+def mooncake_python() -> Path:
+    return venv_python("KVTIER_MOONCAKE_PYTHON", ".tools/mooncake/bin/python", "Mooncake Store",
+                       "run scripts/setup-mooncake.sh")
 
 
 class Mooncake(Service):

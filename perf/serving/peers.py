@@ -51,8 +51,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from ..header import ROOT
-from ..services import Mooncake, ServerError, Service, free_port, mooncake_python
+from ..services import Mooncake, ServerError, Service, free_port, mooncake_python, venv_python
 
 __all__ = ["PEERS", "Peer", "PeerUnavailable", "LMCacheServer", "peer_setup", "replica_config"]
 
@@ -187,12 +186,8 @@ LMCACHE_CHUNK = 256
 
 
 def lmcache_python() -> Path:
-    env = os.environ.get("KVTIER_LMCACHE_PYTHON")
-    p = Path(env) if env else ROOT / ".tools/lmcache/bin/python"
-    if not p.exists():
-        raise ServerError(f"LMCache is not installed ({p}); set KVTIER_LMCACHE_PYTHON to a venv's python "
-                          "with lmcache 0.5.6")
-    return p
+    return venv_python("KVTIER_LMCACHE_PYTHON", ".tools/lmcache/bin/python", "LMCache",
+                       "run scripts/setup-lmcache.sh")
 
 
 class LMCacheServer(Service):
