@@ -11,7 +11,15 @@ vLLM's cache), and the first token's logprobs are compared with the baseline.
 
     .tools/vllm/bin/python scripts/bench-vllm.py [--out notes/009-vllm-ttft.json]
         [--sizes 1024,4096,16384] [--repeats 3] [--modes sync,async,layerwise]
-        [--model-size base] [--dtype float32]
+        [--paths tcp] [--tiers memory,disk,object] [--model-size base] [--dtype float32]
+
+``--paths tcp,local`` runs each mode's engine once per path: ``tcp``, kvtier
+without a same-host socket (the data plane over loopback TCP), and
+``local``, kvtier with ``--local-listen`` (the connector moves to it by
+itself; docs/local.md). Each cached run also measures its floor: the
+prefix's bytes copied once by ``memcpy`` (numpy, in the engine's process)
+plus the engine's one-token step at that context (the same cached prompt
+asked for two tokens instead of one).
 
 Needs: scripts/setup-vllm.sh (the venv), scripts/setup.sh --test (Azurite),
 cargo (builds target/release/kvtier). Each engine runs in its own process
@@ -88,8 +96,11 @@ def engine_main(spec_path: str) -> None:
     stats_path = Path(spec["workdir"]) / f"stats-{spec['name']}.jsonl"
     server = None
     kw = {}
+    server_args = ["--config", spec["config"]]
+    if spec.get("path") == "local":
+        server_args += ["--local-listen", str(Path(spec["workdir"]) / "kvtier.sock")]
     if spec["mode"] != "baseline":
-        server = kvtier_server(spec["kvtier_bin"], ["--config", spec["config"]], listen=spec["url"])
+        server = kvtier_server(spec["kvtier_bin"], server_args, listen=spec["url"])
         kw["kv_transfer_config"] = KVTransferConfig(
             kv_connector="KvtierConnector", kv_connector_module_path="kvtier.vllm", kv_role="kv_both",
             kv_connector_extra_config={"url": spec["url"], "stats_file": str(stats_path), "load_mode": spec["mode"]},
@@ -125,11 +136,37 @@ def engine_main(spec_path: str) -> None:
         if wipe_disk:
             shutil.rmtree(spec["disk"])
             os.makedirs(spec["disk"])
-        server = kvtier_server(spec["kvtier_bin"], ["--config", spec["config"]], listen=spec["url"])
+        server = kvtier_server(spec["kvtier_bin"], server_args, listen=spec["url"])
+
+    params2 = SamplingParams(max_tokens=2, temperature=0.0, seed=0)
+
+    def floor(tokens, nbytes):
+        """The cached run's floor: ``nbytes`` copied once, plus one decode
+        step at this context (two tokens minus one token, both cached)."""
+        import numpy as np
+
+        src = np.ones(max(1, int(nbytes or 0)), dtype=np.uint8)
+        dst = np.empty_like(src)
+        copies = []
+        for _ in range(5):
+            t = time.perf_counter()
+            np.copyto(dst, src)
+            copies.append(time.perf_counter() - t)
+        one, two = [], []
+        for _ in range(3):
+            one.append(run(tokens)["ttft_s"])
+            llm.reset_prefix_cache()
+            t = time.monotonic()
+            llm.generate([{"prompt_token_ids": tokens}], params2, use_tqdm=False)
+            two.append(time.monotonic() - t)
+        step = max(0.0, statistics.median(two) - statistics.median(one))
+        return {"memcpy_s": statistics.median(copies), "bytes": nbytes, "step_s": step,
+                "floor_s": statistics.median(copies) + step}
 
     warm = prompt_tokens(256, seed=999)
     run(warm)  # the first generate of an engine pays one-off costs
-    results = {"name": spec["name"], "mode": spec["mode"], "load_s": load_s, "sizes": {}}
+    results = {"name": spec["name"], "mode": spec["mode"], "path": spec.get("path", "tcp"), "load_s": load_s,
+               "sizes": {}}
     for size in spec["sizes"]:
         prompt = prompt_tokens(size, seed=size)
         entry = results["sizes"].setdefault(str(size), {})
@@ -155,6 +192,8 @@ def engine_main(spec_path: str) -> None:
                     run(warm)  # reconnects the engine's pooled connections after the restart
                 runs.append(run(prompt))
             entry[tier] = runs
+            if tier == "memory":
+                entry["floor"] = floor(prompt, med([x["bytes"] for x in runs]))
     if server is not None:
         server.stop()
     Path(spec["out"]).write_text(json.dumps(results))
@@ -182,6 +221,8 @@ def main() -> None:
     ap.add_argument("--long-repeats", type=int, default=2,
                     help="recompute repeats for prompts of 16k tokens or more (minutes each on a CPU)")
     ap.add_argument("--modes", default="sync,async,layerwise")
+    ap.add_argument("--paths", default="tcp", help="tcp, local or both: kvtier without or with its same-host socket")
+    ap.add_argument("--tiers", default="memory,disk,object", help="the sync engines' tiers")
     ap.add_argument("--model-size", default="base")
     ap.add_argument("--only", default="",
                     help="comma-separated engines to (re)run into an existing --workdir, e.g. baseline")
@@ -226,21 +267,24 @@ def main() -> None:
     config = kvtier_config(work / "kvtier.toml", disk, azurite)
 
     runs = {}
-    plan: list[tuple[str, str, list[str]]] = [("baseline", "baseline", [])] + [(m, m, ["memory", "disk", "object"] if m == "sync" else ["memory"])
-                                              for m in modes]
+    tiers_sync = args.tiers.split(",")
+    paths = args.paths.split(",")
+    plan: list[tuple[str, str, list[str], str]] = [("baseline", "baseline", [], "tcp")] + [
+        (m if path == "tcp" else f"{m}-{path}", m, tiers_sync if m == "sync" else ["memory"], path)
+        for path in paths for m in modes]
     try:
-        for name, mode, tiers in plan:
+        for name, mode, tiers, path in plan:
             if only and name not in only:
                 runs[name] = json.loads((work / f"result-{name}.json").read_text())
                 continue
-            spec = {"name": name, "mode": mode, "tiers": tiers, "sizes": sizes, "repeats": args.repeats,
+            spec = {"name": name, "mode": mode, "path": path, "tiers": tiers, "sizes": sizes, "repeats": args.repeats,
                     "long_repeats": args.long_repeats,
                     "model": str(model), "dtype": args.dtype, "url": f"127.0.0.1:{port}", "config": str(config),
                     "disk": str(disk), "kvtier_bin": str(kvtier_bin), "workdir": str(work),
                     "out": str(work / f"result-{name}.json")}
             sp = work / f"spec-{name}.json"
             sp.write_text(json.dumps(spec))
-            print(f"== engine {name} ({mode}, tiers {tiers})", flush=True)
+            print(f"== engine {name} ({mode}, {path}, tiers {tiers})", flush=True)
             with open(work / f"engine-{name}.log", "w") as log:
                 subprocess.run([sys.executable, __file__, "--engine", str(sp)], stdout=log, stderr=subprocess.STDOUT,
                                check=True, cwd=ROOT)
@@ -289,8 +333,10 @@ def write_note_record(args, runs: dict, n_params: int, info: dict, dtype: str) -
                 if not xs:
                     continue
                 ttft = med([x["ttft_s"] for x in xs])
+                fl = entry.get("floor") if tier == "memory" else None
                 rows.append({
-                    "mode": r["mode"], "tier": tier, "prompt_tokens": int(size),
+                    "mode": r["mode"], "path": r.get("path", "tcp"), "tier": tier, "prompt_tokens": int(size),
+                    "floor": fl, "ratio_to_floor": ttft / fl["floor_s"] if fl and fl["floor_s"] else None,
                     "ttft_s_median": ttft, "ttft_s_repeats": [x["ttft_s"] for x in xs],
                     "recompute_ttft_s": recompute, "recompute_baseline_engine_s": baseline_median,
                     "recompute_same_engine_miss_s": miss.get(size), "ratio": ttft / recompute,
@@ -308,7 +354,7 @@ def write_note_record(args, runs: dict, n_params: int, info: dict, dtype: str) -
     if isinstance(head["commit"], str) and head["commit"].endswith("-dirty"):  # a run.json from before perf's header
         head["commit"], head["dirty"] = head["commit"][: -len("-dirty")], True
     record = write_record(ROOT / args.out, {
-        "note": "009-vllm-ttft",
+        "note": Path(args.out).stem,
         **{k: v for k, v in info.items() if k not in HEADER_KEYS},
         "model": {"size": args.model_size, "shape": SIZES[args.model_size], "parameters": n_params, "dtype": dtype,
                   "weights": "random (kvtier.vllm.testing.make_model, seed 0)"},
@@ -322,13 +368,26 @@ def write_note_record(args, runs: dict, n_params: int, info: dict, dtype: str) -
     print(table(record))
 
 
+def _floor_ms(r: dict) -> str:
+    f = r.get("floor")
+    if not f:
+        return "–"
+    return f"{f['floor_s'] * 1000:.0f} ms ({f['memcpy_s'] * 1000:.0f} + {f['step_s'] * 1000:.0f})"
+
+
+def _x(v) -> str:
+    return "–" if v is None else f"{v:.2f}×"
+
+
 def table(record: dict) -> str:
-    lines = ["| mode | tier | prompt | TTFT cached (median) | recompute | ratio | lookup | read | copy | first token equal | max logprob diff |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| mode | path | tier | prompt | TTFT cached (median) | recompute | ratio | floor | × floor | lookup | read | copy "
+             "| first token equal | max logprob diff |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in record["cached"]:
         lines.append(
-            f"| {r['mode']} | {r['tier']} | {r['prompt_tokens']} | {r['ttft_s_median'] * 1000:.0f} ms | "
-            f"{r['recompute_ttft_s']:.2f} s | {r['ratio']:.4f}× | {r['lookup_ms_median']:.1f} ms | "
+            f"| {r['mode']} | {r.get('path', 'tcp')} | {r['tier']} | {r['prompt_tokens']} | "
+            f"{r['ttft_s_median'] * 1000:.0f} ms | {r['recompute_ttft_s']:.2f} s | {r['ratio']:.4f}× | "
+            f"{_floor_ms(r)} | {_x(r.get('ratio_to_floor'))} | {r['lookup_ms_median']:.1f} ms | "
             f"{r['read_ms_median']:.0f} ms | {r['copy_ms_median']:.0f} ms | {r['first_token_equal']} | "
             f"{r['max_logprob_diff']:.2e} |")
     return "\n".join(lines)

@@ -128,6 +128,27 @@ def outputs(rec: dict[str, Any]) -> dict[str, Any]:
     return res
 
 
+def repeats(rec: dict[str, Any], again: dict[str, Any]) -> list[dict[str, Any]]:
+    """The two-replica rows of a second run (``again``, systems in another
+    order) beside the first: p50 and p99 of each run and their mean."""
+    rows = []
+    for r2 in again["runs"]:
+        r1 = _run(rec, r2["topology"], r2["system"])
+        if r2.get("error") or r1 is None:
+            continue
+        for s2 in r2["steps"]:
+            s1 = next((x for x in r1["steps"] if x["request_rate"] == s2["request_rate"]), None)
+            if s1 is None:
+                continue
+            rows.append({"topology": r2["topology"], "system": r2["system"], "request_rate": s2["request_rate"],
+                         "p50_ms": [s1["median_ttft_ms"], s2["median_ttft_ms"]],
+                         "p99_ms": [s1["p99_ttft_ms"], s2["p99_ttft_ms"]],
+                         "p50_mean_ms": (s1["median_ttft_ms"] + s2["median_ttft_ms"]) / 2,
+                         "p99_mean_ms": (s1["p99_ttft_ms"] + s2["p99_ttft_ms"]) / 2,
+                         "hit_rate": [s1["hit_rate"], s2["hit_rate"]]})
+    return rows
+
+
 def _f(v: float | None, fmt: str = "{:.0f}") -> str:
     return "–" if v is None else fmt.format(v)
 
@@ -163,6 +184,15 @@ def tables(rec: dict[str, Any]) -> str:
         for k, v in s["outputs"].items():
             lines.append(f"| {k} | {v['against']} | {v['checked']} | {v['same_first_token']} | "
                          f"{v['max_logprob_diff']:.1e} |")
+    if rec.get("repeat"):
+        order = " → ".join(r["system"] for r in rec["repeat"]["runs"])
+        lines += ["", f"Second run, systems in reversed order ({order}): TTFT of run 1 / run 2 and their mean.", "",
+                  "| system | req/s | p50 ms (run 1 / 2) | p50 mean | p99 ms (run 1 / 2) | p99 mean |",
+                  "|---|---|---|---|---|---|"]
+        for row in sorted(rec["repeat"]["rows"], key=lambda x: (x["request_rate"], x["system"])):
+            lines.append(f"| {row['system']} | {row['request_rate']:g} | {row['p50_ms'][0]:.0f} / {row['p50_ms'][1]:.0f} "
+                         f"| {row['p50_mean_ms']:.0f} | {row['p99_ms'][0]:.0f} / {row['p99_ms'][1]:.0f} "
+                         f"| {row['p99_mean_ms']:.0f} |")
     errors = [r for r in rec["runs"] if r.get("error")]
     if errors:
         lines += ["", "| peer | could not run here: the error |", "|---|---|"]
@@ -205,11 +235,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--tables", required=True)
     ap.add_argument("--readme", default="", help="README.md whose serving block is rewritten")
+    ap.add_argument("--repeat", default="", help="a second run of the two-replica rows, systems in another order")
     ap.add_argument("parts", nargs="+")
     a = ap.parse_args(argv)
     parts = [json.loads(Path(p).read_text()) for p in a.parts]
     head = header(versions=parts[0]["versions"])
-    rec = write_record(a.out, merge(parts), head=head)
+    fields = merge(parts)
+    if a.repeat:
+        again = json.loads(Path(a.repeat).read_text())
+        fields["repeat"] = {"part": {k: again[k] for k in ("date", "commit", "dirty", "command")},
+                            "runs": again["runs"], "rows": repeats(fields, again)}
+    rec = write_record(a.out, fields, head=head)
     Path(a.tables).write_text(tables(rec))
     print(f"wrote {a.tables}")
     if a.readme:

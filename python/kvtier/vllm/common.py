@@ -15,9 +15,25 @@ import grpc
 from .. import keys as _keys
 from ..errors import KvtierError
 
-__all__ = ["LoadSpec", "SaveSpec", "Breaker", "StatsLog", "chain_keys", "is_outage"]
+__all__ = ["LoadSpec", "SaveSpec", "Breaker", "StatsLog", "chain_keys", "is_outage", "show_info_lines"]
 
 log = logging.getLogger("kvtier.vllm")
+
+
+def show_info_lines() -> None:
+    """Makes the connector's INFO lines (which kvtier, which transport) reach
+    the engine's log. vLLM configures only its own ``vllm`` logger, so in an
+    engine process nothing handles ``kvtier.vllm`` below WARNING. Where the
+    process has no logging set up at all (no root handler), the connector
+    gets a handler of its own; an application or a test that configured
+    logging keeps its set-up."""
+    if log.handlers or logging.getLogger().handlers:
+        return
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("%(levelname)s %(asctime)s [kvtier] %(message)s", "%m-%d %H:%M:%S"))
+    log.addHandler(handler)
+    if log.level == logging.NOTSET:
+        log.setLevel(logging.INFO)
 
 
 @dataclass

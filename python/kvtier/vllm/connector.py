@@ -25,7 +25,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 )
 
 from ..client import Client
-from .common import LoadSpec, SaveSpec, StatsLog, log
+from .common import LoadSpec, SaveSpec, StatsLog, log, show_info_lines
 from .config import ConnectorConfig
 from .identity import EngineIdentity, unsupported_reason
 from .scheduler import SchedulerSide
@@ -70,6 +70,7 @@ class KvtierConnector(KVConnectorBase_V1):
 
     def __init__(self, vllm_config, role: KVConnectorRole, kv_cache_config=None):
         super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
+        show_info_lines()
         ktc = self._kv_transfer_config
         self.cfg = ConnectorConfig.from_extra(ktc.kv_connector_extra_config)
         self.block_size = vllm_config.cache_config.block_size

@@ -69,6 +69,7 @@ class WorkerSide:
         self._outstanding = 0  # queued background operations not yet finished
         self._idle = threading.Condition(self._lock)
         self._queue: queue.Queue = queue.Queue()
+        self._transport: str | None = None  # logged once, by the first read or write that works
         self._sender = threading.Thread(target=self._send_loop, name="kvtier-save", daemon=True)
         self._sender.start()
         self.counters = {"loaded_blocks": 0, "failed_blocks": 0, "saved_blocks": 0, "dropped_blocks": 0}
@@ -120,6 +121,7 @@ class WorkerSide:
         try:
             try:
                 r = self.client.read_into(self.namespace, spec.keys, rows, lease_id=lease, timeout=timeout, **node)
+                self._say_transport()
             except KvtierError as e:
                 if e.code != grpc.StatusCode.INVALID_ARGUMENT:
                     raise
@@ -300,6 +302,20 @@ class WorkerSide:
                     self._outstanding -= 1
                     self._idle.notify_all()
 
+    def _say_transport(self) -> None:
+        """Once per worker, after the first read or write that worked: which
+        way the blocks move (docs/local.md). A silent fallback to a slower
+        path is what users of the peers report most."""
+        if self._transport is not None:
+            return
+        pool = self.client.data_plane() if hasattr(self.client, "data_plane") else None
+        self._transport = pool.transport if pool is not None else "grpc"
+        how = {"unix": "kvtier's same-host socket (kvtier copies blocks to and from this process's memory)",
+               "tcp": "kvtier's TCP data plane", "grpc": "gRPC (the server offers no data plane)"}
+        log.info("kvtier connector (worker %s): blocks move over %s", self.namespace,
+                 how.get(self._transport, self._transport))
+        self.stats("transport", transport=self._transport)
+
     def _write(self, blocks: list[Block]) -> None:
         if not self.breaker.allow():
             self.counters["dropped_blocks"] += len(blocks)
@@ -311,6 +327,7 @@ class WorkerSide:
             try:
                 r = self.client.write(self.namespace, blocks, timeout=timeout)
                 stored, existing = r.stored, r.existing
+                self._say_transport()
             except KvtierError as e:
                 if e.code != grpc.StatusCode.FAILED_PRECONDITION or len(blocks) == 1:
                     raise

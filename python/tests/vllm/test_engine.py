@@ -132,9 +132,14 @@ def test_a_step_larger_than_the_servers_request_limit_is_stored_whole(models, kv
         with Client(s.grpc) as c:
             assert wait_blocks(c, ns, chain_keys(P, BS)) == 16, "the 8 MiB step was not stored whole"
         st2 = d / "stats2.jsonl"
-        res, _ = run_engine(spec(models["m1"], {"url": url, "stats_file": str(st2)}, [{"prompts": [P]}]), d / "b")
+        res, text = run_engine(spec(models["m1"], {"url": url, "stats_file": str(st2)}, [{"prompts": [P]}]), d / "b")
         load = events(st2, "load")[0]
         assert load["loaded"] == 16 and not load["error"], load
+        # The engine's log says which way the blocks moved, once per worker.
+        said = [e["transport"] for e in events(st2, "transport")]
+        assert said == ["unix" if local else "tcp"], said
+        way = "kvtier's same-host socket" if local else "kvtier's TCP data plane"
+        assert text.count("blocks move over") == 1 and way in text, text[-3000:]
         assert_same_logprobs(outputs(res)[0], baseline["P"], "P loaded after a split save")
     finally:
         s.stop()

@@ -130,3 +130,15 @@ def test_router_round_robin_and_prefill_decode():
             await s.close()
 
     asyncio.run(go())
+
+
+def test_report_puts_a_second_run_beside_the_first():
+    first = {"runs": [{"topology": "two", "system": "kvtier", "steps": [_step(1, 80, 160, 0.74)]},
+                      {"topology": "two", "system": "peer", "steps": [_step(1, 90, 120, 0.74)]}]}
+    again = {"runs": [{"topology": "two", "system": "peer", "steps": [_step(1, 100, 140, 0.74), _step(2, 1, 1)]},
+                      {"topology": "two", "system": "kvtier", "steps": [_step(1, 70, 100, 0.74)]},
+                      {"topology": "two", "system": "gone", "error": "x", "steps": []}]}
+    rows = {r["system"]: r for r in report.repeats(first, again)}
+    assert set(rows) == {"kvtier", "peer"}, "rates and systems only the second run has are left out"
+    assert rows["kvtier"]["p99_ms"] == [160, 100] and rows["kvtier"]["p99_mean_ms"] == 130
+    assert rows["peer"]["p50_mean_ms"] == 95 and rows["peer"]["p99_mean_ms"] == 130
