@@ -16,6 +16,7 @@ token order, so the payload is the same whatever the kernel block size.
 """
 from __future__ import annotations
 
+import threading
 import warnings
 
 import torch
@@ -60,6 +61,11 @@ class PayloadLayout:
         # The batched path moves bits, not numbers: an integer view of the
         # same width (index kernels do not exist for every float8 type).
         self._bits = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[self.itemsize]
+        # One staging buffer kept for the next load: a fresh 512 MiB buffer
+        # costs its page faults on every load (355 ms against 38 ms for the
+        # copy itself, notes/049-vllm-ttft-paths.md).
+        self._staging_lock = threading.Lock()
+        self._staging_free: torch.Tensor | None = None
 
     def describe(self) -> dict:
         return {
@@ -134,8 +140,25 @@ class PayloadLayout:
     def staging_rows(self, n: int) -> torch.Tensor:
         """A ``uint8`` buffer ``[n, nbytes]`` a read lands in before
         :meth:`scatter_many` (given as ``host``): pinned on an accelerator
-        (the transfer to the device reads it by DMA), plain memory on the CPU."""
+        (the transfer to the device reads it by DMA), plain memory on the CPU.
+        The buffer last given back with :meth:`release_rows` is reused when
+        it is large enough (its pages are already mapped); concurrent loads
+        get fresh ones."""
+        with self._staging_lock:
+            free = self._staging_free
+            if free is not None and free.shape[0] >= n:
+                self._staging_free = None
+                return free[:n]
         return self._rows(n)
+
+    def release_rows(self, rows: torch.Tensor) -> None:
+        """Gives back a :meth:`staging_rows` buffer once nothing reads it any
+        more (its payloads are copied into vLLM's cache); the largest one is
+        kept for the next load."""
+        base = rows._base if rows._base is not None else rows
+        with self._staging_lock:
+            if self._staging_free is None or base.shape[0] > self._staging_free.shape[0]:
+                self._staging_free = base
 
     def host_rows(self, n: int) -> torch.Tensor | None:
         """A pinned ``uint8`` buffer ``[n, nbytes]`` that payloads can be

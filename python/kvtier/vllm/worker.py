@@ -127,9 +127,12 @@ class WorkerSide:
                     raise
                 # A block larger than a row (not this model's KV): read as
                 # bytes to find it; it is deleted below.
-                r = self.client.read(self.namespace, spec.keys, lease_id=lease, timeout=timeout, **node)
+                layout.release_rows(host)
                 host = None
+                r = self.client.read(self.namespace, spec.keys, lease_id=lease, timeout=timeout, **node)
         except Exception as e:  # noqa: BLE001 - every failure is a recompute
+            if host is not None:
+                layout.release_rows(host)
             if is_outage(e):
                 self.breaker.failure(e)
             return [], str(e), None
@@ -154,7 +157,11 @@ class WorkerSide:
         t0 = time.perf_counter()
         payloads, why, host = self._read(spec)
         t1 = time.perf_counter()
-        self._layout.scatter_many(spec.block_ids[:len(payloads)], payloads, host=host)
+        try:
+            self._layout.scatter_many(spec.block_ids[:len(payloads)], payloads, host=host)
+        finally:
+            if host is not None:
+                self._layout.release_rows(host)
         t2 = time.perf_counter()
         self._fail(spec, len(payloads), why)
         self.counters["loaded_blocks"] += len(payloads)
@@ -190,8 +197,8 @@ class WorkerSide:
 
     def _read_timed(self, spec: LoadSpec):
         t0 = time.perf_counter()
-        payloads, why, _ = self._read(spec)
-        return payloads, why, int((time.perf_counter() - t0) * 1e6)
+        payloads, why, host = self._read(spec)
+        return payloads, why, int((time.perf_counter() - t0) * 1e6), host
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         if not self._layerwise:
@@ -200,7 +207,7 @@ class WorkerSide:
         if layer is None or layer in self._layers_done:
             return
         for spec, fut in self._layerwise:
-            payloads, _, _ = fut.result()
+            payloads, _, _, _ = fut.result()
             for bid, p in zip(spec.block_ids, payloads):
                 self._layout.scatter_layer(layer, bid, p)
         self._layers_done.add(layer)
@@ -211,7 +218,9 @@ class WorkerSide:
         counts as failed."""
         all_layers = len(self._layers_done) == len(self.layer_names)
         for spec, fut in self._layerwise:
-            payloads, why, read_us = fut.result()
+            payloads, why, read_us, host = fut.result()
+            if host is not None:  # every layer that will be copied in has been
+                self._layout.release_rows(host)
             if not all_layers and payloads:
                 payloads, why = [], f"{len(self.layer_names) - len(self._layers_done)} layers were not copied in time"
             self._fail(spec, len(payloads), why)

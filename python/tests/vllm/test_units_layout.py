@@ -85,3 +85,22 @@ def test_layout_refuses_mixed_layers():
         PayloadLayout(c, list(c), BS)
     with pytest.raises(LayoutError, match="without layers"):
         PayloadLayout(make_caches(), ["nope"], BS)
+
+
+def test_staging_rows_are_reused_once_given_back():
+    caches = make_caches(layers=2, blocks=4)
+    lay = PayloadLayout(caches, list(caches), BS)
+    a = lay.staging_rows(4)
+    assert tuple(a.shape) == (4, lay.nbytes)
+    b = lay.staging_rows(2)
+    assert b.data_ptr() != a.data_ptr(), "a buffer in use is never handed out twice"
+    lay.release_rows(a)
+    c = lay.staging_rows(3)
+    assert c.data_ptr() == a.data_ptr() and tuple(c.shape) == (3, lay.nbytes), "the given-back buffer is reused"
+    d = lay.staging_rows(3)
+    assert d.data_ptr() != a.data_ptr(), "taken again: not free until given back"
+    lay.release_rows(c)  # a view: its whole buffer comes back
+    lay.release_rows(b)  # smaller: the larger one is kept
+    e = lay.staging_rows(4)
+    assert e.data_ptr() == a.data_ptr()
+    assert lay.staging_rows(5).data_ptr() != a.data_ptr(), "too small for 5 rows: a fresh buffer"
