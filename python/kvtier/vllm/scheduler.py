@@ -63,11 +63,16 @@ class _Wait:
 _WAIT_PROBE_S = 0.005
 
 
+def _transfer_params(request) -> dict[str, Any]:
+    """The request's ``kv_transfer_params`` (client input: anything but a dict is ignored)."""
+    params = getattr(request, "kv_transfer_params", None)
+    return params if isinstance(params, dict) else {}
+
+
 def awaited_blocks(request) -> int:
     """Blocks a prefill engine stored for this request (``kv_transfer_params``
     from the disaggregated-serving router, docs/vllm.md), 0 if none were announced."""
-    params = getattr(request, "kv_transfer_params", None) or {}
-    n = params.get("kvtier_blocks", 0) if isinstance(params, dict) else 0
+    n = _transfer_params(request).get("kvtier_blocks", 0)
     return n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else 0
 
 
@@ -328,8 +333,8 @@ class SchedulerSide:
         self._waits.pop(request.request_id, None)
         if st is not None and st.leases:
             self._release(st.leases)
-        params = getattr(request, "kv_transfer_params", None) or {}
-        announce = self.can_save and (not self.can_load or bool(params.get("do_remote_decode")))
+        asked = _transfer_params(request).get("do_remote_decode") is True
+        announce = self.can_save and (not self.can_load or asked)
         if st is None or not announce or not st.cacheable:
             return None
         return {"kvtier_blocks": st.saved}

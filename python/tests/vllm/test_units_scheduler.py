@@ -239,6 +239,12 @@ def test_producer_announces_the_blocks_it_stored():
     r3.kv_transfer_params = {"do_remote_decode": True}
     both.get_num_new_matched_tokens(r3, 0)
     assert both.request_finished(r3) == {"kvtier_blocks": 0}
+    # kv_transfer_params come from the client: a malformed value is ignored, never an error
+    for bad in (["do_remote_decode"], "x", {"do_remote_decode": "yes"}):
+        r4 = FakeRequest(f"s{bad!r}", toks)
+        r4.kv_transfer_params = bad
+        both.get_num_new_matched_tokens(r4, 0)
+        assert both.request_finished(r4) is None, bad
 
 
 def test_consumer_waits_for_announced_blocks_then_loads_them():
