@@ -4,6 +4,12 @@
 
 CARGO ?= cargo
 
+# CI builds once from a clean clone: incremental state would only take disk
+# (about 2 GB of target/debug/incremental) that the vLLM install needs later.
+ifdef CI
+export CARGO_INCREMENTAL := 0
+endif
+
 setup:
 	@scripts/setup.sh
 
