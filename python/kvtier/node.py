@@ -346,10 +346,14 @@ class NodeClient:
         """Reads ``keys`` in order into ``buffers``, one writable C-contiguous
         buffer per key (``bytearray``, ``memoryview``, a numpy array, a torch
         tensor's ``.numpy()`` view), each at least its block's size; stops at
-        the first missing block.
+        the first missing block. A key's buffer may also be a list or tuple
+        of such buffers, which its block fills in order: an engine whose
+        cache keeps each layer apart gets each block straight into its
+        layers, with no staging copy.
 
         Each block's ``payload`` is a memoryview of the filled bytes of its
-        buffer. On the same-host socket the server copies the blocks into the
+        buffer (for a list of parts, a list of memoryviews of each part's
+        filled bytes). On the same-host socket the server copies the blocks into the
         buffers itself (one copy, no bytes through the socket; docs/local.md);
         over the TCP data plane they are received straight into them, each
         checksum verified; over gRPC they are copied in. A buffer too small
@@ -373,7 +377,7 @@ class NodeClient:
             return ReadResult(blocks, r.requested, r.partial, r.reason, r.timing)
         got, us = self._retrying(lambda t: pool.read_into(namespace, ks, lease_id, buffers, t), timeout)
         blocks = [
-            ReadBlock(i, k, p, n, memoryview(buffers[i]).cast("B")[:length], Tier.of(tier))
+            ReadBlock(i, k, p, n, _payloads.filled(buffers[i], length), Tier.of(tier))
             for i, k, p, n, length, tier in got[0]
         ]
         return ReadResult._of_native(blocks, len(ks), got, us)

@@ -63,6 +63,20 @@ def fill(view_or_parts, payload) -> memoryview | list[memoryview]:
     return view[:n]
 
 
+def filled(view_or_parts, n: int) -> memoryview | list[memoryview]:
+    """The first ``n`` bytes of one buffer or of consecutive parts, which
+    something else (the native core, the server) has filled."""
+    if isinstance(view_or_parts, (list, tuple)):
+        parts: list[memoryview] = []
+        for p in view_or_parts:
+            v = memoryview(p).cast("B")
+            k = min(v.nbytes, n)
+            parts.append(v[:k])
+            n -= k
+        return parts
+    return memoryview(view_or_parts).cast("B")[:n]
+
+
 def copy_into(b: ReadBlock, into: Callable[[int, int], object]) -> ReadBlock:
     """``read(into=...)``: the payload copied into the caller's buffer. A
     buffer that cannot take it is the caller's mistake: INVALID_ARGUMENT,

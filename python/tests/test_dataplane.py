@@ -322,6 +322,40 @@ def test_a_client_given_the_tcp_address_upgrades_to_the_socket(local_server, ns,
     assert f"advertised by {local_server.grpc}" in caplog.text, caplog.text
 
 
+@pytest.mark.parametrize("path", ["same-host", "tcp"])
+def test_read_into_parts_lands_each_block_in_its_layers(server, local_server, ns, path):
+    """A block given as one region per layer (how an engine's KV cache keeps
+    its layers apart) lands in those regions in order, with no staging buffer:
+    by memory on the same-host socket, received into them over TCP. 16 blocks
+    of 4 MiB, each split over 16 layers; one more block over 2,000 regions
+    (more than one system call takes); regions too small are refused."""
+    target = f"unix://{local_server.local}" if path == "same-host" else server.grpc
+    layers, per = 16, 256 << 10
+    blocks = chain_blocks(16, seed=12, size=layers * per)
+    cache = [bytearray(len(blocks) * per) for _ in range(layers)]
+    with Client(target, connections=2) as c:
+        pool = c.data_plane()
+        assert pool is not None and pool.copies_by_memory == (path == "same-host"), pool
+        assert c.write(ns, blocks).stored == len(blocks)
+        parts = [[memoryview(cache[layer])[b * per:(b + 1) * per] for layer in range(layers)]
+                 for b in range(len(blocks))]
+        r = c.read_into(ns, [b.key for b in blocks], parts)
+        assert len(r.blocks) == len(blocks) and not r.partial
+        for b, blk in enumerate(blocks):
+            for layer in range(layers):
+                assert cache[layer][b * per:(b + 1) * per] == blk.payload[layer * per:(layer + 1) * per], (b, layer)
+        assert [sum(len(p) for p in b.payload) for b in r.blocks] == [layers * per] * len(blocks)
+        # Many small regions, the last one larger than what is left.
+        one = chain_blocks(1, seed=13, size=1 << 20)[0]
+        c.write(ns, [one])
+        small = [bytearray(524) for _ in range(2_000)] + [bytearray(100_000)]
+        assert len(c.read_into(ns, [one.key], [small]).blocks) == 1
+        assert b"".join(small)[:1 << 20] == one.payload
+        with pytest.raises(KvtierError) as ei:
+            c.read_into(ns, [one.key], [[bytearray(1 << 19), bytearray((1 << 19) - 1)]])
+        assert ei.value.code == grpc.StatusCode.INVALID_ARGUMENT, ei.value
+
+
 def test_a_small_buffer_is_the_callers_error(local_server, ns):
     with Client(f"unix://{local_server.local}", connections=1) as c:
         blocks = chain_blocks(1, seed=4, size=100_000)

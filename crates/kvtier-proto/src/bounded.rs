@@ -23,6 +23,10 @@ use tonic::codec::{Codec, DecodeBuf, Decoder};
 /// Most keys (blocks, hashes) one request may name.
 pub const MAX_KEYS_PER_REQUEST: usize = 65_536;
 
+/// Most memory regions one same-host read may name: every block of a full
+/// request split over 16 parts (a layer each, say).
+pub const MAX_REGIONS_PER_REQUEST: usize = MAX_KEYS_PER_REQUEST * 16;
+
 /// Most tokens one Lookup may carry: [`MAX_KEYS_PER_REQUEST`] blocks of the
 /// seed service's 128 tokens. Longer prompts are looked up by keys (the
 /// clients hash tokens themselves) or in parts.
@@ -66,6 +70,8 @@ const WIRE_WRITE: &[(u32, Rule)] = &[
 const WIRE_READ_INTO: &[(u32, Rule)] = &[
     (1, Rule::Nested(WIRE_READ)),
     (2, Rule::Count("dest", MAX_KEYS_PER_REQUEST)),
+    (3, Rule::Count("parts", MAX_REGIONS_PER_REQUEST)),
+    (4, Rule::Varints("part_counts", MAX_KEYS_PER_REQUEST)),
 ];
 const WIRE_WRITE_FROM: &[(u32, Rule)] = &[
     (1, Rule::Nested(WIRE_WRITE)),

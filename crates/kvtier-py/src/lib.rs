@@ -25,7 +25,7 @@ use kvtier_client::WriteBlock;
 use kvtier_client::wire::{Target, WireClient};
 use kvtier_core::Key;
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyDict};
+use pyo3::types::{PyBytes, PyDict, PyList, PyTuple};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -78,6 +78,23 @@ fn seconds(s: f64, what: &str) -> PyResult<Duration> {
         .ok()
         .filter(|d| !d.is_zero())
         .ok_or_else(|| pyo3::exceptions::PyValueError::new_err(format!("{what} must be > 0")))
+}
+
+/// One block's destination: a writable buffer, or a list or tuple of them
+/// filled in order.
+fn held_parts(obj: &Bound<'_, PyAny>, i: usize) -> PyResult<Vec<Held>> {
+    let parts = if let Ok(l) = obj.cast::<PyList>() {
+        l.iter().collect::<Vec<_>>()
+    } else if let Ok(t) = obj.cast::<PyTuple>() {
+        t.iter().collect::<Vec<_>>()
+    } else {
+        return Ok(vec![Held::of(obj, true, &format!("buffer {i}"))?]);
+    };
+    parts
+        .iter()
+        .enumerate()
+        .map(|(j, b)| Held::of(b, true, &format!("buffer {i}, part {j}")))
+        .collect()
 }
 
 fn keys_of(keys: Vec<Vec<u8>>) -> PyResult<Vec<Key>> {
@@ -198,8 +215,9 @@ impl DataPlane {
         Ok(self.pool(py)?.copies_by_memory())
     }
 
-    /// Reads `keys` in order into `buffers` (one writable, C-contiguous
-    /// buffer per key), stopping at the first missing block. Returns
+    /// Reads `keys` in order into `buffers` (per key one writable,
+    /// C-contiguous buffer, or a list or tuple of them that the block fills
+    /// in order), stopping at the first missing block. Returns
     /// `(blocks, partial, reason, timing)`, each block
     /// `(index, key, parent, token_count, length, tier)`.
     #[allow(clippy::type_complexity)]
@@ -216,13 +234,16 @@ impl DataPlane {
         let mut held = buffers
             .iter()
             .enumerate()
-            .map(|(i, b)| Held::of(b, true, &format!("buffer {i}")))
+            .map(|(i, b)| held_parts(b, i))
             .collect::<PyResult<Vec<_>>>()?;
         let deadline = Instant::now() + seconds(timeout, "timeout")?;
         let r = {
-            let mut dests: Vec<&mut [u8]> = held.iter_mut().map(Held::bytes_mut).collect();
+            let mut dests: Vec<Vec<&mut [u8]>> = held
+                .iter_mut()
+                .map(|g| g.iter_mut().map(Held::bytes_mut).collect())
+                .collect();
             self.run(py, async |w| {
-                w.read_into_by(namespace, &keys, lease_id, &mut dests, deadline)
+                w.read_parts_by(namespace, &keys, lease_id, &mut dests, deadline)
                     .await
             })?
         };

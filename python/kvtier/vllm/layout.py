@@ -66,6 +66,15 @@ class PayloadLayout:
         # copy itself, notes/049-vllm-ttft-paths.md).
         self._staging_lock = threading.Lock()
         self._staging_free: torch.Tensor | None = None
+        # Where each layer's tile of a block is one range of memory in
+        # payload order (a contiguous [B, H, N, C] cache on the CPU, kernel
+        # blocks the scheduler's), a load lands straight in vLLM's cache: one
+        # region per layer per block, no staging copy (notes/050). One uint8
+        # [B, bytes] view per layer, made once: a view per block and layer
+        # would cost microseconds each, thousands per load.
+        self._layer_rows = None
+        if self.device.type == "cpu" and self.split == 1 and all(t.is_contiguous() for t in self.layers):
+            self._layer_rows = [t.view(torch.uint8).view(t.shape[0], -1).numpy() for t in self.layers]
 
     def describe(self) -> dict:
         return {
@@ -136,6 +145,20 @@ class PayloadLayout:
     def scatter(self, block_id: int, payload) -> None:
         """Copies one payload (bytes-like of exactly ``nbytes``) into vLLM block ``block_id``."""
         self.scatter_many([block_id], [payload])
+
+    @property
+    def loads_in_place(self) -> bool:
+        """Whether :meth:`block_regions` can give a read its destinations."""
+        return self._layer_rows is not None
+
+    def block_regions(self, block_ids: list[int]) -> list[list]:
+        """Each block's destination in vLLM's own cache, for a read that lands
+        there with no staging copy: one writable region per layer, in payload
+        order (``Client.read_into`` fills them in turn). Only where
+        :attr:`loads_in_place`."""
+        if self._layer_rows is None:
+            raise LayoutError("this cache cannot take payloads in place")
+        return [[rows[b] for rows in self._layer_rows] for b in block_ids]
 
     def staging_rows(self, n: int) -> torch.Tensor:
         """A ``uint8`` buffer ``[n, nbytes]`` a read lands in before

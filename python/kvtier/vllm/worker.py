@@ -101,33 +101,41 @@ class WorkerSide:
         log.warning("kvtier: %d of %d blocks of request %s not loaded (%s); vLLM recomputes them",
                     len(bad), len(spec.block_ids), spec.req_id, why)
 
-    def _read(self, spec: LoadSpec):
+    def _read(self, spec: LoadSpec, in_place: bool = False):
         """Reads the blocks of ``spec``: (payloads of the leading blocks read and
         checked, why the rest are missing or "", the staging buffer whose rows
-        hold those payloads, or None when they are ``bytes``)."""
+        hold those payloads, or None when they are ``bytes`` or already in
+        vLLM's cache). ``in_place``: straight into vLLM's cache where the
+        layout allows it (``PayloadLayout.loads_in_place``)."""
         if not self.breaker.allow():
             return [], "kvtier unreachable", None
         lease = spec.leases.get(self.namespace, 0)
         # A cluster client needs the node that granted the scheduler's lease.
         node = {"lease_node": spec.lease_nodes[self.namespace]} if self.namespace in spec.lease_nodes else {}
-        # The payloads land straight in host rows: pinned memory on a GPU
-        # (notes/018: one copy fewer before the transfer), and on the same-host
+        # The payloads land in vLLM's cache itself where each layer's tile is
+        # one range of memory, else in host rows: pinned memory on a GPU
+        # (notes/018: one copy fewer before the transfer). On the same-host
         # socket kvtier copies them there itself (docs/local.md).
         layout = self._layout
-        host = layout.staging_rows(len(spec.keys))
-        rows = [host[i].numpy() for i in range(len(spec.keys))]
+        host = None
+        if in_place and layout.loads_in_place:
+            dests = layout.block_regions(spec.block_ids)
+        else:
+            host = layout.staging_rows(len(spec.keys))
+            dests = [host[i].numpy() for i in range(len(spec.keys))]
 
         timeout = self.cfg.load_timeout_ms / 1000
         try:
             try:
-                r = self.client.read_into(self.namespace, spec.keys, rows, lease_id=lease, timeout=timeout, **node)
+                r = self.client.read_into(self.namespace, spec.keys, dests, lease_id=lease, timeout=timeout, **node)
                 self._say_transport()
             except KvtierError as e:
                 if e.code != grpc.StatusCode.INVALID_ARGUMENT:
                     raise
                 # A block larger than a row (not this model's KV): read as
                 # bytes to find it; it is deleted below.
-                layout.release_rows(host)
+                if host is not None:
+                    layout.release_rows(host)
                 host = None
                 r = self.client.read(self.namespace, spec.keys, lease_id=lease, timeout=timeout, **node)
         except Exception as e:  # noqa: BLE001 - every failure is a recompute
@@ -143,8 +151,9 @@ class WorkerSide:
         payloads = []
         why = ""
         for b in r.blocks:
-            if len(b.payload) != layout.nbytes:
-                why = (f"block {b.key.hex()} has {len(b.payload)} bytes, expected {layout.nbytes}: "
+            size = sum(len(p) for p in b.payload) if isinstance(b.payload, list) else len(b.payload)
+            if size != layout.nbytes:
+                why = (f"block {b.key.hex()} has {size} bytes, expected {layout.nbytes}: "
                        "not this model's KV; deleted so it can be stored again")
                 self._submit("delete", [b.key])
                 break
@@ -155,10 +164,15 @@ class WorkerSide:
 
     def _load_now(self, spec: LoadSpec) -> None:
         t0 = time.perf_counter()
-        payloads, why, host = self._read(spec)
+        payloads, why, host = self._read(spec, in_place=True)
         t1 = time.perf_counter()
+        # Payloads read in place are lists of the regions they filled; those
+        # read as bytes or into staging rows are copied in now.
+        copy = [(b, p) for b, p in zip(spec.block_ids, payloads) if not isinstance(p, list)]
         try:
-            self._layout.scatter_many(spec.block_ids[:len(payloads)], payloads, host=host)
+            if copy:
+                self._layout.scatter_many([b for b, _ in copy], [p for _, p in copy],
+                                          host=host if len(copy) == len(payloads) else None)
         finally:
             if host is not None:
                 self._layout.release_rows(host)
@@ -167,7 +181,7 @@ class WorkerSide:
         self.counters["loaded_blocks"] += len(payloads)
         self.stats("load", req=spec.req_id, mode="async" if spec.is_async else "sync", blocks=len(spec.keys),
                    loaded=len(payloads), error=why, read_us=int((t1 - t0) * 1e6), copy_us=int((t2 - t1) * 1e6),
-                   bytes=len(payloads) * self._layout.nbytes)
+                   bytes=len(payloads) * self._layout.nbytes, in_place=len(payloads) - len(copy))
 
     def start_load(self, loads: list[LoadSpec]) -> None:
         if self.layout is None:

@@ -104,3 +104,33 @@ def test_staging_rows_are_reused_once_given_back():
     e = lay.staging_rows(4)
     assert e.data_ptr() == a.data_ptr()
     assert lay.staging_rows(5).data_ptr() != a.data_ptr(), "too small for 5 rows: a fresh buffer"
+
+
+def test_blocks_land_in_place_one_region_per_layer():
+    """Where each layer's tile of a block is one range of memory, a block's
+    destination is one region per layer of vLLM's own cache, in payload order:
+    payload bytes written into them in turn equal a scatter of that payload.
+    A cache split into kernel blocks, or not contiguous, has no such regions."""
+    src = make_caches(layers=3, blocks=6, dtype=torch.bfloat16, seed=4)
+    lay = PayloadLayout(src, list(src), BS)
+    data = lay.gather([5, 2])
+    dst = {k: torch.zeros_like(v) for k, v in src.items()}
+    out = PayloadLayout(dst, list(dst), BS)
+    assert out.loads_in_place
+    for regions, row in zip(out.block_regions([0, 4]), data):
+        assert len(regions) == 3
+        payload, pos = row.numpy(), 0
+        for r in regions:
+            r[:] = payload[pos:pos + r.nbytes]
+            pos += r.nbytes
+        assert pos == lay.nbytes
+    for k in src:
+        assert torch.equal(dst[k][0], src[k][5]) and torch.equal(dst[k][4], src[k][2])
+        assert not dst[k][1].any() and not dst[k][3].any()
+    split = {k: v.view(6, 2, 4, 32, 16).permute(0, 2, 1, 3, 4).reshape(24, 2, 32, 16).contiguous()
+             for k, v in src.items()}
+    assert not PayloadLayout(split, list(split), BS).loads_in_place
+    strided = {k: v.permute(0, 2, 1, 3).contiguous().permute(0, 2, 1, 3) for k, v in src.items()}
+    assert not PayloadLayout(strided, list(strided), BS).loads_in_place
+    with pytest.raises(LayoutError, match="in place"):
+        PayloadLayout(split, list(split), BS).block_regions([0])

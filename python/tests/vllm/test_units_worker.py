@@ -36,8 +36,13 @@ def test_worker_saves_then_loads_blocks_byte_exact(server):
     dst = {k: torch.zeros_like(v) for k, v in src.items()}
     w2 = _worker(server.grpc, dst)
     w2.namespace = w.namespace
+    events = []
+    w2.stats = lambda event, **f: events.append((event, f))
     w2.start_load([LoadSpec("r", keys, [1, 2, 3])])
     assert w2.take_errors() == set()
+    # A contiguous CPU cache takes the blocks in place, a region per layer.
+    loads = [f for e, f in events if e == "load"]
+    assert [(f["loaded"], f["in_place"]) for f in loads] == [(3, 3)], events
     for k in src:
         assert torch.equal(dst[k][1], src[k][3]) and torch.equal(dst[k][2], src[k][0]) and torch.equal(dst[k][3], src[k][2])
 

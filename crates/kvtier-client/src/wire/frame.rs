@@ -14,8 +14,9 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite};
 pub(super) enum Sink<'a, 'b> {
     /// Into fresh buffers (the frame's `payloads`).
     Owned,
-    /// Into the caller's buffers, payload `i` into `dests[i]`.
-    Into(&'a mut [&'b mut [u8]]),
+    /// Into the caller's buffers, payload `i` into the regions `dests[i]`,
+    /// filled in order.
+    Into(&'a mut [Vec<&'b mut [u8]>]),
 }
 
 /// Bytes received per read into a caller's buffer before they are
@@ -23,25 +24,33 @@ pub(super) enum Sink<'a, 'b> {
 const RECV_CHUNK: usize = 256 << 10;
 
 /// Receives `lengths` payloads into `dests`, checksumming each chunk as it
-/// lands. A payload larger than its buffer is drained (the connection stays
-/// usable) and reported as `Err(index)`.
+/// lands. A payload larger than its regions together is drained (the
+/// connection stays usable) and reported as `Err(index)`.
 pub(super) async fn receive<R: AsyncRead + Unpin>(
     r: &mut R,
     lengths: &[u64],
-    dests: &mut [&mut [u8]],
+    dests: &mut [Vec<&mut [u8]>],
 ) -> std::io::Result<Vec<std::result::Result<(usize, u32), usize>>> {
     let mut out = Vec::with_capacity(lengths.len());
     for (i, &len) in lengths.iter().enumerate() {
         let len = len as usize;
         match dests.get_mut(i) {
-            Some(d) if d.len() >= len => {
+            Some(parts) if parts.iter().map(|p| p.len()).sum::<usize>() >= len => {
                 let mut crc = 0u32;
-                let mut done = 0usize;
-                while done < len {
-                    let end = (done + RECV_CHUNK).min(len);
-                    r.read_exact(&mut d[done..end]).await?;
-                    crc = crc32c::crc32c_append(crc, &d[done..end]);
-                    done = end;
+                let mut left = len;
+                for d in parts.iter_mut() {
+                    let mut done = 0usize;
+                    let want = d.len().min(left);
+                    while done < want {
+                        let end = (done + RECV_CHUNK).min(want);
+                        r.read_exact(&mut d[done..end]).await?;
+                        crc = crc32c::crc32c_append(crc, &d[done..end]);
+                        done = end;
+                    }
+                    left -= want;
+                    if left == 0 {
+                        break;
+                    }
                 }
                 out.push(Ok((len, crc)));
             }

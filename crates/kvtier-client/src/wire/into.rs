@@ -67,6 +67,23 @@ impl WireClient {
         dests: &mut [&mut [u8]],
         deadline: Instant,
     ) -> Result<ReadIntoResult> {
+        let mut parts: Vec<Vec<&mut [u8]>> = dests.iter_mut().map(|d| vec![&mut **d]).collect();
+        self.read_parts_by(ns, keys, lease_id, &mut parts, deadline)
+            .await
+    }
+
+    /// [`WireClient::read_into_by`] for blocks whose bytes belong in several
+    /// places: block `i` fills the regions `dests[i]` in order (an engine's
+    /// KV cache keeps each layer apart, so a block lands in one region per
+    /// layer with no staging copy between; docs/local.md).
+    pub async fn read_parts_by(
+        &self,
+        ns: &str,
+        keys: &[Key],
+        lease_id: u64,
+        dests: &mut [Vec<&mut [u8]>],
+        deadline: Instant,
+    ) -> Result<ReadIntoResult> {
         if dests.len() != keys.len() {
             return Err(ClientError::Invalid(format!(
                 "{} keys but {} buffers",
@@ -76,7 +93,7 @@ impl WireClient {
         }
         let n = self.stripes_for(keys.len());
         let runs = stripe_bounds(keys.len(), n);
-        let mut parts_of: Vec<&mut [&mut [u8]]> = Vec::with_capacity(n);
+        let mut parts_of: Vec<&mut [Vec<&mut [u8]>]> = Vec::with_capacity(n);
         let mut rest = dests;
         for r in &runs {
             let (a, b) = rest.split_at_mut(r.len());
@@ -118,7 +135,7 @@ impl WireClient {
         ns: &str,
         keys: &[Key],
         lease_id: u64,
-        dests: &mut [&mut [u8]],
+        dests: &mut [Vec<&mut [u8]>],
         deadline: Instant,
     ) -> Result<ReadIntoResult> {
         let mut out = ReadIntoResult {
@@ -160,7 +177,7 @@ impl WireClient {
         ns: &str,
         keys: &[Key],
         lease_id: u64,
-        dests: &mut [&mut [u8]],
+        dests: &mut [Vec<&mut [u8]>],
         deadline: Instant,
     ) -> Result<ReadIntoResult> {
         let read = pb::WireReadRequest {
@@ -173,16 +190,23 @@ impl WireClient {
             max_reply_bytes: super::MAX_REPLY,
         };
         if self.copies_by_memory() {
-            let req = pb::WireReadIntoRequest {
-                dest: dests
-                    .iter_mut()
-                    .map(|d| pb::Region {
-                        addr: d.as_mut_ptr() as u64,
-                        len: d.len() as u64,
-                    })
-                    .collect(),
-                read: Some(read.clone()),
+            let region = |d: &mut &mut [u8]| pb::Region {
+                addr: d.as_mut_ptr() as u64,
+                len: d.len() as u64,
             };
+            let mut req = pb::WireReadIntoRequest {
+                read: Some(read.clone()),
+                ..Default::default()
+            };
+            if dests.iter().all(|d| d.len() == 1) {
+                req.dest = dests.iter_mut().map(|d| region(&mut d[0])).collect();
+            } else {
+                req.part_counts = dests.iter().map(|d| d.len() as u32).collect();
+                req.parts = dests
+                    .iter_mut()
+                    .flat_map(|d| d.iter_mut().map(region))
+                    .collect();
+            }
             // Waited for past the deadline (see COPY_GRACE): the server may
             // be copying into `dests` until it answers.
             let f = self

@@ -78,21 +78,116 @@ fn classify(e: Errno, i: usize) -> CopyError {
     }
 }
 
-/// Copies `src` into the client's memory at `addr` (all of it, or an error).
-fn copy_out(pid: Pid, src: &[u8], addr: u64, i: usize) -> Result<(), CopyError> {
-    let mut done = 0usize;
+/// Most remote ranges one `process_vm_writev` takes (the kernel's UIO_MAXIOV).
+const MAX_IOV: usize = 1024;
+
+/// Copies `src` into the client's memory: the regions `to`, filled in
+/// order (all of `src`, or an error; the regions were checked to hold it).
+fn copy_out(pid: Pid, src: &[u8], to: &[pb::Region], i: usize) -> Result<(), CopyError> {
+    // The ranges `src` covers, each cut to what is left of it.
+    let mut ranges = Vec::with_capacity(to.len());
+    let mut left = src.len();
+    for r in to {
+        if left == 0 {
+            break;
+        }
+        let n = usize::try_from(r.len).unwrap_or(usize::MAX).min(left);
+        ranges.push((r.addr as usize, n));
+        left -= n;
+    }
+    let (mut done, mut at, mut off) = (0usize, 0usize, 0usize);
     while done < src.len() {
-        let remote = RemoteIoVec {
-            base: addr as usize + done,
-            len: src.len() - done,
-        };
-        match process_vm_writev(pid, &[IoSlice::new(&src[done..])], &[remote]) {
+        let remote: Vec<RemoteIoVec> = ranges[at..]
+            .iter()
+            .take(MAX_IOV)
+            .enumerate()
+            .map(|(j, &(base, len))| {
+                let skip = if j == 0 { off } else { 0 };
+                RemoteIoVec {
+                    base: base.wrapping_add(skip),
+                    len: len - skip,
+                }
+            })
+            .collect();
+        let mut n = match process_vm_writev(pid, &[IoSlice::new(&src[done..])], &remote) {
             Ok(0) => return Err(CopyError::Fault(i)),
-            Ok(n) => done += n,
+            Ok(n) => n,
             Err(e) => return Err(classify(e, i)),
+        };
+        done += n;
+        // Past the ranges (and the part of one) that this call filled.
+        while n > 0 {
+            let room = ranges[at].1 - off;
+            if n >= room {
+                n -= room;
+                at += 1;
+                off = 0;
+            } else {
+                off += n;
+                n = 0;
+            }
         }
     }
     Ok(())
+}
+
+/// Each block's destination regions: `dest[i]` alone, or its share of
+/// `parts` (`part_counts`), taken out of the request (the copies run on
+/// other threads).
+struct Destinations {
+    regions: Vec<pb::Region>,
+    spans: Vec<std::ops::Range<usize>>,
+}
+
+impl Destinations {
+    /// Checked against the key count before any block is read.
+    fn take(req: &mut pb::WireReadIntoRequest, keys: usize) -> Result<Self, Refusal> {
+        if req.parts.is_empty() && req.part_counts.is_empty() {
+            if req.dest.len() != keys {
+                return Err(Refusal::invalid(format!(
+                    "{keys} keys but {} destination regions",
+                    req.dest.len()
+                )));
+            }
+            return Ok(Self {
+                regions: std::mem::take(&mut req.dest),
+                spans: (0..keys).map(|i| i..i + 1).collect(),
+            });
+        }
+        if !req.dest.is_empty() || req.part_counts.len() != keys {
+            return Err(Refusal::invalid(format!(
+                "{keys} keys but {} destinations ({} part counts): give dest or parts, one per key",
+                req.dest.len(),
+                req.part_counts.len()
+            )));
+        }
+        let total: u64 = req.part_counts.iter().map(|&c| u64::from(c)).sum();
+        if total != req.parts.len() as u64 {
+            return Err(Refusal::invalid(format!(
+                "part counts add up to {total} but {} regions were given",
+                req.parts.len()
+            )));
+        }
+        let mut spans = Vec::with_capacity(keys);
+        let mut at = 0usize;
+        for &c in &req.part_counts {
+            spans.push(at..at + c as usize);
+            at += c as usize;
+        }
+        Ok(Self {
+            regions: std::mem::take(&mut req.parts),
+            spans,
+        })
+    }
+
+    fn of(&self, i: usize) -> &[pb::Region] {
+        &self.regions[self.spans[i].clone()]
+    }
+}
+
+/// What `to` holds together (saturating: a sum past u64 holds anything).
+fn capacity(to: &[pb::Region]) -> u64 {
+    to.iter().fold(0u64, |a, r| a.saturating_add(r.len))
 }
 
 /// Threads for copying `blocks` blocks of `bytes` in all: one per 8 MiB, at
@@ -158,37 +253,30 @@ async fn read_into_inner(
 ) -> Result<Reply, Refusal> {
     let target = Pid::from_raw(pid);
     bounded::check::<pb::WireReadIntoRequest>(&meta).map_err(|s| crate::status::from_status(&s))?;
-    let req = pb::WireReadIntoRequest::decode(meta)
+    let mut req = pb::WireReadIntoRequest::decode(meta)
         .map_err(|e| Refusal::invalid(format!("bad read-into request: {e}")))?;
-    let read = req.read.unwrap_or_default();
+    let read = req.read.take().unwrap_or_default();
     let timeout = read.timeout_ms;
     let rr = read.request.unwrap_or_default();
-    if req.dest.len() != rr.keys.len() {
-        return Err(Refusal::invalid(format!(
-            "{} keys but {} destination regions",
-            rr.keys.len(),
-            req.dest.len()
-        )));
-    }
+    let dests = Destinations::take(&mut req, rr.keys.len())?;
     let (ns, keys) = crate::read::prepare(shared, who, &rr)?;
     let deadline = (timeout > 0).then(|| arrived + Duration::from_millis(timeout as u64));
     let mut reply = pb::WireReadReply::default();
-    let mut found: Vec<(Bytes, u64)> = Vec::with_capacity(keys.len());
+    let mut found: Vec<(Bytes, usize)> = Vec::with_capacity(keys.len());
     let mut reader = crate::read::PrefixReader::new(ns, keys, deadline);
     while let Some((i, b, t)) = reader.next(shared, clock).await? {
-        let dest = &req.dest[i as usize];
-        if b.payload.len() as u64 > dest.len {
+        let room = capacity(dests.of(i as usize));
+        if b.payload.len() as u64 > room {
             return Err(Refusal::invalid(format!(
-                "block {i} is {} bytes but its destination region holds {}",
+                "block {i} is {} bytes but its destination holds {room}",
                 b.payload.len(),
-                dest.len
             )));
         }
         reply.payload_lengths.push(b.payload.len() as u64);
         reply
             .blocks
             .push(crate::read::read_block(i, &b, t, Bytes::new()));
-        found.push((b.payload, dest.addr));
+        found.push((b.payload, i as usize));
     }
     let mut out = reader.outcome();
     // The copies, off the async workers (a 16 MiB block takes milliseconds).
@@ -199,17 +287,18 @@ async fn read_into_inner(
     let threads = copy_threads(found.len(), bytes);
     let copied = tokio::task::spawn_blocking(move || {
         let per = found.len().div_ceil(threads).max(1);
+        let dests = &dests;
         let done = std::thread::scope(|s| {
             let handles: Vec<_> = found
                 .chunks(per)
                 .enumerate()
                 .map(|(c, run)| {
                     s.spawn(move || {
-                        for (j, (payload, addr)) in run.iter().enumerate() {
+                        for (j, (payload, i)) in run.iter().enumerate() {
                             if deadline.is_some_and(|d| Instant::now() >= d) {
                                 return Ok(j);
                             }
-                            copy_out(target, payload, *addr, c * per + j)?;
+                            copy_out(target, payload, dests.of(*i), c * per + j)?;
                         }
                         Ok(run.len())
                     })
