@@ -8,6 +8,12 @@ model; and 128 × 1.2 MB), in every repeat and in alternating order:
 
 * ``memcpy``: one single-thread copy of the same bytes between two
   preallocated buffers (``ctypes.memmove``): the floor;
+* ``memcpy-fresh``: the same copy into memory just taken from the kernel
+  (an untouched anonymous mapping, faulted in and zeroed page by page as
+  the copy touches it), as a store must take fresh memory for what it
+  saves: the floor of a save, which the preallocated floor does not pay;
+* ``crc32c``: one CRC32C pass over the same bytes (the checksum a store
+  keeps with each block, and the client's end-to-end check);
 * ``py-local`` / ``py-tcp``: the Python SDK (``kvtier.Client``: the native
   core) on the same-host socket and on the TCP data plane: ``write`` from
   slices of one caller buffer, ``read_into`` slices of another, as the vLLM
@@ -32,6 +38,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import json
+import mmap
 import os
 import statistics
 import subprocess
@@ -41,6 +48,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import crc32c
 from _perf import ROOT
 
 from kvtier import Block, Client
@@ -62,6 +70,26 @@ def memcpy(nbytes: int, src: bytearray, dst: bytearray) -> dict[str, float]:
     d = (ctypes.c_char * nbytes).from_buffer(dst)
     t = time.perf_counter()
     ctypes.memmove(d, s, nbytes)
+    took = time.perf_counter() - t
+    return {"load": took, "save": took}
+
+
+def memcpy_fresh(nbytes: int, src: bytearray) -> dict[str, float]:
+    region = mmap.mmap(-1, nbytes)
+    s = (ctypes.c_char * nbytes).from_buffer(src)
+    d = (ctypes.c_char * nbytes).from_buffer(region)
+    t = time.perf_counter()
+    ctypes.memmove(d, s, nbytes)
+    took = time.perf_counter() - t
+    del d
+    region.close()
+    return {"load": took, "save": took}
+
+
+def crc_pass(nbytes: int, src: bytearray) -> dict[str, float]:
+    view = memoryview(src)[:nbytes]
+    t = time.perf_counter()
+    crc32c.crc32c(view)
     took = time.perf_counter() - t
     return {"load": took, "save": took}
 
@@ -129,7 +157,7 @@ def main() -> int:
     sock = Path(tempfile.mkdtemp(prefix="kvtier-memspeed-")) / "kvtier.sock"
     samples: dict[str, dict[str, dict[str, list[float]]]] = {}
     mc = None if a.no_mooncake else Mooncake.start(mem_bytes=2 << 30)
-    variants = ["memcpy", "py-local", "py-tcp", "rust-local", "rust-tcp"] + ([] if mc is None else ["mooncake"])
+    variants = ["memcpy", "memcpy-fresh", "crc32c", "py-local", "py-tcp", "rust-local", "rust-tcp"] + ([] if mc is None else ["mooncake"])
     try:
         with kvtier_server(args=["--local-listen", str(sock), "--memory-capacity", "4GiB",
                                  "--max-block-size", "16MiB"]) as srv:
@@ -143,6 +171,10 @@ def main() -> int:
                     for v in order:
                         if v == "memcpy":
                             r: dict[str, Any] = memcpy(nbytes, src, dst)
+                        elif v == "memcpy-fresh":
+                            r = memcpy_fresh(nbytes, src)
+                        elif v == "crc32c":
+                            r = crc_pass(nbytes, src)
                         elif v == "py-local":
                             r = python_client(local, True, size, src, dst, v)
                             assert r["copies_by_memory"], "the same-host socket fell back to bytes"

@@ -101,12 +101,13 @@ class WorkerSide:
         log.warning("kvtier: %d of %d blocks of request %s not loaded (%s); vLLM recomputes them",
                     len(bad), len(spec.block_ids), spec.req_id, why)
 
-    def _read(self, spec: LoadSpec, in_place: bool = False):
+    def _read(self, spec: LoadSpec):
         """Reads the blocks of ``spec``: (payloads of the leading blocks read and
         checked, why the rest are missing or "", the staging buffer whose rows
         hold those payloads, or None when they are ``bytes`` or already in
-        vLLM's cache). ``in_place``: straight into vLLM's cache where the
-        layout allows it (``PayloadLayout.loads_in_place``)."""
+        vLLM's cache: read in place where the layout allows it,
+        ``PayloadLayout.loads_in_place``, each payload then a list of the
+        regions it filled)."""
         if not self.breaker.allow():
             return [], "kvtier unreachable", None
         lease = spec.leases.get(self.namespace, 0)
@@ -118,7 +119,7 @@ class WorkerSide:
         # socket kvtier copies them there itself (docs/local.md).
         layout = self._layout
         host = None
-        if in_place and layout.loads_in_place:
+        if layout.loads_in_place:
             dests = layout.block_regions(spec.block_ids)
         else:
             host = layout.staging_rows(len(spec.keys))
@@ -164,7 +165,7 @@ class WorkerSide:
 
     def _load_now(self, spec: LoadSpec) -> None:
         t0 = time.perf_counter()
-        payloads, why, host = self._read(spec, in_place=True)
+        payloads, why, host = self._read(spec)
         t1 = time.perf_counter()
         # Payloads read in place are lists of the regions they filled; those
         # read as bytes or into staging rows are copied in now.
@@ -211,6 +212,8 @@ class WorkerSide:
 
     def _read_timed(self, spec: LoadSpec):
         t0 = time.perf_counter()
+        # Read in place where the layout allows: every layer is then in
+        # vLLM's cache once the read is, and no layer waits for a copy.
         payloads, why, host = self._read(spec)
         return payloads, why, int((time.perf_counter() - t0) * 1e6), host
 
@@ -223,7 +226,8 @@ class WorkerSide:
         for spec, fut in self._layerwise:
             payloads, _, _, _ = fut.result()
             for bid, p in zip(spec.block_ids, payloads):
-                self._layout.scatter_layer(layer, bid, p)
+                if not isinstance(p, list):  # a list: read in place, already there
+                    self._layout.scatter_layer(layer, bid, p)
         self._layers_done.add(layer)
 
     def _finish_layerwise(self) -> None:

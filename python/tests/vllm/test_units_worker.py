@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 from types import SimpleNamespace
 
+import pytest
 import torch
 
 from kvtier import keys as kvkeys
@@ -140,13 +141,28 @@ def test_worker_async_and_layerwise_loads(server):
         time.sleep(0.01)
     assert done == {"q"} and wa.take_errors() == set()
     assert all(torch.equal(dst[k][2], src[k][0]) for k in src)
-    # layer-wise: each layer lands when its attention asks for it
+
+
+@pytest.mark.parametrize("in_place", [True, False], ids=["in-place", "staged"])
+def test_worker_layerwise_loads(server, in_place):
+    """Layer-wise: each layer is in vLLM's cache when its attention asks for
+    it. Read in place (a contiguous cache) every layer lands with the read;
+    staged (a cache whose tiles are strided), each layer is copied in then."""
+    src = make_caches(blocks=3)
+    keys = kvkeys.chain(list(range(2 * BS)), BS)
+    w = _worker(server.grpc, src)
+    w.save([SaveSpec("r", keys, [0, 1], None)])
+    assert w.flush(30)
     dst2 = {k: torch.zeros_like(v) for k, v in src.items()}
+    if not in_place:  # the same logical view over token-major memory
+        dst2 = {k: v.permute(0, 2, 1, 3).contiguous().permute(0, 2, 1, 3) for k, v in dst2.items()}
     wl = _worker(server.grpc, dst2, load_mode="layerwise")
+    assert wl.layout.loads_in_place == in_place
     wl.namespace = w.namespace
     wl.start_load([LoadSpec("q", keys, [0, 1])])
     wl.wait_for_layer_load("l0")
-    assert torch.equal(dst2["l0"][1], src["l0"][1]) and not dst2["l1"].any()
+    assert torch.equal(dst2["l0"][1], src["l0"][1])
+    assert torch.equal(dst2["l1"][1], src["l1"][1]) if in_place else not dst2["l1"].any()
     wl.wait_for_layer_load("l1")
     wl.wait_for_layer_load("l2")
     wl.save([])
