@@ -43,8 +43,8 @@ def _ms(s: float) -> str:
 
 
 def engine_ttft() -> list[str]:
-    """notes/049: a cached 16k-token prompt from the memory tier over the same-host socket against recompute."""
-    rec = _load("049-vllm-ttft-paths.json")
+    """notes/050: a cached 16k-token prompt from the memory tier over the same-host socket against recompute."""
+    rec = _load("050-vllm-in-place.json")
     row = next(r for r in rec["cached"]
                if (r["mode"], r["path"], r["tier"], r["prompt_tokens"]) == ("sync", "local", "memory", 16384))
     return ["vLLM time to first token, 16k-token prompt cached in kvtier's memory tier over the same-host socket "
@@ -52,7 +52,7 @@ def engine_ttft() -> list[str]:
             f"{_ms(row['recompute_ttft_s'])} recomputing it ({row['ratio']:.4f}×), {row['ratio_to_floor']:.2f}× its "
             "floor (one memcpy of the prefix + the one-token step); "
             + ("same first token" if row["first_token_equal"] else "a different first token"),
-            _link("049")]
+            _link("050")]
 
 
 def gpu_ttft() -> list[str]:

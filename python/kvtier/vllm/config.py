@@ -38,6 +38,11 @@ class ConnectorConfig:
     model's name or path, revision, config and a fingerprint of local weights)."""
     load_mode: str = "sync"
     """One of :data:`LOAD_MODES` (see notes/*-vllm-ttft.md for why ``sync``)."""
+    load_in_place: str = "auto"
+    """Where a cache's layers allow it (a contiguous CPU cache), reads land
+    straight in vLLM's cache, a region per layer, with no staging copy:
+    ``auto`` on kvtier's same-host socket only (over TCP, in place measured
+    no faster inside the engine, notes/050), ``always``, or ``never``."""
     lookup_timeout_ms: int = 500
     """Longest the scheduler waits for a Lookup; past it the request gets 0 external tokens."""
     load_timeout_ms: int = 10_000
@@ -98,6 +103,10 @@ class ConnectorConfig:
     def _check(self) -> None:
         if self.load_mode not in LOAD_MODES:
             raise ValueError(f"kvtier connector: load_mode must be one of {LOAD_MODES}, not {self.load_mode!r}")
+        if self.load_in_place not in ("auto", "always", "never"):
+            raise ValueError(
+                f'kvtier connector: load_in_place must be "auto", "always" or "never", not {self.load_in_place!r}'
+            )
         if self.load_failure_policy not in ("recompute", "fail"):
             raise ValueError(
                 f'kvtier connector: load_failure_policy must be "recompute" or "fail", not {self.load_failure_policy!r}'

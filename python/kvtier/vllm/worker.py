@@ -119,7 +119,7 @@ class WorkerSide:
         # socket kvtier copies them there itself (docs/local.md).
         layout = self._layout
         host = None
-        if layout.loads_in_place:
+        if layout.loads_in_place and self._in_place():
             dests = layout.block_regions(spec.block_ids)
         else:
             host = layout.staging_rows(len(spec.keys))
@@ -328,6 +328,16 @@ class WorkerSide:
                     self._pending -= size
                     self._outstanding -= 1
                     self._idle.notify_all()
+
+    def _in_place(self) -> bool:
+        """Whether reads go straight into vLLM's cache (``load_in_place``)."""
+        if self.cfg.load_in_place != "auto":
+            return self.cfg.load_in_place == "always"
+        try:
+            pool = self.client.data_plane() if hasattr(self.client, "data_plane") else None
+        except Exception:  # noqa: BLE001 - kvtier unreachable: the read says so
+            return False
+        return pool is not None and pool.copies_by_memory
 
     def _say_transport(self) -> None:
         """Once per worker, after the first read or write that worked: which

@@ -28,6 +28,9 @@ def test_config_defaults_and_errors():
         ConnectorConfig.from_extra({"url": "x:1", "lookup_timeout": 5})
     with pytest.raises(ValueError, match="lookup_timeout_ms must be a non-negative integer"):
         ConnectorConfig.from_extra({"url": "x:1", "lookup_timeout_ms": "5"})
+    assert c.load_in_place == "auto"
+    with pytest.raises(ValueError, match="load_in_place"):
+        ConnectorConfig.from_extra({"url": "x:1", "load_in_place": "yes"})
     with pytest.raises(ValueError, match="load_mode"):
         ConnectorConfig.from_extra({"url": "x:1", "load_mode": "eager"})
     with pytest.raises(ValueError, match="namespace_prefix"):

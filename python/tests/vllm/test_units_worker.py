@@ -34,18 +34,21 @@ def test_worker_saves_then_loads_blocks_byte_exact(server):
     w.save([SaveSpec("r", keys[:2], [3, 0], None), SaveSpec("r", keys[2:], [2], keys[1])])
     assert w.flush(30)
     assert w.counters["saved_blocks"] == 3
-    dst = {k: torch.zeros_like(v) for k, v in src.items()}
-    w2 = _worker(server.grpc, dst)
-    w2.namespace = w.namespace
-    events = []
-    w2.stats = lambda event, **f: events.append((event, f))
-    w2.start_load([LoadSpec("r", keys, [1, 2, 3])])
-    assert w2.take_errors() == set()
-    # A contiguous CPU cache takes the blocks in place, a region per layer.
-    loads = [f for e, f in events if e == "load"]
-    assert [(f["loaded"], f["in_place"]) for f in loads] == [(3, 3)], events
-    for k in src:
-        assert torch.equal(dst[k][1], src[k][3]) and torch.equal(dst[k][2], src[k][0]) and torch.equal(dst[k][3], src[k][2])
+    # Over TCP, "auto" stages the blocks; "always" lands them in place (a
+    # contiguous CPU cache: a region per layer).
+    for in_place, want in (("auto", 0), ("always", 3)):
+        dst = {k: torch.zeros_like(v) for k, v in src.items()}
+        w2 = _worker(server.grpc, dst, load_in_place=in_place)
+        w2.namespace = w.namespace
+        events = []
+        w2.stats = lambda event, _ev=events, **f: _ev.append((event, f))
+        w2.start_load([LoadSpec("r", keys, [1, 2, 3])])
+        assert w2.take_errors() == set()
+        loads = [f for e, f in events if e == "load"]
+        assert [(f["loaded"], f["in_place"]) for f in loads] == [(3, want)], events
+        for k in src:
+            assert torch.equal(dst[k][1], src[k][3]) and torch.equal(dst[k][2], src[k][0])
+            assert torch.equal(dst[k][3], src[k][2])
 
 
 def test_worker_reports_missing_wrong_size_and_unreachable(server, kvtier_bin):
@@ -156,7 +159,7 @@ def test_worker_layerwise_loads(server, in_place):
     dst2 = {k: torch.zeros_like(v) for k, v in src.items()}
     if not in_place:  # the same logical view over token-major memory
         dst2 = {k: v.permute(0, 2, 1, 3).contiguous().permute(0, 2, 1, 3) for k, v in dst2.items()}
-    wl = _worker(server.grpc, dst2, load_mode="layerwise")
+    wl = _worker(server.grpc, dst2, load_mode="layerwise", load_in_place="always")
     assert wl.layout.loads_in_place == in_place
     wl.namespace = w.namespace
     wl.start_load([LoadSpec("q", keys, [0, 1])])
