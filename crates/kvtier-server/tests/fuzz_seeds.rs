@@ -106,6 +106,7 @@ fn data_plane() -> Vec<(&'static str, Vec<u8>)> {
             addr: 4096,
             len: 128,
         }],
+        ..Default::default()
     };
     let mut oversized = frame(Kind::Write, 5, &wmeta, &[]);
     oversized[20..24].copy_from_slice(&u32::MAX.to_le_bytes());

@@ -158,7 +158,7 @@ async fn bad_regions_and_small_buffers_get_clear_errors() {
         .await
         .unwrap_err();
     assert_eq!(e.code(), Some(Code::InvalidArgument), "{e}");
-    assert!(e.to_string().contains("destination region"), "{e}");
+    assert!(e.to_string().contains("its destination holds"), "{e}");
     // A WriteFrom naming memory this process does not have is refused and
     // nothing is stored; the connection stays usable.
     use kvtier_proto::v1 as pb;

@@ -450,3 +450,74 @@ fn check_from(
     shared.allow(who, ns, true)?;
     Ok(total)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn region(addr: u64, len: u64) -> pb::Region {
+        pb::Region { addr, len }
+    }
+
+    #[test]
+    fn destinations_are_one_region_or_a_share_of_the_parts() {
+        let mut one = pb::WireReadIntoRequest {
+            dest: vec![region(10, 5), region(20, 5)],
+            ..Default::default()
+        };
+        let d = Destinations::take(&mut one, 2).unwrap();
+        assert_eq!(d.of(1), &[region(20, 5)]);
+
+        let mut parts = pb::WireReadIntoRequest {
+            parts: vec![region(1, 1), region(2, 2), region(3, 3)],
+            part_counts: vec![2, 0, 1],
+            ..Default::default()
+        };
+        let d = Destinations::take(&mut parts, 3).unwrap();
+        assert_eq!(d.of(0), &[region(1, 1), region(2, 2)]);
+        assert!(d.of(1).is_empty());
+        assert_eq!(capacity(d.of(2)), 3);
+        assert_eq!(capacity(&[region(0, u64::MAX), region(0, 1)]), u64::MAX);
+    }
+
+    #[test]
+    fn mismatched_destinations_are_refused_before_any_read() {
+        let cases = [
+            (
+                vec![region(1, 1)],
+                vec![],
+                vec![],
+                "2 keys but 1 destination regions",
+            ),
+            (
+                vec![],
+                vec![region(1, 1)],
+                vec![1],
+                "2 keys but 0 destinations (1 part counts)",
+            ),
+            (
+                vec![],
+                vec![region(1, 1)],
+                vec![1, 1],
+                "part counts add up to 2 but 1 regions",
+            ),
+            (
+                vec![region(1, 1)],
+                vec![region(1, 1)],
+                vec![1, 0],
+                "give dest or parts",
+            ),
+        ];
+        for (dest, parts, part_counts, want) in cases {
+            let mut r = pb::WireReadIntoRequest {
+                dest,
+                parts,
+                part_counts,
+                ..Default::default()
+            };
+            let err = Destinations::take(&mut r, 2).err().expect("refused");
+            assert_eq!(err.kind, refusal::Kind::InvalidArgument);
+            assert!(err.message.contains(want), "{} lacks {want}", err.message);
+        }
+    }
+}
