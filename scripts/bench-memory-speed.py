@@ -12,6 +12,9 @@ model; and 128 × 1.2 MB), in every repeat and in alternating order:
   (an untouched anonymous mapping, faulted in and zeroed page by page as
   the copy touches it), as a store must take fresh memory for what it
   saves: the floor of a save, which the preallocated floor does not pay;
+* ``tcp-loopback``: the same bytes sent over one loopback TCP connection
+  and received into the destination buffer (a sender thread, the receiver
+  in this one): the link a TCP client's load cannot beat on this host;
 * ``crc32c``: one CRC32C pass over the same bytes (the checksum a store
   keeps with each block, and the client's end-to-end check);
 * ``py-local`` / ``py-tcp``: the Python SDK (``kvtier.Client``: the native
@@ -40,10 +43,12 @@ import ctypes
 import json
 import mmap
 import os
+import socket
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -83,6 +88,27 @@ def memcpy_fresh(nbytes: int, src: bytearray) -> dict[str, float]:
     took = time.perf_counter() - t
     del d
     region.close()
+    return {"load": took, "save": took}
+
+
+def tcp_loopback(nbytes: int, src: bytearray, dst: bytearray) -> dict[str, float]:
+    with socket.create_server(("127.0.0.1", 0)) as ls:
+        tx = socket.create_connection(ls.getsockname())
+        rx, _ = ls.accept()
+    view, into = memoryview(src)[:nbytes], memoryview(dst)[:nbytes]
+    sender = threading.Thread(target=tx.sendall, args=(view,))
+    t = time.perf_counter()
+    sender.start()
+    got = 0
+    while got < nbytes:
+        n = rx.recv_into(into[got:])
+        if n == 0:
+            raise RuntimeError("loopback connection closed early")
+        got += n
+    took = time.perf_counter() - t
+    sender.join()
+    tx.close()
+    rx.close()
     return {"load": took, "save": took}
 
 
@@ -157,7 +183,7 @@ def main() -> int:
     sock = Path(tempfile.mkdtemp(prefix="kvtier-memspeed-")) / "kvtier.sock"
     samples: dict[str, dict[str, dict[str, list[float]]]] = {}
     mc = None if a.no_mooncake else Mooncake.start(mem_bytes=2 << 30)
-    variants = ["memcpy", "memcpy-fresh", "crc32c", "py-local", "py-tcp", "rust-local", "rust-tcp"] + ([] if mc is None else ["mooncake"])
+    variants = ["memcpy", "memcpy-fresh", "tcp-loopback", "crc32c", "py-local", "py-tcp", "rust-local", "rust-tcp"] + ([] if mc is None else ["mooncake"])
     try:
         with kvtier_server(args=["--local-listen", str(sock), "--memory-capacity", "4GiB",
                                  "--max-block-size", "16MiB"]) as srv:
@@ -173,6 +199,8 @@ def main() -> int:
                             r: dict[str, Any] = memcpy(nbytes, src, dst)
                         elif v == "memcpy-fresh":
                             r = memcpy_fresh(nbytes, src)
+                        elif v == "tcp-loopback":
+                            r = tcp_loopback(nbytes, src, dst)
                         elif v == "crc32c":
                             r = crc_pass(nbytes, src)
                         elif v == "py-local":
