@@ -68,14 +68,14 @@ def gpu_ttft() -> list[str]:
 
 
 def memory_speed() -> list[str]:
-    """notes/042: a 512 MiB prefix loaded into a caller's buffer by the Python SDK on the same-host socket."""
-    rec = _load("042-memory-speed.json")
+    """notes/051: a 512 MiB prefix loaded into a caller's buffer by the Python SDK on the same-host socket."""
+    rec = _load("051-memory-speed.json")
     row = rec["results"]["4MiB"]
     local, tcp, moon = row["py-local"]["load"], row["py-tcp"]["load"], row["mooncake"]["load"]
     return ["a 128 × 4 MiB prefix loaded into the caller's buffer by the Python SDK on the same-host socket "
             "(2-CPU machine)", f"{local['gbps_median']:.1f} GB/s ({local['vs_memcpy']:.2f}× memcpy)",
             f"one memcpy of the same bytes; TCP data plane {tcp['gbps_median']:.1f} GB/s, Mooncake Store's "
-            f"get_into {moon['gbps_median']:.1f} GB/s in the same run", _link("042")]
+            f"get_into {moon['gbps_median']:.1f} GB/s in the same run", _link("051")]
 
 
 def data_plane() -> list[str]:
