@@ -135,6 +135,9 @@ def test_a_step_larger_than_the_servers_request_limit_is_stored_whole(models, kv
         res, text = run_engine(spec(models["m1"], {"url": url, "stats_file": str(st2)}, [{"prompts": [P]}]), d / "b")
         load = events(st2, "load")[0]
         assert load["loaded"] == 16 and not load["error"], load
+        # On the same-host socket the blocks land in vLLM's cache itself, a
+        # region per layer (load_in_place: auto); over TCP they are staged.
+        assert load["in_place"] == (16 if local else 0), load
         # The engine's log says which way the blocks moved, once per worker.
         said = [e["transport"] for e in events(st2, "transport")]
         assert said == ["unix" if local else "tcp"], said
