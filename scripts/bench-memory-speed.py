@@ -14,7 +14,8 @@ model; and 128 × 1.2 MB), in every repeat and in alternating order:
   saves: the floor of a save, which the preallocated floor does not pay;
 * ``tcp-loopback``: the same bytes sent over one loopback TCP connection
   and received into the destination buffer (a sender thread, the receiver
-  in this one): the link a TCP client's load cannot beat on this host;
+  in this one): what one stream of the link a TCP client's load crosses
+  moves on this host;
 * ``crc32c``: one CRC32C pass over the same bytes (the checksum a store
   keeps with each block, and the client's end-to-end check);
 * ``py-local`` / ``py-tcp``: the Python SDK (``kvtier.Client``: the native

@@ -351,6 +351,10 @@ def test_read_into_parts_lands_each_block_in_its_layers(server, local_server, ns
         small = [bytearray(524) for _ in range(2_000)] + [bytearray(100_000)]
         assert len(c.read_into(ns, [one.key], [small]).blocks) == 1
         assert b"".join(small)[:1 << 20] == one.payload
+        # Empty regions take nothing, however many come first.
+        whole = bytearray(1 << 20)
+        assert len(c.read_into(ns, [one.key], [[bytearray(0)] * 1_100 + [whole]]).blocks) == 1
+        assert whole == one.payload
         with pytest.raises(KvtierError) as ei:
             c.read_into(ns, [one.key], [[bytearray(1 << 19), bytearray((1 << 19) - 1)]])
         assert ei.value.code == grpc.StatusCode.INVALID_ARGUMENT, ei.value

@@ -119,15 +119,17 @@ class WorkerSide:
         # socket kvtier copies them there itself (docs/local.md).
         layout = self._layout
         host = None
-        if layout.loads_in_place and self._in_place():
-            dests = layout.block_regions(spec.block_ids)
-        else:
-            host = layout.staging_rows(len(spec.keys))
-            dests = [host[i].numpy() for i in range(len(spec.keys))]
-
         timeout = self.cfg.load_timeout_ms / 1000
         try:
             try:
+                # Inside the try: deciding asks the client which transport it
+                # has, which discovers the server on first use and may fail
+                # like the read itself (an outage, counted once).
+                if layout.loads_in_place and self._in_place():
+                    dests = layout.block_regions(spec.block_ids)
+                else:
+                    host = layout.staging_rows(len(spec.keys))
+                    dests = [host[i].numpy() for i in range(len(spec.keys))]
                 r = self.client.read_into(self.namespace, spec.keys, dests, lease_id=lease, timeout=timeout, **node)
                 self._say_transport()
             except KvtierError as e:
@@ -333,10 +335,7 @@ class WorkerSide:
         """Whether reads go straight into vLLM's cache (``load_in_place``)."""
         if self.cfg.load_in_place != "auto":
             return self.cfg.load_in_place == "always"
-        try:
-            pool = self.client.data_plane() if hasattr(self.client, "data_plane") else None
-        except Exception:  # noqa: BLE001 - kvtier unreachable: the read says so
-            return False
+        pool = self.client.data_plane() if hasattr(self.client, "data_plane") else None
         return pool is not None and pool.copies_by_memory
 
     def _say_transport(self) -> None:

@@ -75,6 +75,8 @@ def test_worker_reports_missing_wrong_size_and_unreachable(server, kvtier_bin):
     w2.start_load([LoadSpec("r", keys, [1, 2, 3])])
     assert time.monotonic() - t < 5
     assert w2.take_errors() == {1, 2, 3}
+    # It counts as an outage: the next load fails at once, without a call.
+    assert not w2.breaker.allow(), "an unreachable server did not open the breaker"
 
 
 def test_a_lease_taken_by_the_scheduler_covers_the_workers_read_on_a_node_list(kvtier_bin):

@@ -60,7 +60,7 @@ impl CopyError {
                 ),
             ),
             CopyError::Fault(i) => Refusal::invalid(format!(
-                "region {i} is not {} memory of the calling process",
+                "the memory named for block {i} is not {} memory of the calling process",
                 if what == "into" {
                     "writable"
                 } else {
@@ -92,8 +92,12 @@ fn copy_out(pid: Pid, src: &[u8], to: &[pb::Region], i: usize) -> Result<(), Cop
             break;
         }
         let n = usize::try_from(r.len).unwrap_or(usize::MAX).min(left);
-        ranges.push((r.addr as usize, n));
-        left -= n;
+        // Empty regions are skipped: a run of them would fill a whole call
+        // and copy nothing, which reads as a fault.
+        if n > 0 {
+            ranges.push((r.addr as usize, n));
+            left -= n;
+        }
     }
     let (mut done, mut at, mut off) = (0usize, 0usize, 0usize);
     while done < src.len() {
