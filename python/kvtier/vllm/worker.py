@@ -169,13 +169,12 @@ class WorkerSide:
         t0 = time.perf_counter()
         payloads, why, host = self._read(spec)
         t1 = time.perf_counter()
-        # Payloads read in place are lists of the regions they filled; those
-        # read as bytes or into staging rows are copied in now.
-        copy = [(b, p) for b, p in zip(spec.block_ids, payloads) if not isinstance(p, list)]
+        # A read lands either all in place (each payload the list of regions
+        # it filled) or all as bytes or staging rows, copied in now.
+        in_place = bool(payloads) and isinstance(payloads[0], list)
         try:
-            if copy:
-                self._layout.scatter_many([b for b, _ in copy], [p for _, p in copy],
-                                          host=host if len(copy) == len(payloads) else None)
+            if not in_place:
+                self._layout.scatter_many(spec.block_ids[:len(payloads)], payloads, host=host)
         finally:
             if host is not None:
                 self._layout.release_rows(host)
@@ -184,7 +183,7 @@ class WorkerSide:
         self.counters["loaded_blocks"] += len(payloads)
         self.stats("load", req=spec.req_id, mode="async" if spec.is_async else "sync", blocks=len(spec.keys),
                    loaded=len(payloads), error=why, read_us=int((t1 - t0) * 1e6), copy_us=int((t2 - t1) * 1e6),
-                   bytes=len(payloads) * self._layout.nbytes, in_place=len(payloads) - len(copy))
+                   bytes=len(payloads) * self._layout.nbytes, in_place=len(payloads) if in_place else 0)
 
     def start_load(self, loads: list[LoadSpec]) -> None:
         if self.layout is None:
@@ -331,11 +330,16 @@ class WorkerSide:
                     self._outstanding -= 1
                     self._idle.notify_all()
 
+    def _pool(self):
+        """The client's data plane (discovered on first use), or None: over
+        gRPC, or a cluster client, which has one per node."""
+        return self.client.data_plane() if hasattr(self.client, "data_plane") else None
+
     def _in_place(self) -> bool:
         """Whether reads go straight into vLLM's cache (``load_in_place``)."""
         if self.cfg.load_in_place != "auto":
             return self.cfg.load_in_place == "always"
-        pool = self.client.data_plane() if hasattr(self.client, "data_plane") else None
+        pool = self._pool()
         return pool is not None and pool.copies_by_memory
 
     def _say_transport(self) -> None:
@@ -344,7 +348,7 @@ class WorkerSide:
         path is what users of the peers report most."""
         if self._transport is not None:
             return
-        pool = self.client.data_plane() if hasattr(self.client, "data_plane") else None
+        pool = self._pool()
         self._transport = pool.transport if pool is not None else "grpc"
         how = {"unix": "kvtier's same-host socket (kvtier copies blocks to and from this process's memory)",
                "tcp": "kvtier's TCP data plane", "grpc": "gRPC (the server offers no data plane)"}
