@@ -162,7 +162,8 @@ impl Server {
         .with_connections(
             cfg.server.max_connections_per_client,
             cfg.server.header_timeout,
-        );
+        )
+        .with_replies(cfg.server.reply_memory.bytes(), cfg.server.write_timeout);
         let (stop, stop_rx) = watch::channel(false);
         let mut tasks = JoinSet::new();
         let fronts = Fronts {
@@ -493,7 +494,10 @@ type GrpcRouter = tonic::transport::server::Router<
         grpc::late::LateLayer,
         tower::layer::util::Stack<
             limits::ChargeLayer,
-            tower::layer::util::Stack<timing::ArrivalLayer, tower::layer::util::Identity>,
+            tower::layer::util::Stack<
+                grpc::authn::AuthnLayer,
+                tower::layer::util::Stack<timing::ArrivalLayer, tower::layer::util::Identity>,
+            >,
         >,
     >,
 >;
@@ -540,6 +544,12 @@ fn grpc_router(cfg: &Config, shared: Shared) -> anyhow::Result<GrpcRouter> {
     };
     let reflection_v1 = reflection().build_v1()?;
     let reflection_v1alpha = reflection().build_v1alpha()?;
+    // Served without a token (grpc::authn); every other call needs one.
+    let public = if cfg.auth.public_health {
+        vec![grpc::authn::HEALTH]
+    } else {
+        Vec::new()
+    };
     // TLS, when on, is done before tonic sees the connection (serve_grpc),
     // with the certificate current at accept time.
     Ok(tonic::transport::Server::builder()
@@ -551,6 +561,8 @@ fn grpc_router(cfg: &Config, shared: Shared) -> anyhow::Result<GrpcRouter> {
         .max_concurrent_streams(Some(cfg.server.max_streams_per_connection))
         .tcp_nodelay(true)
         .layer(timing::ArrivalLayer)
+        // Authenticated on the headers before the body is read or charged.
+        .layer(grpc::authn::AuthnLayer::new(shared.clone(), public))
         .layer(limits::ChargeLayer(shared.limits.clone()))
         .layer(grpc::late::LateLayer(shared.clone()))
         .add_service(health)

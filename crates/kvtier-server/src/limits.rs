@@ -35,10 +35,40 @@ pub const HANDOFF_READS: usize = 64;
 /// use now: about the time a large upload in flight takes to be stored.
 pub const BUSY_RETRY: Duration = Duration::from_millis(50);
 
+/// Replies dropped because their client took none of them for
+/// `server.write_timeout`, by front (`data`, `grpc`): the metric
+/// `kvtier_stalled_replies_total`. Process-wide: every server in it counts here.
+pub static STALLED: std::sync::LazyLock<
+    prometheus_client::metrics::family::Family<
+        crate::metrics::FrontLabels,
+        prometheus_client::metrics::counter::Counter,
+    >,
+> = std::sync::LazyLock::new(Default::default);
+
+/// Counts and logs (at most once a second) a reply dropped on `front`
+/// because its client stopped reading.
+pub fn stalled(front: &'static str, write_timeout: Duration) {
+    STALLED
+        .get_or_create(&crate::metrics::FrontLabels { front })
+        .inc();
+    refused::log_dropped(
+        front,
+        &format!("the client took nothing of its reply for {write_timeout:?} (server.write_timeout)"),
+    );
+}
+
 /// The shared limits of one server.
 #[derive(Clone)]
 pub struct Limits {
     memory: Arc<Semaphore>,
+    /// Bytes of replies written to clients that have not taken them yet
+    /// (`server.reply_memory`, see [`Limits::reserve_reply`]).
+    replies: Arc<Semaphore>,
+    /// `server.reply_memory` in bytes.
+    pub reply_bytes: u64,
+    /// `server.write_timeout`: a reply the client takes no byte of for this
+    /// long is dropped and its connection closed.
+    pub write_timeout: Duration,
     /// Reads a finished request left in flight and handed to the background
     /// (`PrefixReader::put_back`), across the server.
     handoff: Arc<Semaphore>,
@@ -64,6 +94,16 @@ pub struct Reservation {
 impl Reservation {
     fn bytes(&self) -> u64 {
         self._permit.as_ref().map_or(0, |p| p.num_permits() as u64)
+    }
+
+    /// Adds `other`'s bytes to this one (both of the same budget).
+    pub fn merge(&mut self, other: Reservation) {
+        let Some(o) = other._permit else { return };
+        if let Some(p) = self._permit.as_mut() {
+            p.merge(o);
+        } else {
+            self._permit = Some(o);
+        }
     }
 
     /// Gives back `n` of its bytes (all of them when it holds fewer).
@@ -102,6 +142,9 @@ impl Limits {
         let permits = memory_bytes.min((usize::MAX >> 3) as u64) as usize;
         Self {
             memory: Arc::new(Semaphore::new(permits)),
+            replies: Arc::new(Semaphore::new(permits)),
+            reply_bytes: memory_bytes,
+            write_timeout: idle,
             handoff: Arc::new(Semaphore::new(HANDOFF_READS)),
             memory_bytes,
             max_connections: max_connections.max(1),
@@ -118,6 +161,54 @@ impl Limits {
         self.max_connections_per_client = per_client.max(1);
         self.header_timeout = header_timeout;
         self
+    }
+
+    /// The same limits with `server.reply_memory` (0: as much as the
+    /// request memory) and `server.write_timeout` set.
+    pub fn with_replies(mut self, reply_bytes: u64, write_timeout: Duration) -> Self {
+        let bytes = if reply_bytes == 0 {
+            self.memory_bytes
+        } else {
+            reply_bytes
+        };
+        self.replies = Arc::new(Semaphore::new(bytes.min((usize::MAX >> 3) as u64) as usize));
+        self.reply_bytes = bytes;
+        self.write_timeout = write_timeout;
+        self
+    }
+
+    /// Takes `bytes` of a reply from the reply budget (`server.reply_memory`)
+    /// until the reply has been written, or refuses it as busy (UNAVAILABLE
+    /// with a retry hint). Why: a reply holds its payloads (the store's
+    /// buffers, kept alive even when the blocks are deleted) until its
+    /// client takes them; without a budget, clients that stop reading pinned
+    /// deleted blocks without bound (docs/security.md, "Threats and their
+    /// guards"). A reply larger than the whole budget takes all of it.
+    pub fn reserve_reply(&self, bytes: u64) -> Result<Reservation, Refusal> {
+        let n = bytes.min(self.reply_bytes).min(u32::MAX as u64);
+        if n == 0 {
+            return Ok(Reservation { _permit: None });
+        }
+        match self.replies.clone().try_acquire_many_owned(n as u32) {
+            Ok(p) => Ok(Reservation { _permit: Some(p) }),
+            Err(_) => Err(Refusal {
+                kind: Kind::Overloaded,
+                message: format!(
+                    "server busy: {} of {} bytes of replies waiting for their clients (server.reply_memory); retry with back-off",
+                    self.replies_in_use(),
+                    self.reply_bytes
+                ),
+                retry_after: Some(BUSY_RETRY),
+            }),
+        }
+    }
+
+    /// Bytes of replies reserved now.
+    pub fn replies_in_use(&self) -> u64 {
+        let free = self.replies.available_permits() as u64;
+        self.reply_bytes
+            .min((usize::MAX >> 3) as u64)
+            .saturating_sub(free)
     }
 
     /// A fresh connection table for one listener; `reserve` connections
@@ -220,5 +311,19 @@ mod tests {
                 .contains("larger than")
         );
         assert!(l.reserve(0).is_ok());
+    }
+
+    #[test]
+    fn reply_reservations_are_bounded_and_a_huge_reply_takes_the_whole_budget() {
+        let l = Limits::new(1000, 10, Duration::from_secs(1), Duration::from_secs(1))
+            .with_replies(500, Duration::from_secs(1));
+        let a = l.reserve_reply(5000).unwrap();
+        assert_eq!(l.replies_in_use(), 500);
+        let e = l.reserve_reply(1).err().unwrap();
+        assert_eq!(e.kind, Kind::Overloaded);
+        assert!(e.message.contains("server.reply_memory"), "{e:?}");
+        assert_eq!(l.in_use(), 0, "the request memory is another budget");
+        drop(a);
+        assert_eq!(l.replies_in_use(), 0);
     }
 }

@@ -10,6 +10,7 @@
 //!   `kvtier_concurrency_limit{front}`: each front's current limit.
 //! * `kvtier_auth_denied_total{reason}`: requests refused by authentication
 //!   (`unauthenticated`) or access control (`permission_denied`).
+//! * `kvtier_stalled_replies_total{front}`: replies dropped (`server.write_timeout`).
 //! * `kvtier_engine_{degraded_writes,demotions,demotion_failures}_total`: engine counters.
 //! * In the `kvtier` binary (jemalloc): `kvtier_allocator_{allocated,resident}_bytes`,
 //!   `kvtier_allocator_purges_total`, and `kvtier_process_resident_bytes` (RSS)
@@ -161,6 +162,8 @@ impl Metrics {
             "Requests refused for overload (UNAVAILABLE / 503, with a retry hint)",
             shed.clone(),
         );
+        let stalled = crate::limits::STALLED.clone();
+        registry.register("stalled_replies", "Replies dropped: the client took none of it for server.write_timeout", stalled);
         registry.register_collector(Box::new(EngineCollector(engine)));
         if let Some(c) = cluster {
             c.register(&mut registry);

@@ -1,5 +1,5 @@
 //! Clients that stop reading: a reply nobody takes (data plane or gRPC)
-//! holds its admission slot for at most `server.idle_timeout`, then the
+//! holds its admission slot for at most `server.write_timeout`, then the
 //! slot comes back; and a connection that no longer reads does not hold up
 //! the server's shutdown.
 mod common;
@@ -13,12 +13,14 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 /// A server that serves one request at a time and queues none, whose
-/// connections count as idle after 500 ms.
+/// connections count as idle after 500 ms, and whose replies are dropped
+/// when their client takes nothing of them for 500 ms.
 async fn one_at_a_time() -> Server {
     let mut cfg = common::test_config();
     cfg.server.max_inflight = 1;
     cfg.server.max_queued = 0;
     cfg.server.idle_timeout = Duration::from_millis(500);
+    cfg.server.write_timeout = Duration::from_millis(500);
     cfg.engine.memory_capacity = kvtier_core::ByteSize::mib(256);
     cfg.engine.max_block_size = kvtier_core::ByteSize::mib(64);
     Server::start(cfg).await.unwrap()
@@ -39,7 +41,7 @@ fn read_frame(key: &'static [u8], id: u64) -> Vec<u8> {
 }
 
 /// A client that stops reading a large reply holds its request's admission
-/// slot for at most `server.idle_timeout`: the write that waits on it that
+/// slot for at most `server.write_timeout`: the write that waits on it that
 /// long fails, the connection is closed and the slot given back. Before, the
 /// reply's write had no bound, and with `max_inflight = 1` every other
 /// request was shed for as long as the client kept its socket open.
@@ -77,7 +79,7 @@ async fn a_data_plane_reply_the_client_does_not_take_gives_its_slot_back() {
     }
     assert!(
         stuck_at.elapsed() >= Duration::from_millis(450),
-        "given back before server.idle_timeout: {:?}",
+        "given back before server.write_timeout: {:?}",
         stuck_at.elapsed()
     );
     // The stuck connection was closed: what it can read ends.
@@ -89,7 +91,7 @@ async fn a_data_plane_reply_the_client_does_not_take_gives_its_slot_back() {
 
 /// Over gRPC too: a Read whose client grants no HTTP/2 window (it takes
 /// nothing of the reply) gives its admission back after
-/// `server.idle_timeout`. HTTP/2 flow control means the server's writes
+/// `server.write_timeout`. HTTP/2 flow control means the server's writes
 /// never wait there; hyper just stops asking the reply for more, so before,
 /// the stream held the slot for ever and every other request was shed.
 #[tokio::test]
@@ -133,7 +135,7 @@ async fn a_grpc_reply_the_client_does_not_take_gives_its_slot_back() {
     }
     assert!(
         stuck_at.elapsed() >= Duration::from_millis(450),
-        "given back before server.idle_timeout: {:?}",
+        "given back before server.write_timeout: {:?}",
         stuck_at.elapsed()
     );
     // And the stuck stream ends (its connection, no longer in use, is

@@ -348,6 +348,17 @@ pub struct ServerSection {
     /// Once a request's first byte arrived, all of it must arrive within this.
     #[serde(with = "humantime_serde")]
     pub read_timeout: Duration,
+    /// A reply (data plane, or a gRPC reply body) the client takes no byte
+    /// of for this long is dropped and, on the data plane, its connection
+    /// closed: a client that stops reading holds the reply's payloads no
+    /// longer (docs/operations.md, "Connections and timeouts").
+    #[serde(with = "humantime_serde")]
+    pub write_timeout: Duration,
+    /// Bytes of data-plane replies written to clients that have not taken
+    /// them yet, all connections together; a Read past it gets fewer blocks
+    /// (the client continues from `returned`), or none and UNAVAILABLE with
+    /// a retry hint. 0 = as much as `request_memory`.
+    pub reply_memory: ByteSize,
 }
 
 impl Default for ServerSection {
@@ -378,6 +389,8 @@ impl Default for ServerSection {
             max_streams_per_connection: 256,
             idle_timeout: Duration::from_secs(300),
             read_timeout: Duration::from_secs(60),
+            write_timeout: Duration::from_secs(10),
+            reply_memory: ByteSize(0),
         }
     }
 }
@@ -504,6 +517,11 @@ impl Config {
                 "server.idle_timeout, server.read_timeout and server.header_timeout must be > 0 (a zero timeout would close every connection between requests)"
             );
         }
+        if self.server.write_timeout.is_zero() {
+            anyhow::bail!(
+                "server.write_timeout must be > 0 (a zero timeout would drop every reply that does not fit the socket at once)"
+            );
+        }
         let e = &self.engine;
         if e.max_block_size.bytes() == 0 {
             anyhow::bail!("engine.max_block_size must be > 0");
@@ -627,6 +645,7 @@ mod tests {
             "max_streams_per_connection = 0",
             "idle_timeout = \"0s\"",
             "read_timeout = \"0s\"",
+            "write_timeout = \"0s\"",
         ] {
             let e = Config::parse(&format!("[server]\n{bad}\n"))
                 .unwrap_err()

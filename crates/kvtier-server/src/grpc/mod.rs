@@ -1,5 +1,6 @@
 //! gRPC fronts: `kvtier.v1` ([`v1`]) and, on the same listeners, the seed's
 //! `kvstore.KVStoreService`.
+pub mod authn;
 pub mod kvstore;
 pub mod kvstore_records;
 pub mod late;

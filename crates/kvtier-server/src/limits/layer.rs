@@ -18,7 +18,7 @@ use super::{BoxError, Held, Limits, activity_of, charged};
 /// count). Past it the request fails with DEADLINE_EXCEEDED and what it held
 /// is given back (a client that announces a large upload and stalls holds
 /// its bytes no longer). A response body the client takes nothing of for
-/// `server.idle_timeout` is dropped, with what it holds (see
+/// `server.write_timeout` is dropped, with what it holds (see
 /// [`reply::InUseBody`]).
 #[derive(Clone)]
 pub struct ChargeLayer(pub Limits);
@@ -90,7 +90,7 @@ where
                 sized: false,
             })
         });
-        let idle = self.limits.idle_timeout;
+        let idle = self.limits.write_timeout;
         let fut = self.inner.call(req);
         Box::pin(async move {
             let r = fut.await;

@@ -22,16 +22,30 @@ static LAST: Mutex<Vec<(&'static str, Instant)>> = Mutex::new(Vec::new());
 /// Logs a refusal at most once a second per `kind` (a client retrying in a
 /// loop must not flood the log; the metrics count every one).
 pub fn log(kind: &'static str, message: &str) {
+    if first_this_second(kind) {
+        tracing::info!(kind, message, "request refused before its body was read");
+    }
+}
+
+/// Logs a reply dropped on `front` because its client stopped reading, at
+/// most once a second per front (the metric counts every one).
+pub fn log_dropped(front: &'static str, message: &str) {
+    if first_this_second(front) {
+        tracing::info!(front, message, "reply dropped, connection closed");
+    }
+}
+
+fn first_this_second(kind: &'static str) -> bool {
     let now = Instant::now();
     {
         let mut last = LAST.lock().unwrap_or_else(|e| e.into_inner());
         match last.iter_mut().find(|(k, _)| *k == kind) {
-            Some((_, t)) if now.duration_since(*t) < Duration::from_secs(1) => return,
+            Some((_, t)) if now.duration_since(*t) < Duration::from_secs(1) => return false,
             Some((_, t)) => *t = now,
             None => last.push((kind, now)),
         }
     }
-    tracing::info!(kind, message, "request refused before its body was read");
+    true
 }
 
 #[cfg(test)]

@@ -1,6 +1,6 @@
 //! A gRPC reply body that keeps its connection in use while it goes out,
 //! and is dropped when the client takes none of it for
-//! `server.idle_timeout` (see [`InUseBody`]).
+//! `server.write_timeout` (see [`InUseBody`]).
 use super::InUse;
 use parking_lot::Mutex;
 use std::pin::Pin;
@@ -12,7 +12,7 @@ use tokio::time::Instant;
 
 /// A response body that keeps its connection in use until it is done or
 /// dropped, and that is dropped early once it has waited
-/// `server.idle_timeout` for the client to take its next frame: what it
+/// `server.write_timeout` for the client to take its next frame: what it
 /// holds (a streamed Read's admission and the task producing it, the
 /// connection's use) is given back, and the stream is reset when HTTP/2
 /// next asks it for more. With HTTP/2 flow control a client that stops
@@ -64,10 +64,7 @@ async fn watchdog(reply: Weak<Mutex<Reply>>, idle: Duration, mut ended: oneshot:
                 let body = r.body.take();
                 drop(r);
                 drop(body);
-                tracing::debug!(
-                    ?idle,
-                    "gRPC: a reply the client took nothing of was dropped (server.idle_timeout)"
-                );
+                super::stalled("grpc", idle);
                 return;
             }
             Some(since) => at = since + idle,
@@ -87,7 +84,7 @@ impl http_body::Body for InUseBody {
         let mut r = self.reply.lock();
         let Some((body, _)) = r.body.as_mut() else {
             return Poll::Ready(Some(Err(tonic::Status::deadline_exceeded(
-                "reply not taken by the client within server.idle_timeout",
+                "reply not taken by the client within server.write_timeout",
             ))));
         };
         let polled = Pin::new(body).poll_frame(cx);

@@ -67,12 +67,30 @@ async fn read_inner(
     let mut data = Vec::with_capacity(keys.len());
     let mut used = 0u64;
     let mut reader = crate::read::PrefixReader::new(ns, keys, deadline);
+    // Payloads held until the client takes them are charged to the reply
+    // budget: past it the reply ends early like a full one ("size", the
+    // client continues), or, with nothing in it yet, is shed as busy.
+    let mut charge: Option<crate::limits::Reservation> = None;
     while let Some((i, b, t)) = reader.next(shared, clock).await? {
         let rb = crate::read::read_block(i, &b, t, Bytes::new());
         let size = b.payload.len() as u64 + reply_overhead(&rb);
         if !data.is_empty() && used + size > budget {
             reader.put_back(shared, "size");
             break;
+        }
+        match shared.limits.reserve_reply(b.payload.len() as u64) {
+            Ok(r) => match charge.as_mut() {
+                Some(c) => c.merge(r),
+                None => charge = Some(r),
+            },
+            Err(busy) if data.is_empty() => {
+                crate::limits::refused::log("wire_reply_memory", &busy.message);
+                return Err(busy);
+            }
+            Err(_) => {
+                reader.put_back(shared, "size");
+                break;
+            }
         }
         used += size;
         shared.metrics.bytes_out.inc_by(b.payload.len() as u64);
@@ -87,6 +105,7 @@ async fn read_inner(
         meta: reply.encode_to_vec(),
         data,
         hold: None,
+        charge,
     })
 }
 
@@ -165,5 +184,6 @@ async fn write_inner(
         meta: resp.encode_to_vec(),
         data: Vec::new(),
         hold: None,
+        charge: None,
     })
 }

@@ -24,7 +24,7 @@ pub(super) async fn refuse<S: FrameStream>(
     if let Ok(e) = kvtier_proto::v1::WireError::decode(&reply.meta[..]) {
         refused::log(kind, &e.message);
     }
-    write_reply(sock, limits.idle_timeout, request_id, reply).await?;
+    write_reply(sock, limits.write_timeout, request_id, reply).await?;
     let _ = sock.shutdown().await;
     let by = tokio::time::Instant::now() + refused::drain_time(limits.read_timeout);
     let n = unread.min(refused::DRAIN_BYTES);

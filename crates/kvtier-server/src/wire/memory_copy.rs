@@ -339,6 +339,7 @@ async fn read_into_inner(
         meta: reply.encode_to_vec(),
         data: Vec::new(),
         hold: None,
+        charge: None,
     })
 }
 

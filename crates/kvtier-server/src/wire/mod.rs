@@ -32,6 +32,7 @@ use taken::Taken;
 use tokio::io::{AsyncWrite, AsyncWriteExt};
 
 mod handlers;
+mod hello;
 mod linger;
 mod memory_copy;
 mod reply;
@@ -115,7 +116,26 @@ pub fn set_congestion(listener: &TcpListener, name: &str) {
     }
 }
 
+/// Serves one connection (TCP or the same-host socket) until it closes; one
+/// closed because its client stopped reading a reply is counted.
 pub(crate) async fn connection<S: FrameStream>(
+    sock: S,
+    shared: Shared,
+    max_frame: u64,
+    stop: watch::Receiver<bool>,
+    slot: crate::limits::Slot,
+) -> anyhow::Result<()> {
+    let write_timeout = shared.limits.write_timeout;
+    let r = requests(sock, shared, max_frame, stop, slot).await;
+    if let Err(e) = &r
+        && taken::is_stalled(e)
+    {
+        crate::limits::stalled("data", write_timeout);
+    }
+    r
+}
+
+async fn requests<S: FrameStream>(
     mut sock: S,
     shared: Shared,
     max_frame: u64,
@@ -129,8 +149,9 @@ pub(crate) async fn connection<S: FrameStream>(
     // nobody until a Hello frame names a token (docs/wire.md, docs/security.md).
     let mut who = (!shared.auth.enabled()).then_some(Principal::Anyone);
     // A reply the client takes no byte of for this long (it stopped reading)
-    // ends the connection and gives the request's admission back.
-    let idle = shared.limits.idle_timeout;
+    // ends the connection and gives the request's admission and its
+    // payloads back (docs/security.md, "Threats and their guards").
+    let idle = shared.limits.write_timeout;
     loop {
         let mut raw = [0u8; HEADER_LEN];
         let stamp = tokio::select! {
@@ -163,6 +184,16 @@ pub(crate) async fn connection<S: FrameStream>(
                 return Ok(());
             }
         };
+        // Before Hello, nothing but a small Hello is read (hello.rs).
+        if header.kind == Kind::Hello || who.is_none() {
+            match hello::gate(&mut sock, &shared, &header, by).await? {
+                Some(p) => {
+                    who = Some(p);
+                    continue;
+                }
+                None => return Ok(()),
+            }
+        }
         // Refused before the body is read: the answer, then a lingering
         // close (linger.rs). A frame over the limit never fits, busy or not.
         let frame = header.meta_len as u64 + header.data_len as u64;
@@ -225,49 +256,8 @@ pub(crate) async fn connection<S: FrameStream>(
         let meta = within(by, read_exact_bytes(&mut sock, header.meta_len as usize)).await?;
         // In service until its reply is written: the slot is not given away.
         let _busy = slot.busy();
-        if header.kind == Kind::Hello {
-            within(by, discard(&mut sock, header.data_len.into())).await?;
-            let token = pb::WireHello::decode(meta)
-                .map(|h| h.token)
-                .unwrap_or_default();
-            match shared.auth.identify_token(&token) {
-                Ok(p) => {
-                    who = Some(p);
-                    let reply = Reply {
-                        kind: Kind::HelloReply,
-                        meta: Vec::new(),
-                        data: Vec::new(),
-                        hold: None,
-                    };
-                    write_reply(&mut sock, idle, header.request_id, reply).await?;
-                    continue;
-                }
-                Err(d) => {
-                    shared.metrics.observe_denied(&d);
-                    let r = status_reply(d.into());
-                    write_reply(&mut sock, idle, header.request_id, r).await?;
-                    return Ok(());
-                }
-            }
-        }
         let Some(who) = who.clone() else {
-            // Nothing of an unauthenticated request is read beyond its metadata.
-            let d = crate::auth::Denied::Unauthenticated(
-                "this server requires a token: send a Hello frame first (docs/wire.md)".into(),
-            );
-            shared.metrics.observe_denied(&d);
-            let r = status_reply(d.into());
-            let unread = header.data_len.into();
-            linger::refuse(
-                &mut sock,
-                &shared.limits,
-                header.request_id,
-                r,
-                unread,
-                "wire_auth",
-            )
-            .await?;
-            return Ok(());
+            return Ok(()); // not reached: hello::gate closes such a connection
         };
         // Shed before any work when the request already queued in its
         // socket longer than the front's limit allows (docs/operations.md).
@@ -363,9 +353,9 @@ async fn within<T>(
 /// Header + meta + payloads with vectored writes: the payloads go from the
 /// store's buffers to the socket without a user-space copy. A write that
 /// waits `idle` for the client to take more bytes fails with TimedOut (the
-/// connection is then closed, and the reply's admission given back with it):
-/// a client that stops reading holds nothing for longer than
-/// `server.idle_timeout`, however slowly the one that reads takes a reply.
+/// connection is then closed, and the reply's admission and payloads given
+/// back with it): a client that stops reading holds nothing for longer than
+/// `server.write_timeout`, however slowly the one that reads takes a reply.
 async fn write_reply<S: AsyncWrite + Unpin>(
     sock: &mut S,
     idle: Duration,
@@ -390,7 +380,11 @@ async fn write_reply<S: AsyncWrite + Unpin>(
         stall: None,
     };
     write_all_vectored(&mut taken, &parts).await?;
-    taken.flush().await
+    let flushed = taken.flush().await;
+    // The reply budget is given back once the payloads are written (or, on
+    // an error above, when the reply is dropped).
+    drop(r.charge);
+    flushed
 }
 
 #[cfg(test)]

@@ -15,6 +15,9 @@ pub(super) struct Reply {
     /// read's cost is mostly sending its payloads, and the concurrency limit
     /// must see it (docs/operations.md, "Load shedding").
     pub(super) hold: Option<state::Hold>,
+    /// The reply's payload bytes in the reply budget (`server.reply_memory`),
+    /// given back once the reply is written or dropped.
+    pub(super) charge: Option<crate::limits::Reservation>,
 }
 
 pub(super) fn error_reply(kind: refusal::Kind, message: impl Into<String>) -> Reply {
@@ -27,6 +30,7 @@ fn error_frame(e: pb::WireError) -> Reply {
         meta: e.encode_to_vec(),
         data: Vec::new(),
         hold: None,
+        charge: None,
     }
 }
 

@@ -1,11 +1,32 @@
 //! A reply writer that gives up on a client that stops reading: its write
-//! fails once it has waited `server.idle_timeout` for the client to take more
-//! bytes, so a stalled client holds its admission and connection no longer.
+//! fails once it has waited `server.write_timeout` for the client to take
+//! more bytes, so a stalled client holds its reply's payloads, admission and
+//! connection no longer.
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Duration;
 use tokio::io::AsyncWrite;
+
+/// The error of a reply write that waited too long: the connection is
+/// closed and the drop counted (`kvtier_stalled_replies_total`).
+#[derive(Debug)]
+pub(super) struct Stalled;
+
+impl std::fmt::Display for Stalled {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("reply not taken within server.write_timeout: the client stopped reading")
+    }
+}
+
+impl std::error::Error for Stalled {}
+
+/// Whether `e` ended a connection because its client stopped reading.
+pub(super) fn is_stalled(e: &anyhow::Error) -> bool {
+    e.downcast_ref::<std::io::Error>()
+        .and_then(|e| e.get_ref())
+        .is_some_and(|e| e.is::<Stalled>())
+}
 
 /// A writer whose write fails once it has waited `idle` for the client to
 /// take more bytes (see `write_reply` in the parent module).
@@ -33,7 +54,7 @@ impl<S> Taken<'_, S> {
         match stall.as_mut().poll(cx) {
             Poll::Ready(()) => Poll::Ready(Err(std::io::Error::new(
                 std::io::ErrorKind::TimedOut,
-                "reply not taken within server.idle_timeout: the client stopped reading",
+                Stalled,
             ))),
             Poll::Pending => Poll::Pending,
         }

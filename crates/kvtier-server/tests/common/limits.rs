@@ -29,12 +29,14 @@ pub async fn closed(sock: &mut TcpStream, within: Duration) -> bool {
 
 /// A server with `memory` bytes of request memory, at most `conns`
 /// connections, and idle and read timeouts of `idle_ms` and `read_ms` (the
-/// HTTP request-head timeout, `server.header_timeout`, is `idle_ms` too).
+/// HTTP request-head timeout, `server.header_timeout`, and the reply's
+/// `server.write_timeout` are `idle_ms` too).
 pub async fn server(memory: u64, conns: usize, idle_ms: u64, read_ms: u64) -> Server {
     let mut cfg = super::test_config();
     cfg.server.request_memory = kvtier_core::ByteSize(memory);
     cfg.server.max_connections = conns;
     cfg.server.idle_timeout = Duration::from_millis(idle_ms);
+    cfg.server.write_timeout = Duration::from_millis(idle_ms);
     cfg.server.header_timeout = Duration::from_millis(idle_ms);
     cfg.server.read_timeout = Duration::from_millis(read_ms);
     cfg.engine.memory_capacity = kvtier_core::ByteSize::mib(256);
