@@ -169,18 +169,19 @@ async fn a_grpc_call_without_a_token_is_refused_before_its_body_is_charged() {
             .connect()
             .await
             .unwrap();
-        let answer = tokio::time::timeout(
-            Duration::from_secs(5),
-            tower::ServiceExt::oneshot(channel.clone(), req),
-        )
-        .await
-        .expect("no answer while the body stalls")
-        .unwrap();
+        // The call runs on (its body stalled) whether or not it is answered.
+        let mut call = tokio::spawn(tower::ServiceExt::oneshot(channel.clone(), req));
+        let answered = tokio::time::timeout(Duration::from_secs(5), &mut call).await;
+        // Meanwhile, with the stalled call still open: served at once.
+        authenticated_writes_succeed(&s, &format!("after-{}", authorization.is_some())).await;
+        let answer = answered
+            .expect("no answer while the body stalls")
+            .unwrap()
+            .unwrap();
         let status = tonic::Status::from_header_map(answer.headers())
             .unwrap_or_else(|| panic!("a trailers-only error, got {answer:?}"));
         assert_eq!(status.code(), tonic::Code::Unauthenticated, "{status:?}");
-        // The stalled call's connection stays open meanwhile.
-        authenticated_writes_succeed(&s, &format!("after-{}", authorization.is_some())).await;
+        call.abort();
         drop((answer, channel));
     }
     // Health stays public (auth.public_health).
