@@ -35,12 +35,19 @@ pub const HANDOFF_READS: usize = 64;
 /// use now: about the time a large upload in flight takes to be stored.
 pub const BUSY_RETRY: Duration = Duration::from_millis(50);
 
+/// Labels of [`STALLED`].
+#[derive(Clone, Debug, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
+pub struct FrontLabel {
+    /// `data` or `grpc`.
+    pub front: &'static str,
+}
+
 /// Replies dropped because their client took none of them for
-/// `server.write_timeout`, by front (`data`, `grpc`): the metric
+/// `server.write_timeout`, by front: the metric
 /// `kvtier_stalled_replies_total`. Process-wide: every server in it counts here.
 pub static STALLED: std::sync::LazyLock<
     prometheus_client::metrics::family::Family<
-        crate::metrics::FrontLabels,
+        FrontLabel,
         prometheus_client::metrics::counter::Counter,
     >,
 > = std::sync::LazyLock::new(Default::default);
@@ -48,12 +55,12 @@ pub static STALLED: std::sync::LazyLock<
 /// Counts and logs (at most once a second) a reply dropped on `front`
 /// because its client stopped reading.
 pub fn stalled(front: &'static str, write_timeout: Duration) {
-    STALLED
-        .get_or_create(&crate::metrics::FrontLabels { front })
-        .inc();
+    STALLED.get_or_create(&FrontLabel { front }).inc();
     refused::log_dropped(
         front,
-        &format!("the client took nothing of its reply for {write_timeout:?} (server.write_timeout)"),
+        &format!(
+            "the client took nothing of its reply for {write_timeout:?} (server.write_timeout)"
+        ),
     );
 }
 

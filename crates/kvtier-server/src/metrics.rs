@@ -162,8 +162,8 @@ impl Metrics {
             "Requests refused for overload (UNAVAILABLE / 503, with a retry hint)",
             shed.clone(),
         );
-        let stalled = crate::limits::STALLED.clone();
-        registry.register("stalled_replies", "Replies dropped: the client took none of it for server.write_timeout", stalled);
+        let s = crate::limits::STALLED.clone();
+        registry.register("stalled_replies", "Replies dropped (write_timeout)", s);
         registry.register_collector(Box::new(EngineCollector(engine)));
         if let Some(c) = cluster {
             c.register(&mut registry);

@@ -108,7 +108,10 @@ async fn a_reader_that_stops_reading_pins_bounded_memory_briefly() {
         let mut sink = Vec::new();
         let end = tokio::time::timeout(Duration::from_secs(5), conn.read_to_end(&mut sink)).await;
         assert!(end.is_ok(), "stalled connection {i} still open");
-        assert!(sink.len() < 4 * BLOCK, "connection {i} took its whole reply");
+        assert!(
+            sink.len() < 4 * BLOCK,
+            "connection {i} took its whole reply"
+        );
         closed += 1;
     }
     assert!(closed >= 1, "no stalled reply was served");

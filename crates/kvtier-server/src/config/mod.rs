@@ -348,16 +348,12 @@ pub struct ServerSection {
     /// Once a request's first byte arrived, all of it must arrive within this.
     #[serde(with = "humantime_serde")]
     pub read_timeout: Duration,
-    /// A reply (data plane, or a gRPC reply body) the client takes no byte
-    /// of for this long is dropped and, on the data plane, its connection
-    /// closed: a client that stops reading holds the reply's payloads no
-    /// longer (docs/operations.md, "Connections and timeouts").
+    /// A reply the client takes no byte of for this long is dropped (and a
+    /// data-plane connection closed): docs/operations.md.
     #[serde(with = "humantime_serde")]
     pub write_timeout: Duration,
-    /// Bytes of data-plane replies written to clients that have not taken
-    /// them yet, all connections together; a Read past it gets fewer blocks
-    /// (the client continues from `returned`), or none and UNAVAILABLE with
-    /// a retry hint. 0 = as much as `request_memory`.
+    /// Bytes of data-plane replies not yet taken by their clients, all
+    /// together (docs/operations.md); 0 = as much as `request_memory`.
     pub reply_memory: ByteSize,
 }
 
@@ -512,14 +508,10 @@ impl Config {
         if self.server.idle_timeout.is_zero()
             || self.server.read_timeout.is_zero()
             || self.server.header_timeout.is_zero()
+            || self.server.write_timeout.is_zero()
         {
             anyhow::bail!(
-                "server.idle_timeout, server.read_timeout and server.header_timeout must be > 0 (a zero timeout would close every connection between requests)"
-            );
-        }
-        if self.server.write_timeout.is_zero() {
-            anyhow::bail!(
-                "server.write_timeout must be > 0 (a zero timeout would drop every reply that does not fit the socket at once)"
+                "server.idle_timeout, read_timeout, header_timeout and write_timeout must be > 0 (a zero timeout would close every connection between requests)"
             );
         }
         let e = &self.engine;
