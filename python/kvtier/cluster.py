@@ -27,6 +27,7 @@ from typing import Any, Callable
 import grpc
 
 from . import keys as _keys
+from . import payloads as _payloads
 from .errors import KvtierError
 from .node import NodeClient
 from .results import (
@@ -282,7 +283,8 @@ class ClusterClient:
         their owners into ``buffers`` (one per key), in ``keys``' order."""
         if len(buffers) != len(keys):
             raise ValueError(f"{len(keys)} keys but {len(buffers)} buffers")
-        return self.read(namespace, keys, lease_id, timeout, into=lambda i, n: buffers[i], lease_node=lease_node)
+        return self.read(namespace, keys, lease_id, timeout, into=lambda i, n: buffers[i],
+                         sizes=[_payloads.capacity(b) for b in buffers], lease_node=lease_node)
 
     def read(
         self,
@@ -292,14 +294,20 @@ class ClusterClient:
         timeout: float | None = None,
         into: Callable[[int, int], object] | None = None,
         lease_node: str | None = None,
+        sizes: int | Sequence[int] | None = None,
     ) -> ReadResult:
         """Reads ``keys`` from their owners; the answer is in ``keys``' order
-        and ends at the first block no owner has (:meth:`kvtier.Client.read`).
+        and ends at the first block no owner has (:meth:`kvtier.Client.read`,
+        whose ``into`` and ``sizes`` these are; with ``sizes`` each node's
+        part is read straight into the buffers).
 
         ``lease_node``: the node that granted ``lease_id`` (the lookup's
         ``lease_node``); needed when this client did not take the lease."""
         self._check_open()
         ks = _keys.check_keys(keys)
+        per = None if sizes is None else [sizes] * len(ks) if isinstance(sizes, int) else list(sizes)
+        if per is not None and len(per) != len(ks):
+            raise ValueError(f"{len(ks)} keys but {len(per)} sizes")
         granted_by = self._lease_node(lease_node)
         if not ks:
             return self._router.to_first_owner(
@@ -336,7 +344,7 @@ class ClusterClient:
             pending = []
 
             calls = {n: partial(self._read_part, self._clients[n], namespace, ks, ix, self._lease_for(n, lease_id, granted_by),
-                                left, into)
+                                left, into, per)
                      for n, ix in groups.items()}
             for node, out in self._router.run(calls):
                 ix = groups[node]
@@ -378,13 +386,14 @@ class ClusterClient:
 
     @staticmethod
     def _read_part(c: NodeClient, namespace: str, ks: list[bytes], ix: list[int], lease_id: int, timeout: float,
-                   into: Callable[[int, int], object] | None) -> ReadResult:
+                   into: Callable[[int, int], object] | None, sizes: list[int] | None = None) -> ReadResult:
         """One node's part of a read: ``ks[i] for i in ix``; ``into`` sees indexes into ``ks``."""
         shifted = None
         if into is not None:
             dest = into
             shifted = lambda j, n: dest(ix[j], n)  # noqa: E731
-        return c.read(namespace, [ks[i] for i in ix], lease_id, timeout=timeout, into=shifted)
+        part = None if sizes is None or into is None else [sizes[i] for i in ix]
+        return c.read(namespace, [ks[i] for i in ix], lease_id, timeout=timeout, into=shifted, sizes=part)
 
     def write(self, namespace: str, blocks: Iterable[Block], timeout: float | None = None) -> WriteResult:
         """Stores each block on its first owner, nodes in parallel (:meth:`kvtier.Client.write`).

@@ -20,10 +20,10 @@ How LMCache's operations map onto kvtier's:
 * **Existence** in batches (``batched_async_contains``, ``batched_contains``):
   one Lookup for the run of consecutive chunks, with a lease when LMCache asks
   to pin them.
-* **Gets** receive each payload straight into a memory object allocated from
-  LMCache's local CPU backend (``Client.read(into=...)``: no intermediate
-  copy); a chunk whose size is not a whole number of tokens of this layout is
-  a miss with a warning, never loaded.
+* **Gets** read each payload straight into a memory object allocated from
+  LMCache's local CPU backend (``Client.read_into``: by the server itself on
+  the same-host socket, no intermediate copy); a chunk whose size is not a
+  whole number of tokens of this layout is a miss with a warning, never loaded.
 * **Puts** send the memory object's bytes as they are (no copy on the data
   plane). The object's reference stays LMCache's: its connector wrapper
   releases it once the put returns.
@@ -349,50 +349,46 @@ class KvtierRemoteConnector(RemoteConnector):
 
     def _read(self, keys) -> list:
         """Memory objects of the leading chunks of ``keys`` that kvtier holds and
-        that fit this layout; each payload received straight into its object."""
+        that fit this layout; each payload read straight into its object.
+
+        The objects are allocated first, one full chunk each (a chunk is at
+        most that), and named to one ``read_into``: on the same-host socket
+        the server copies each chunk into its object, over TCP it is
+        received into it; no ``bytes`` in between (notes/060). A retried
+        read fills the same objects again. Objects of chunks not loaded go
+        back to LMCache's allocator."""
         out: list = []
         for ns, ks in self._groups(keys):
-            objs: dict[int, Any] = {}
-
-            def into(i, n, objs=objs):
-                if not self._size_ok(n):
-                    return None
-                # A retried read asks again for the same block: reuse its
-                # object (a second allocation would never be released).
-                obj = objs.get(i)
-                if obj is None:
+            objs: list = []
+            try:
+                for _ in ks:
                     obj = self.local_cpu_backend.allocate(self.meta_shapes, self.meta_dtypes, self.meta_fmt,
                                                           busy_loop=False)
-                    if obj is None:
-                        return None
-                    objs[i] = obj
-                return obj.byte_array
-
-            try:
-                r = self.client.read(ns, [self.kvkey(k) for k in ks], into=into)
+                    if obj is None:  # LMCache's memory is full: read what has room
+                        break
+                    objs.append(obj)
+                r = self.client.read_into(ns, [self.kvkey(k) for k in ks[:len(objs)]],
+                                          [o.byte_array for o in objs]) if objs else None
             except BaseException:
-                for obj in objs.values():
+                for obj in objs:
                     obj.ref_count_down()
                 raise
-            stop = False
-            for b in r.blocks:
-                obj = objs.pop(b.index, None)
-                if stop or obj is None:
-                    if obj is not None:
-                        obj.ref_count_down()
-                    if not stop and not self._size_ok(len(b.payload)):
-                        self.stats["bad_size"] += 1
-                        self._warn.warn("size", "kvtier chunk %s in %s has %d bytes, not a whole number of "
-                                        "%d-byte tokens up to %d: not loaded", b.key.decode(errors="replace"), ns,
-                                        len(b.payload), self.single_token_size, self.full_chunk_size_bytes)
-                    stop = True
-                    continue
-                if len(b.payload) < self.full_chunk_size_bytes:
-                    obj = self.reshape_partial_chunk(obj, len(b.payload))
-                out.append(obj)
-            for obj in objs.values():
+            blocks = [] if r is None else r.blocks
+            loaded = 0
+            for b in blocks:
+                n = len(b.payload)
+                if not self._size_ok(n):
+                    self.stats["bad_size"] += 1
+                    self._warn.warn("size", "kvtier chunk %s in %s has %d bytes, not a whole number of "
+                                    "%d-byte tokens up to %d: not loaded", b.key.decode(errors="replace"), ns,
+                                    n, self.single_token_size, self.full_chunk_size_bytes)
+                    break
+                obj = objs[b.index]
+                out.append(self.reshape_partial_chunk(obj, n) if n < self.full_chunk_size_bytes else obj)
+                loaded += 1
+            for obj in objs[loaded:]:
                 obj.ref_count_down()
-            if stop or len(r.blocks) < len(ks):
+            if loaded < len(ks):
                 break
         return out
 

@@ -284,6 +284,7 @@ class NodeClient:
         lease_id: int = 0,
         timeout: float | None = None,
         into: Callable[[int, int], object] | None = None,
+        sizes: int | Sequence[int] | None = None,
     ) -> ReadResult:
         """Reads ``keys`` in order; the server stops at the first missing block.
 
@@ -293,13 +294,28 @@ class NodeClient:
         ``into(index, nbytes)`` lets the caller provide the destination of
         block ``index`` (its position in ``keys``): a writable buffer of at
         least ``nbytes``, a list of writable buffers filled one after the
-        other (scatter), or ``None`` for a new ``bytes``. The block's
+        other (scatter), or ``None`` for a new buffer. The block's
         ``payload`` is then a memoryview of the filled bytes (a list of them
-        for a scatter list), checksum verified. ``into`` is called once the
-        blocks have arrived, and each payload is copied into its buffer:
-        :meth:`read_into`, which names the buffers up front, has them filled
-        directly (by the server itself on the same-host socket) and is the
-        fast path. A retried call may write into the same buffers again.
+        for a scatter list), checksum verified. A buffer too small for its
+        block raises ``KvtierError(INVALID_ARGUMENT)``. A retried call may
+        write into the same buffers again.
+
+        ``sizes``: the blocks' sizes when the caller knows them (one ``int``
+        for every key, or one per key), as an engine does from its layout.
+        Then ``into(index, sizes[index])`` is called once per key, in order,
+        before anything is read (also for keys whose blocks then turn out
+        missing), and the blocks are read straight into what it returned
+        (:meth:`read_into`: by the server itself on the same-host socket,
+        received into them over TCP): no new ``bytes``, no second copy. A
+        block may be shorter than its size (its payload says how long it
+        is); a longer one raises ``KvtierError(INVALID_ARGUMENT)``. ``None``
+        from ``into`` gets a new ``bytearray`` of the size.
+
+        Without ``sizes``, ``into(index, nbytes)`` is called with each
+        block's exact size once the blocks have arrived, and each payload is
+        copied from a new ``bytes`` into its buffer (``None``: the payload
+        stays that ``bytes``): a copy and page faults more than with ``sizes``
+        (notes/060-same-host-fixes.md).
 
         Over the data plane a read of 16 keys or more is striped
         (``read_stripes``, at most ``data_connections``): contiguous runs of
@@ -310,6 +326,8 @@ class NodeClient:
         ``UNAVAILABLE`` retries all of it).
         """
         ks = _keys.check_keys(keys)
+        if into is not None and sizes is not None:
+            return self.read_into(namespace, ks, _payloads.destinations(into, sizes, len(ks)), lease_id, timeout)
         pool = self.data_plane()
         if pool is not None:
             got, us = self._retrying(lambda t: pool.read(namespace, ks, lease_id, t), timeout)

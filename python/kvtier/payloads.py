@@ -8,7 +8,8 @@ gRPC path's equivalents, so both paths give the same results and errors.
 """
 from __future__ import annotations
 
-from collections.abc import Iterable
+import operator
+from collections.abc import Iterable, Sequence
 from typing import Any, Callable
 
 import grpc
@@ -17,7 +18,7 @@ from ._crc import crc32c
 from .errors import KvtierError
 from .results import Block, ReadBlock, Tier
 
-__all__ = ["joined", "crc_of", "fill", "copy_into", "native_block", "pb_blocks", "read_block"]
+__all__ = ["joined", "crc_of", "fill", "destinations", "capacity", "copy_into", "native_block", "pb_blocks", "read_block"]
 
 
 def joined(payload) -> bytes:
@@ -75,6 +76,30 @@ def filled(view_or_parts, n: int) -> memoryview | list[memoryview]:
             n -= k
         return parts
     return memoryview(view_or_parts).cast("B")[:n]
+
+
+def destinations(into: Callable[[int, int], object], sizes: int | Sequence[int], n: int) -> list[Any]:
+    """``read(into=..., sizes=...)``: the destination of each of ``n`` keys,
+    asked of ``into`` up front with its known size (``None``: a new
+    ``bytearray`` of that size), for one :meth:`~kvtier.node.NodeClient.read_into`."""
+    per = [sizes] * n if isinstance(sizes, int) else list(sizes)
+    if len(per) != n:
+        raise ValueError(f"{n} keys but {len(per)} sizes")
+    out: list[Any] = []
+    for i, size in enumerate(per):
+        size = operator.index(size)
+        if size < 0:
+            raise ValueError(f"size of block {i} is {size}, not a byte count")
+        buf = into(i, size)
+        out.append(bytearray(size) if buf is None else buf)
+    return out
+
+
+def capacity(view_or_parts) -> int:
+    """Bytes one buffer, or a list of consecutive parts, can take."""
+    if isinstance(view_or_parts, (list, tuple)):
+        return sum(memoryview(p).nbytes for p in view_or_parts)
+    return memoryview(view_or_parts).nbytes
 
 
 def copy_into(b: ReadBlock, into: Callable[[int, int], object]) -> ReadBlock:

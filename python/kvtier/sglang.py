@@ -20,9 +20,10 @@ prefix, plus a rank suffix. How that maps onto kvtier:
   holds the same KV, and SGLang stores it from one rank only).
 * ``batch_exists`` is kvtier's Lookup: the number of consecutive leading pages
   present, one round trip for the whole run.
-* ``batch_get_v1`` / ``batch_set_v1`` move bytes straight between the socket
-  and the pool's pages (scatter/gather over the page's segments, no
-  intermediate copy). A page of the wrong size is a miss, never loaded.
+* ``batch_get_v1`` / ``batch_set_v1`` move bytes straight between kvtier and
+  the pool's pages (``Client.read_into``: scatter/gather over the page's
+  segments, by the server itself on the same-host socket, no intermediate
+  copy). A page of the wrong size is a miss, never reported loaded.
 * Every failure is a miss (``False`` / ``0`` / ``None``), never an exception
   into SGLang's cache controller, and no call waits past ``timeout_ms``.
 
@@ -195,15 +196,17 @@ class KvtierHiCache(_Base):
         try:
             pages = self._segments(host_indices)
             self.stats["get_pages"] += len(keys)
-            r = self.client.read(self.namespace, [self._key(k) for k in keys],
-                                 into=lambda i, n: pages[i] if n == self.page_bytes else None)
+            # Straight into the pool's pages (the server copies them itself on
+            # the same-host socket): no bytes in between (notes/060).
+            r = self.client.read_into(self.namespace, [self._key(k) for k in keys], pages)
             for b in r.blocks:
-                if isinstance(b.payload, list):
+                n = sum(len(p) for p in b.payload) if isinstance(b.payload, list) else len(b.payload)
+                if n == self.page_bytes:
                     ok[b.index] = True
-                else:  # not received into the pool: wrong size for this layout
+                else:  # a page of the wrong size for this layout: not loaded
                     self.stats["bad_size"] += 1
                     self._warn("size", "kvtier page %s has %d bytes, expected %d: not loaded",
-                               keys[b.index], len(b.payload), self.page_bytes)
+                               keys[b.index], n, self.page_bytes)
                     break
             # Only a leading run counts: SGLang loads prefixes.
             first_miss = ok.index(False) if False in ok else len(ok)
@@ -256,17 +259,15 @@ class KvtierHiCache(_Base):
     def get(self, key: str, target_location: Any | None = None, target_sizes: Any | None = None):
         """The page's bytes into ``target_location`` (a tensor) when given; returns it, or ``None``."""
         try:
-            into = None
             if target_location is not None:
                 view = memoryview(target_location.view(-1).numpy()).cast("B")
-                into = lambda i, n: view if n == view.nbytes else None  # noqa: E731
-            r = self.client.read(self.namespace, [self._key(key)], into=into)
-            if not r.blocks:
-                return None
-            if target_location is not None:
-                if not isinstance(r.blocks[0].payload, memoryview):
+                r = self.client.read_into(self.namespace, [self._key(key)], [view])
+                if not r.blocks or len(r.blocks[0].payload) != view.nbytes:
                     return None
                 return target_location
+            r = self.client.read(self.namespace, [self._key(key)])
+            if not r.blocks:
+                return None
             import torch
 
             payload = r.blocks[0].payload

@@ -139,55 +139,87 @@ def test_kvtier_stopped_mid_run_means_misses_not_hangs(kvtier_bin, tmp_path):
     assert out["stats"]["errors"] >= 1
 
 
-def test_a_retried_read_reuses_its_memory_objects():
-    """The client retries a data-plane read after a broken reply and asks
-    ``into`` again for the same blocks: the plugin must hand back the objects
-    it allocated the first time, not allocate (and leak) new ones. The client
-    is a stand-in that replays exactly that call sequence; the allocator
-    counts what is allocated and released."""
-    from kvtier.client import ReadBlock
-    from kvtier.lmcache import KvtierRemoteConnector
+@pytest.fixture(scope="module")
+def local_server(kvtier_bin, tmp_path_factory):
+    """A server with a same-host socket; ``.local`` is its path."""
+    sock = tmp_path_factory.mktemp("lmcache") / "kvtier.sock"
+    s = Server.start(binary=kvtier_bin, args=["--local-listen", str(sock), "--memory-capacity", "512MiB"])
+    s.local = str(sock)  # type: ignore[attr-defined]
+    yield s
+    assert s.stop() == 0
+
+
+@pytest.mark.parametrize("path", ["same-host", "tcp"])
+def test_gets_read_straight_into_lmcache_memory_objects(local_server, path, monkeypatch):
+    """The plugin's load (``_read``, under ``get`` and
+    ``batched_get_non_blocking``) allocates one memory object per chunk
+    (4 MiB chunks, as a 256-token chunk of a small model) and has kvtier
+    read each chunk straight into it: by the server itself on the same-host
+    socket, received into it over TCP; never through the native read that
+    returns new ``bytes`` to be copied again (notes/060). Objects of chunks
+    not found go back to the allocator; when LMCache's memory is full, only
+    the chunks that have room are read. A retried read fills the same
+    objects, so nothing is allocated twice."""
+    import kvtier.dataplane
+    from kvtier.lmcache import KvtierRemoteConnector, _RateLimited
+
+    chunk = 4 << 20
 
     class Obj:
-        def __init__(self, n):
-            self.byte_array = bytearray(n)
+        def __init__(self):
+            self.byte_array = bytearray(chunk)
             self.refs = 1
 
         def ref_count_down(self):
             self.refs -= 1
 
     class Backend:
-        def __init__(self):
-            self.made = []
+        def __init__(self, room):
+            self.made, self.room = [], room
 
         def allocate(self, *a, **kw):
-            self.made.append(Obj(64))
+            if len(self.made) == self.room:
+                return None
+            self.made.append(Obj())
             return self.made[-1]
 
-    class RetryingClient:
-        def read(self, ns, keys, into=None):
-            for i in range(len(keys)):  # first attempt: the reply breaks off
-                into(i, 64)
-            blocks = []
-            for i, k in enumerate(keys):  # the retry, from the first block
-                buf = memoryview(into(i, 64)).cast("B")
-                buf[:] = bytes([i]) * 64
-                blocks.append(ReadBlock(index=i, key=k, parent=None, token_count=0, payload=buf, tier=None))
-            return type("R", (), {"blocks": blocks})()
+    ns = f"lmcache-straight-{path}"
+    keys = [type("K", (), {"chunk_hash_hex": f"{path}{i:060x}"})() for i in range(5)]
+    payloads = [os.urandom(chunk) for _ in range(4)]
+    if path == "same-host":
+        client = Client(f"unix://{local_server.local}", timeout=10, retries=1)
+    else:
+        client = Client(local_server.grpc, timeout=10, retries=1, same_host=False)
+    with client:
+        client.write(ns, [Block(key=KvtierRemoteConnector.kvkey(k), payload=p) for k, p in zip(keys, payloads)])
+        pool = client.data_plane()
+        assert pool is not None and pool.copies_by_memory == (path == "same-host")
 
-    conn = object.__new__(KvtierRemoteConnector)
-    conn.local_cpu_backend = Backend()
-    conn.client = RetryingClient()
-    conn.full_chunk_size_bytes, conn.single_token_size = 64, 16
-    conn.meta_shapes = conn.meta_dtypes = conn.meta_fmt = None
-    conn._ns_cache, conn.prefix, conn._layout = {}, "", "{}"
-    conn.stats = {"bad_size": 0}
-    conn.namespace = lambda key: "ns"
-    keys = [type("K", (), {"chunk_hash_hex": f"{i:064x}"})() for i in range(3)]
-    got = conn._read(keys)
-    assert len(conn.local_cpu_backend.made) == 3, "one object per block, whatever the retries"
-    assert [bytes(o.byte_array[:1]) for o in got] == [b"\x00", b"\x01", b"\x02"]
-    assert all(o.refs == 1 for o in got)
+        def spy(*args, **kwargs):
+            raise AssertionError("read through new bytes")
+
+        monkeypatch.setattr(kvtier.dataplane.DataPlane, "read", spy)
+        monkeypatch.setattr(Client, "read", spy)
+
+        def connector(room):
+            conn = object.__new__(KvtierRemoteConnector)
+            conn.local_cpu_backend = Backend(room)
+            conn.client = client
+            conn.full_chunk_size_bytes, conn.single_token_size = chunk, 16 << 10
+            conn.meta_shapes = conn.meta_dtypes = conn.meta_fmt = None
+            conn.stats, conn._warn = {"bad_size": 0}, _RateLimited()
+            conn.namespace = lambda key: ns
+            return conn
+
+        conn = connector(room=10)
+        got = conn._read(keys)  # the 5th chunk is not stored
+        made = conn.local_cpu_backend.made
+        assert len(made) == 5, "one object per chunk, allocated once"
+        assert got == made[:4] and [bytes(o.byte_array) for o in got] == payloads
+        assert [o.refs for o in made] == [1, 1, 1, 1, 0], "the unfilled object went back"
+        conn = connector(room=2)
+        got = conn._read(keys)
+        assert len(got) == 2 and [bytes(o.byte_array) for o in got] == payloads[:2]
 
 
 def test_lmcache_frees_its_memory_only_after_puts_in_flight_finish():

@@ -116,9 +116,17 @@ def test_a_page_of_the_wrong_size_is_a_miss_never_loaded(server):
     with Client(server.grpc) as c:
         c.write(b.namespace, [Block(key=b"bad", payload=b"\x07" * 100)])
     assert b.batch_exists(["bad"]) == 1
-    assert b.batch_get_v1(["bad"], _indices([0])) == [False]
-    assert torch.equal(pool.page(0), before), "the pool page is untouched"
-    assert b.get_stats()["bad_size"] == 1
+    # Read straight into the page asked for (SGLang gives a get pages of its
+    # own and takes back those not reported loaded): never reported loaded,
+    # and no other page touched.
+    assert b.batch_get_v1(["bad"], _indices([1])) == [False]
+    assert torch.equal(pool.page(0), before), "no other pool page is touched"
+    assert b.get_stats()["bad_size"] == 1 and b.get_stats()["loaded_pages"] == 0
+    # A page longer than this layout's pages fails the read: a miss too.
+    with Client(server.grpc) as c:
+        c.write(b.namespace, [Block(key=b"long", payload=b"\x07" * (b.page_bytes + 1))])
+    assert b.batch_get_v1(["long"], _indices([1])) == [False]
+    assert torch.equal(pool.page(0), before)
 
 
 def test_kvtier_down_is_a_miss_without_a_hang(kvtier_bin):
@@ -204,3 +212,46 @@ def test_loaded_by_sglangs_own_factory(server):
 
     backend = StorageBackendFactory.create_backend("dynamic", _config(server.grpc), FakeMHAHostPool())
     assert type(backend).__name__ == "KvtierHiCache"
+
+
+@pytest.fixture(scope="module")
+def local_server(kvtier_bin, tmp_path_factory):
+    """A server with a same-host socket; ``.local`` is its path."""
+    sock = tmp_path_factory.mktemp("sglang") / "kvtier.sock"
+    s = Server.start(binary=kvtier_bin, args=["--local-listen", str(sock), "--memory-capacity", "512MiB"])
+    s.local = str(sock)  # type: ignore[attr-defined]
+    yield s
+    assert s.stop() == 0
+
+
+@pytest.mark.parametrize("path", ["same-host", "tcp"])
+def test_batch_get_reads_pages_straight_into_the_pool(local_server, path, monkeypatch):
+    """4 MiB pages (16 layers, 8 heads of 128, 64 tokens, bf16): ``batch_get_v1``
+    reads them straight into the pool's page segments (by the server itself
+    on the same-host socket), never through the native read that returns new
+    ``bytes`` and copies them again (notes/060)."""
+    import kvtier.dataplane
+
+    big = {"size": 256, "page_size": 64, "layer_num": 16, "head_num": 8, "head_dim": 128}
+    src = FakeMHAHostPool("page_first", seed=3, **big)
+    dst = FakeMHAHostPool("page_first", seed=4, **big)
+    a = _backend(local_server.grpc, src)
+    b = _backend(f"unix://{local_server.local}", dst)
+    if path == "tcp":  # the backend's client as it is made, but kept off the same-host socket
+        b.client.close()
+        b.client = Client(local_server.grpc, timeout=5, retries=1, retry_shed=False, same_host=False)
+    assert b.page_bytes == 4 << 20
+    keys = [f"big{i}_{path}" for i in range(3)]
+    assert a.batch_set_v1(keys, _indices([0, 1, 2], 64)) == [True] * 3
+    pool = b.client.data_plane()
+    assert pool is not None and pool.copies_by_memory == (path == "same-host")
+
+    def spy(*args, **kwargs):
+        raise AssertionError("read through new bytes")
+
+    monkeypatch.setattr(kvtier.dataplane.DataPlane, "read", spy)
+    monkeypatch.setattr(type(b.client), "read", spy)
+    assert b.batch_get_v1(keys, _indices([3, 1, 0], 64)) == [True] * 3
+    for s, d in ((0, 3), (1, 1), (2, 0)):
+        assert torch.equal(dst.page(d), src.page(s)), (s, d)
+    assert b.get_stats()["errors"] == 0 and b.get_stats()["loaded_pages"] == 3
