@@ -130,6 +130,7 @@ impl Server {
                 cfg.server.queue_timeout,
             )));
             shared.cluster_authorization = cluster::token().map(|t| format!("Bearer {t}"));
+            cluster::check_dns_token(&cfg.cluster, shared.cluster_authorization.is_some())?;
             anyhow::ensure!(
                 !auth.enabled() || shared.cluster_authorization.is_some(),
                 "[auth] is on in a cluster: set KVTIER_CLUSTER_TOKEN to a token of the tokens file with \
@@ -538,8 +539,20 @@ fn grpc_router(cfg: &Config, shared: Shared) -> anyhow::Result<GrpcRouter> {
             .register_encoded_file_descriptor_set(kvtier_proto::FILE_DESCRIPTOR_SET)
             .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
     };
-    let reflection_v1 = reflection().build_v1()?;
-    let reflection_v1alpha = reflection().build_v1alpha()?;
+    // Reflection names every service and message, so with tokens on it
+    // needs a known one like Stats (docs/security.md); open when auth is off.
+    let token = |shared: Shared| {
+        move |req: tonic::Request<()>| {
+            shared
+                .caller(crate::grpc::credential(req.metadata()))
+                .map_err(tonic::Status::from)?;
+            Ok(req)
+        }
+    };
+    use tonic::service::interceptor::InterceptedService;
+    let reflection_v1 = InterceptedService::new(reflection().build_v1()?, token(shared.clone()));
+    let reflection_v1alpha =
+        InterceptedService::new(reflection().build_v1alpha()?, token(shared.clone()));
     // TLS, when on, is done before tonic sees the connection (serve_grpc),
     // with the certificate current at accept time.
     Ok(tonic::transport::Server::builder()
