@@ -132,7 +132,17 @@ async fn v1_codes(
     };
     let write = pb::WriteRequest {
         namespace: ns.into(),
-        blocks: wb.iter().map(|b| b.to_pb(b.payload.clone())).collect(),
+        blocks: wb
+            .iter()
+            .map(|b| pb::Block {
+                key: b.key.bytes(),
+                parent_key: b.parent.as_ref().map_or_else(Bytes::new, Key::bytes),
+                token_count: b.token_count,
+                crc32c: crc32c::crc32c(&b.payload),
+                payload: b.payload.clone(),
+                ttl_ms: 0,
+            })
+            .collect(),
     };
     let read = pb::ReadRequest {
         namespace: ns.into(),
