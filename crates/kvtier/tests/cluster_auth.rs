@@ -261,7 +261,14 @@ async fn dns_with_a_cluster_token_is_refused_unless_insecure_dns() {
             ),
         )
     };
-    let err = launch_with(&ns[0], &dns(false), &tokens, Some(PEER)).expect_err("must not start");
+    let err = match launch_with(&ns[0], &dns(false), &tokens, Some(PEER)) {
+        Ok(mut p) => {
+            let _ = p.kill();
+            let _ = p.wait();
+            panic!("a node with cluster.dns and a cluster token started without insecure_dns");
+        }
+        Err(e) => e,
+    };
     assert!(
         err.contains("plaintext") && err.contains("cluster.insecure_dns = true"),
         "{err}"
