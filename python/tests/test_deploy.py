@@ -175,6 +175,7 @@ def test_kubernetes_cluster_manifest_hangs_together(kvtier_bin, tmp_path):
     assert effective["cluster"]["self"] == (
         f"grpc://kvtier-cluster-0.{headless['metadata']['name']}.test.svc.cluster.local:{ports['grpc']}")
     assert effective["cluster"]["dns"] == f"localhost:{ports['grpc']}"
+    assert effective["cluster"]["insecure_dns"] is True, "dns with KVTIER_CLUSTER_TOKEN is refused without it"
     assert effective["cluster"]["replicas"] == cfg["cluster"]["replicas"]
     assert effective["object_store"]["url"] == cfg["object_store"]["url"]
     assert effective["server"]["listen"] == [f"0.0.0.0:{ports['grpc']}"]
@@ -251,6 +252,7 @@ def _check_node_manifest(text: str, kvtier_bin, tmp_path: Path) -> None:
         _size(effective["engine"]["memory_capacity"]) * 6 // 5 <= _size(res["limits"]["memory"])), "blocks + ~20%"
     assert effective["cluster"]["self"] == f"grpc://127.0.0.1:{ports['grpc']}", "a pod is named by its IP"
     assert effective["cluster"]["replicas"] >= 2 and effective["object_store"]["url"]
+    assert effective["cluster"]["insecure_dns"] is True, "dns with KVTIER_CLUSTER_TOKEN is refused without it"
     assert effective["auth"]["public_health"] and effective["auth"]["public_metrics"], "probes carry no token"
     env = {e["name"]: e for e in c["env"]}
     assert env["KVTIER_CLUSTER_TOKEN"]["valueFrom"]["secretKeyRef"]["name"] == "kvtier-cluster-token"

@@ -15,7 +15,6 @@ use crate::block::BlockId;
 use crate::error::{Error, Result};
 use parking_lot::Mutex;
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 use tokio::time::Instant;
 
@@ -114,21 +113,9 @@ impl Charges {
 
 /// The table of active leases.
 pub struct LeaseTable {
-    next: AtomicU64,
     active: Mutex<HashMap<u64, Lease>>,
     budget: PinBudget,
     charges: Mutex<Charges>,
-}
-
-/// Where a table's lease ids start: random per table, so the ids of
-/// different nodes of a cluster (and of one node across restarts) do not
-/// collide, and a client holding a lease id of one node can never name
-/// another node's lease by accident. Below 2^62, so ids never wrap.
-fn first_id() -> u64 {
-    use std::hash::{BuildHasher, Hasher};
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u64(crate::clock::unix_ms());
-    (h.finish() >> 2).max(1)
 }
 
 impl Default for LeaseTable {
@@ -141,7 +128,6 @@ impl LeaseTable {
     /// An empty table whose leases may pin at most `budget`.
     pub fn new(budget: PinBudget) -> Self {
         Self {
-            next: AtomicU64::new(first_id()),
             active: Mutex::new(HashMap::new()),
             budget,
             charges: Mutex::new(Charges::default()),
@@ -172,7 +158,7 @@ impl LeaseTable {
             bytes += cost;
             n += 1;
         }
-        let id = self.next.fetch_add(1, Ordering::Relaxed);
+        let id = self.fresh_id();
         if n > 0 && bytes > 0 {
             c.total += bytes;
             *c.by_namespace.entry(first.namespace.clone()).or_default() += bytes;
@@ -180,6 +166,22 @@ impl LeaseTable {
                 .insert((now + dur, id), (first.namespace.clone(), bytes));
         }
         (id, n, now + dur)
+    }
+
+    /// A new lease id: 63 bits from the thread's CSPRNG, never 0 (no lease)
+    /// and never an active lease's. Sequential ids let a tenant count other
+    /// tenants' leases and name them (docs/security.md, "Threats and their
+    /// guards"); random ones also keep the ids of a cluster's nodes, and of
+    /// one node across restarts, apart. Below 2^63 for clients that hold
+    /// them as signed integers.
+    fn fresh_id(&self) -> u64 {
+        let active = self.active.lock();
+        loop {
+            let id = rand::random::<u64>() >> 1;
+            if id != 0 && !active.contains_key(&id) {
+                return id;
+            }
+        }
     }
 
     /// Bytes pinned now: (all namespaces, namespace `ns`).
@@ -213,6 +215,13 @@ impl LeaseTable {
                     "{MAX_ACTIVE_LEASES} leases active; release some or use shorter leases"
                 )));
             }
+        }
+        if g.contains_key(&id) {
+            // Two charges drew the same 63 random bits at once: refused
+            // rather than one lease replacing the other.
+            return Err(Error::exhausted(format!(
+                "lease id {id} was drawn twice; try again"
+            )));
         }
         let dur = expires_at.saturating_duration_since(now);
         g.insert(
@@ -262,7 +271,25 @@ impl LeaseTable {
     /// Ends a lease early and gives its pin charge back; returns its blocks
     /// and deadline, so the caller can lift the pins this lease placed.
     pub fn release(&self, id: u64) -> Result<(Vec<BlockId>, Instant)> {
-        let Some(lease) = self.active.lock().remove(&id) else {
+        self.release_if(id, |_| true)
+    }
+
+    /// [`LeaseTable::release`] if `allowed` accepts the lease's namespace;
+    /// a lease it refuses gets the very answer of one never granted, so a
+    /// caller learns nothing about leases it may not touch.
+    pub fn release_if(
+        &self,
+        id: u64,
+        allowed: impl FnOnce(Option<&Namespace>) -> bool,
+    ) -> Result<(Vec<BlockId>, Instant)> {
+        let lease = {
+            let mut g = self.active.lock();
+            match g.get(&id) {
+                Some(l) if allowed(l.namespace.as_ref()) => g.remove(&id),
+                _ => None,
+            }
+        };
+        let Some(lease) = lease else {
             return Err(Error::not_found(format!("lease {id} is not active")));
         };
         self.refund(id, lease.expires_at);

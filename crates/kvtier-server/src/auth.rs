@@ -5,13 +5,18 @@
 //! ```toml
 //! [[tokens]]
 //! token = "s3cr3t-for-acme"          # what clients send: `authorization: Bearer s3cr3t-for-acme`
-//! namespaces = ["acme/", "shared/"]  # namespace prefixes this token may use ("" = every namespace)
+//! namespaces = ["acme/", "=kvstore:acme/c1"]  # see below
 //! access = "read-write"              # or "read"
 //! name = "acme inference fleet"      # optional, for logs
 //! ```
 //!
+//! A grant is `""` (every namespace), a prefix that ends in a separator
+//! (`"acme/"`, `"kvstore:"`), or one namespace exactly (`"=kvstore:acme/c1"`);
+//! anything else (`"acme"`) is refused at load, naming both fixes, since a
+//! bare prefix would also cover `acme2/...` ([`scope`]).
+//!
 //! Every API checks the same way: no or an unknown token → UNAUTHENTICATED
-//! (HTTP 401); a namespace outside the token's prefixes, or a write with a
+//! (HTTP 401); a namespace outside the token's grants, or a write with a
 //! read-only token → PERMISSION_DENIED (HTTP 403). Tokens are kept as SHA-256
 //! digests and compared by digest lookup, so the file's secrets are not held
 //! in memory and a comparison does not leak a prefix through timing.
@@ -20,6 +25,9 @@ use sha2::{Digest, Sha256};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
+
+mod scope;
+pub use scope::Scope;
 
 /// What a token may do in its namespaces.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -35,8 +43,8 @@ pub enum Access {
 pub struct Grant {
     /// For logs and metrics; never the token itself.
     pub name: String,
-    /// Namespace prefixes.
-    pub namespaces: Vec<String>,
+    /// The namespaces it covers.
+    pub namespaces: Vec<Scope>,
     /// Read or read-write.
     pub access: Access,
 }
@@ -82,11 +90,7 @@ impl Principal {
         let Principal::Token(g) = self else {
             return Ok(());
         };
-        if !g
-            .namespaces
-            .iter()
-            .any(|p| namespace.starts_with(p.as_str()))
-        {
+        if !g.namespaces.iter().any(|s| s.covers(namespace)) {
             return Err(Denied::PermissionDenied(format!(
                 "token {:?} may not use namespace {:?}",
                 g.name,
@@ -177,12 +181,18 @@ fn parse(text: &str, origin: &str) -> anyhow::Result<Table> {
         };
         if e.namespaces.is_empty() {
             return Err(what(
-                "namespaces is empty: list prefixes, or \"\" for every namespace",
+                "namespaces is empty: list grants (\"acme/\", \"=acme\"), or \"\" for every namespace",
             ));
         }
+        let namespaces = e
+            .namespaces
+            .iter()
+            .enumerate()
+            .map(|(j, n)| Scope::parse(n).map_err(|m| what(&format!("namespaces[{j}]: {m}"))))
+            .collect::<anyhow::Result<Vec<_>>>()?;
         let grant = Grant {
             name: e.name.unwrap_or_else(|| format!("tokens[{i}]")),
-            namespaces: e.namespaces,
+            namespaces,
             access,
         };
         if table.insert(digest(&e.token), Arc::new(grant)).is_some() {
@@ -301,6 +311,12 @@ token = "ssssssssssssssssssss"
 namespaces = [""]
 access = "read-write"
 name = "admin"
+
+[[tokens]]
+token = "kkkkkkkkkkkkkkkkkkkk"
+namespaces = ["=kvstore:acme/c1", "kvstore:beta/"]
+access = "read-write"
+name = "one container"
 "#;
 
     #[test]
@@ -336,6 +352,27 @@ name = "admin"
     }
 
     #[test]
+    fn grants_are_exact_or_end_at_a_separator() {
+        let a = Auth::from_toml(FILE).unwrap();
+        let acme = a.identify_token("aaaaaaaaaaaaaaaaaaaa").unwrap();
+        assert!(matches!(
+            acme.check("acme2/x", false),
+            Err(Denied::PermissionDenied(_))
+        ));
+        let one = a.identify_token("kkkkkkkkkkkkkkkkkkkk").unwrap();
+        assert!(one.check("kvstore:acme/c1", true).is_ok());
+        assert!(one.check("kvstore:beta/c10", true).is_ok());
+        for other in ["kvstore:acme/c10", "kvstore:acme/c1/x", "kvstore:acme2/c1"] {
+            assert_eq!(
+                one.check(other, false),
+                Err(Denied::PermissionDenied(format!(
+                    "token \"one container\" may not use namespace {other:?}"
+                ))),
+            );
+        }
+    }
+
+    #[test]
     fn disabled_allows_everything() {
         let a = Auth::disabled();
         assert!(!a.enabled());
@@ -347,11 +384,11 @@ name = "admin"
     fn bad_files_are_refused_with_the_entry_named() {
         for (text, want) in [
             (
-                "[[tokens]]\ntoken = \"short\"\nnamespaces = [\"a\"]\naccess = \"read\"",
+                "[[tokens]]\ntoken = \"short\"\nnamespaces = [\"a/\"]\naccess = \"read\"",
                 "at least 16",
             ),
             (
-                "[[tokens]]\ntoken = \"aaaaaaaaaaaaaaaaaaaa\"\nnamespaces = [\"a\"]\naccess = \"write\"",
+                "[[tokens]]\ntoken = \"aaaaaaaaaaaaaaaaaaaa\"\nnamespaces = [\"a/\"]\naccess = \"write\"",
                 "access must be",
             ),
             (
@@ -359,11 +396,15 @@ name = "admin"
                 "namespaces is empty",
             ),
             (
-                "[[tokens]]\ntoken = \"aaaaaaaaaaaaaaaaaaaa\"\nnamespaces = [\"a\"]\naccess = \"read\"\nbogus = 1",
+                "[[tokens]]\ntoken = \"aaaaaaaaaaaaaaaaaaaa\"\nnamespaces = [\"a/\", \"kvstore:acme/c1\"]\naccess = \"read\"",
+                "tokens[0]: namespaces[1]: \"kvstore:acme/c1\" is ambiguous",
+            ),
+            (
+                "[[tokens]]\ntoken = \"aaaaaaaaaaaaaaaaaaaa\"\nnamespaces = [\"a/\"]\naccess = \"read\"\nbogus = 1",
                 "not a tokens file",
             ),
             (
-                "[[tokens]]\ntoken = \"aaaaaaaaaaaaaaaaaaaa\"\nnamespaces = [\"a\"]\naccess = \"read\"\n[[tokens]]\ntoken = \"aaaaaaaaaaaaaaaaaaaa\"\nnamespaces = [\"b\"]\naccess = \"read\"",
+                "[[tokens]]\ntoken = \"aaaaaaaaaaaaaaaaaaaa\"\nnamespaces = [\"a/\"]\naccess = \"read\"\n[[tokens]]\ntoken = \"aaaaaaaaaaaaaaaaaaaa\"\nnamespaces = [\"b/\"]\naccess = \"read\"",
                 "twice",
             ),
         ] {

@@ -130,6 +130,7 @@ impl Server {
                 cfg.server.queue_timeout,
             )));
             shared.cluster_authorization = cluster::token().map(|t| format!("Bearer {t}"));
+            cluster::check_dns_token(&cfg.cluster, shared.cluster_authorization.is_some())?;
             anyhow::ensure!(
                 !auth.enabled() || shared.cluster_authorization.is_some(),
                 "[auth] is on in a cluster: set KVTIER_CLUSTER_TOKEN to a token of the tokens file with \

@@ -2,7 +2,9 @@
 //! with `KVTIER_CLUSTER_TOKEN`, and refuse to start without it; a client's
 //! own token is checked on the node it calls and works across the cluster;
 //! a client claiming to be another node (`kvtier-forwarded`) is not served as
-//! one, so it cannot replace an immutable block.
+//! one, so it cannot replace an immutable block; with `cluster.dns` the token
+//! would go in plaintext to whatever the name resolves to, so that needs
+//! `cluster.insecure_dns = true`.
 mod common;
 
 use bytes::Bytes;
@@ -11,8 +13,11 @@ use common::{BIN, ready};
 use kvtier_client::{Client, ClientConfig};
 use kvtier_proto::v1 as pb;
 use kvtier_proto::v1::kv_tier_client::KvTierClient;
+use kvtier_proto::v1::kv_tier_server::{KvTier, KvTierServer};
 use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use tonic::{Request, Response, Status};
 
 const NS: &str = "acme/model";
 const CLIENT: &str = "acme-client-token-0123456789";
@@ -24,12 +29,18 @@ fn launch(
     tokens: &std::path::Path,
     peer_token: Option<&str>,
 ) -> Result<std::process::Child, String> {
+    launch_with(n, &n.config(None, members), tokens, peer_token)
+}
+
+/// Starts `n` with config `text` plus `[auth]` on `tokens`.
+fn launch_with(
+    n: &Node,
+    text: &str,
+    tokens: &std::path::Path,
+    peer_token: Option<&str>,
+) -> Result<std::process::Child, String> {
     let cfg = n.dir.join("kvtier.toml");
-    let text = format!(
-        "{}\n[auth]\ntokens_file = \"{}\"\n",
-        n.config(None, members),
-        tokens.display()
-    );
+    let text = format!("{text}\n[auth]\ntokens_file = \"{}\"\n", tokens.display());
     std::fs::write(&cfg, text).unwrap();
     let log = n.dir.join("log");
     let mut cmd = Command::new(BIN);
@@ -152,4 +163,133 @@ async fn peers_use_the_cluster_token_and_clients_cannot_pose_as_peers() {
         let _ = p.kill();
         let _ = p.wait();
     }
+}
+
+/// A kvtier.v1 server that is not a node: it answers Stats with a name and
+/// keeps the `authorization` each Stats carried (what an attacker who got
+/// an address behind the cluster's DNS name would see).
+struct Listener {
+    heard: Arc<Mutex<Vec<String>>>,
+}
+
+#[tonic::async_trait]
+impl KvTier for Listener {
+    async fn lookup(
+        &self,
+        _: Request<pb::LookupRequest>,
+    ) -> Result<Response<pb::LookupResponse>, Status> {
+        Err(Status::unimplemented("not a node"))
+    }
+    type ReadStream = tonic::codegen::BoxStream<pb::ReadResponse>;
+    async fn read(
+        &self,
+        _: Request<pb::ReadRequest>,
+    ) -> Result<Response<Self::ReadStream>, Status> {
+        Err(Status::unimplemented("not a node"))
+    }
+    async fn write(
+        &self,
+        _: Request<pb::WriteRequest>,
+    ) -> Result<Response<pb::WriteResponse>, Status> {
+        Err(Status::unimplemented("not a node"))
+    }
+    async fn write_stream(
+        &self,
+        _: Request<tonic::Streaming<pb::WriteRequest>>,
+    ) -> Result<Response<pb::WriteResponse>, Status> {
+        Err(Status::unimplemented("not a node"))
+    }
+    async fn delete(
+        &self,
+        _: Request<pb::DeleteRequest>,
+    ) -> Result<Response<pb::DeleteResponse>, Status> {
+        Err(Status::unimplemented("not a node"))
+    }
+    async fn lease(
+        &self,
+        _: Request<pb::LeaseRequest>,
+    ) -> Result<Response<pb::LeaseResponse>, Status> {
+        Err(Status::unimplemented("not a node"))
+    }
+    async fn stats(
+        &self,
+        r: Request<pb::StatsRequest>,
+    ) -> Result<Response<pb::StatsResponse>, Status> {
+        let auth = r
+            .metadata()
+            .get("authorization")
+            .and_then(|v| v.to_str().ok());
+        self.heard
+            .lock()
+            .unwrap()
+            .push(auth.unwrap_or_default().to_string());
+        Ok(Response::new(pb::StatsResponse {
+            cluster_self: "grpc://attacker:1".into(),
+            ..Default::default()
+        }))
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dns_with_a_cluster_token_is_refused_unless_insecure_dns() {
+    let tmp = tempfile::tempdir().unwrap();
+    let tokens = tmp.path().join("tokens.toml");
+    std::fs::write(
+        &tokens,
+        format!("[[tokens]]\ntoken = \"{PEER}\"\nnamespaces = [\"\"]\naccess = \"read-write\"\n"),
+    )
+    .unwrap();
+    // The attacker listens on the port `localhost` (the cluster's DNS name
+    // here) is asked on.
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = l.local_addr().unwrap().port();
+    let heard = Arc::new(Mutex::new(Vec::new()));
+    let fake = Listener {
+        heard: heard.clone(),
+    };
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(KvTierServer::new(fake))
+            .serve_with_incoming(tonic::transport::server::TcpIncoming::from(l)),
+    );
+    let ns = nodes(tmp.path(), 1);
+    let dns = |insecure: bool| {
+        ns[0].config(None, &[]).replace(
+            "nodes = []",
+            &format!(
+                "dns = \"localhost:{port}\"\ndns_interval = \"100ms\"\ninsecure_dns = {insecure}"
+            ),
+        )
+    };
+    let err = match launch_with(&ns[0], &dns(false), &tokens, Some(PEER)) {
+        Ok(mut p) => {
+            let _ = p.kill();
+            let _ = p.wait();
+            panic!("a node with cluster.dns and a cluster token started without insecure_dns");
+        }
+        Err(e) => e,
+    };
+    assert!(
+        err.contains("plaintext") && err.contains("cluster.insecure_dns = true"),
+        "{err}"
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        heard.lock().unwrap().is_empty(),
+        "the token left a node that refused to start"
+    );
+
+    // Said explicitly, the node starts, and every address behind the name
+    // hears the token: what the flag accepts.
+    let mut p = launch_with(&ns[0], &dns(true), &tokens, Some(PEER)).expect("starts");
+    let t = std::time::Instant::now();
+    while heard.lock().unwrap().is_empty() && t.elapsed() < Duration::from_secs(10) {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let _ = p.kill();
+    let _ = p.wait();
+    assert_eq!(
+        heard.lock().unwrap().first().map(String::as_str),
+        Some(format!("Bearer {PEER}").as_str())
+    );
 }

@@ -105,7 +105,18 @@ impl Engine {
     /// too, which can only turn that lease's read into a miss, never into
     /// wrong data).
     pub fn release_lease(&self, id: u64) -> Result<()> {
-        let (ids, until) = self.leases.release(id)?;
+        self.release_lease_if(id, |_| true)
+    }
+
+    /// [`Engine::release_lease`] if `allowed` accepts the lease's
+    /// namespace; otherwise the same error as for a lease never granted
+    /// (a tenant must not learn of another's leases by releasing them).
+    pub fn release_lease_if(
+        &self,
+        id: u64,
+        allowed: impl FnOnce(Option<&Namespace>) -> bool,
+    ) -> Result<()> {
+        let (ids, until) = self.leases.release_if(id, allowed)?;
         self.memory.unpin(&ids, until);
         if let Some(d) = &self.disk {
             d.unpin(&ids, until);

@@ -34,6 +34,9 @@ pub struct ClusterSection {
     /// How often `dns` is resolved again.
     #[serde(with = "humantime_serde")]
     pub dns_interval: Duration,
+    /// Accept sending `KVTIER_CLUSTER_TOKEN` in plaintext to every address
+    /// `dns` resolves to ([`check_dns_token`]).
+    pub insecure_dns: bool,
     /// Longest wait for one call to another node (less when the request's
     /// own deadline is nearer).
     #[serde(with = "humantime_serde")]
@@ -52,6 +55,7 @@ impl Default for ClusterSection {
             replicas: 2,
             dns: String::new(),
             dns_interval: Duration::from_secs(5),
+            insecure_dns: false,
             peer_timeout: Duration::from_secs(2),
             down_for: Duration::from_secs(3),
         }
@@ -119,6 +123,25 @@ pub fn dns_target(s: &str) -> anyhow::Result<(String, u16)> {
     Ok((h.to_string(), port))
 }
 
+/// Refuses `cluster.dns` with a cluster token unless `cluster.insecure_dns`:
+/// the node asks every address the name resolves to for its name, and calls
+/// its members, with the token that may read and write every namespace, in
+/// plaintext (peers have no TLS, docs/cluster.md). Whoever can add an
+/// address behind the name (a DNS record, a pod matching a headless
+/// Service's selector) or watch the network would receive it.
+pub fn check_dns_token(cluster: &ClusterSection, token: bool) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        cluster.dns.is_empty() || !token || cluster.insecure_dns,
+        "cluster.dns with KVTIER_CLUSTER_TOKEN: this node would send the cluster token, which may \
+         read and write every namespace, in plaintext to every address {:?} resolves to, so \
+         whoever can add an address behind that name receives it. List the nodes in \
+         cluster.nodes instead, or, if the name and the network are yours alone, set \
+         cluster.insecure_dns = true (docs/cluster.md)",
+        cluster.dns
+    );
+    Ok(())
+}
+
 /// `KVTIER_CLUSTER_TOKEN`, if set and not empty.
 pub fn token() -> Option<String> {
     std::env::var("KVTIER_CLUSTER_TOKEN")
@@ -184,5 +207,26 @@ mod tests {
         c.validate().unwrap();
         c.dns = "x".into();
         assert!(c.validate().unwrap_err().to_string().contains("name:port"));
+    }
+
+    #[test]
+    fn dns_with_a_cluster_token_needs_insecure_dns() {
+        let mut c = ClusterSection {
+            dns: "kvtier-headless:50051".into(),
+            self_: "grpc://kvtier-0:50051".into(),
+            ..Default::default()
+        };
+        let e = check_dns_token(&c, true).unwrap_err().to_string();
+        assert!(
+            e.contains("plaintext") && e.contains("cluster.insecure_dns = true"),
+            "{e}"
+        );
+        check_dns_token(&c, false).unwrap();
+        c.insecure_dns = true;
+        check_dns_token(&c, true).unwrap();
+        c.insecure_dns = false;
+        c.dns.clear();
+        c.nodes = vec!["grpc://kvtier-0:50051".into()];
+        check_dns_token(&c, true).unwrap();
     }
 }

@@ -51,7 +51,7 @@ impl TlsSection {
     }
 }
 
-/// `[auth]`: bearer tokens mapped to namespace prefixes (docs/security.md).
+/// `[auth]`: bearer tokens mapped to namespaces (docs/security.md).
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct AuthSection {

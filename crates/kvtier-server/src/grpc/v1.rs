@@ -312,11 +312,14 @@ impl KvTier for V1Service {
         this.serve("lease", arrived, async |clock| {
             let engine = &this.shared.engine;
             if req.release_lease_id != 0 {
-                if let Some(ns) = engine.lease_namespace(req.release_lease_id) {
-                    this.shared.allow(&who, ns.as_str(), false)?;
-                }
+                // Another tenant's lease answers exactly as one never
+                // granted (NOT_FOUND, same words, no refusal counted in
+                // /metrics): naming its namespace, or answering differently,
+                // would let a tenant map others' namespaces and activity.
                 engine
-                    .release_lease(req.release_lease_id)
+                    .release_lease_if(req.release_lease_id, |ns| {
+                        ns.is_none_or(|ns| who.check(ns.as_str(), false).is_ok())
+                    })
                     .map_err(to_status)?;
                 return Ok(pb::LeaseResponse {
                     lease_id: req.release_lease_id,
