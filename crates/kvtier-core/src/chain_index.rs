@@ -494,7 +494,6 @@ mod tests {
     //! after parents), lookups, pins, evictions, expiry and removals against a
     //! model, checking the invariants and prefix closure after every step.
     use super::*;
-    use crate::keys::Namespace;
     use proptest::prelude::*;
     use std::collections::HashSet;
     use std::time::Duration;
@@ -516,8 +515,11 @@ mod tests {
     fn key(chain: u8, pos: u8) -> Key {
         Key::new(vec![chain, pos]).unwrap()
     }
+    /// Chains 0 and 1 share a tenant (`a/`), chain 2 is another (`b`), so
+    /// the per-tenant bookkeeping of [`crate::shares`] is checked too.
     fn id(chain: u8, pos: u8) -> BlockId {
-        BlockId::new(Namespace::new("t").unwrap(), key(chain, pos))
+        let ns = ["a/0", "a/1", "b"][chain as usize % 3];
+        BlockId::new(Namespace::new(ns).unwrap(), key(chain, pos))
     }
 
     #[derive(Debug, Clone)]
@@ -708,7 +710,9 @@ mod tests {
             .unwrap_err();
         assert!(err.is_empty());
         ix.release(&id(0, 0));
-        let gone = ix.evict_until(|b| b <= 10, Some(&id(1, 0)), None, now).unwrap();
+        let gone = ix
+            .evict_until(|b| b <= 10, Some(&id(1, 0)), None, now)
+            .unwrap();
         assert_eq!(gone[0].0, id(0, 0));
         assert_eq!(ix.counters.evictions, 1);
     }

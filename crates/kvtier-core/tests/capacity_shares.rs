@@ -17,7 +17,9 @@ const BLOCK: usize = 64 << 10;
 const TIER: u64 = 32 * (BLOCK as u64 + 64 + ENTRY_OVERHEAD);
 
 fn chain(ns_: &str, seed: u32, n: usize) -> Vec<Block> {
-    chain_with(&ns(ns_), seed, n, |i| vec![(seed as usize + i) as u8; BLOCK])
+    chain_with(&ns(ns_), seed, n, |i| {
+        vec![(seed as usize + i) as u8; BLOCK]
+    })
 }
 
 fn mem(shares: Shares) -> MemoryTier {

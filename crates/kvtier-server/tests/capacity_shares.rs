@@ -89,7 +89,10 @@ async fn attack(fair: bool) -> (usize, String) {
     if found == 16 {
         let got = a.read("a/llama", &keys, 0).await.unwrap().blocks;
         assert_eq!(got.len(), 16);
-        assert!(got.iter().all(|b| b.payload.len() == BLOCK && b.payload[0] == 1));
+        assert!(
+            got.iter()
+                .all(|b| b.payload.len() == BLOCK && b.payload[0] == 1)
+        );
     }
     (found, common::metrics(&s).await)
 }
@@ -103,7 +106,10 @@ fn metric(text: &str, series: &str) -> f64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_noisy_tenant_cannot_evict_another_tenants_prefix() {
     let (found, m) = attack(true).await;
-    assert_eq!(found, 16, "tenant A's prefix lost blocks to tenant B's writes");
+    assert_eq!(
+        found, 16,
+        "tenant A's prefix lost blocks to tenant B's writes"
+    );
     let a_bytes = metric(
         &m,
         r#"kvtier_share_resident_bytes{tier="memory",share="tenant-a"}"#,
@@ -125,5 +131,8 @@ async fn a_noisy_tenant_cannot_evict_another_tenants_prefix() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_shares_the_same_flood_evicts_the_prefix() {
     let (found, _) = attack(false).await;
-    assert_eq!(found, 0, "one tier-wide LRU: B's writes take all of A's prefix");
+    assert_eq!(
+        found, 0,
+        "one tier-wide LRU: B's writes take all of A's prefix"
+    );
 }

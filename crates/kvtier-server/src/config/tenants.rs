@@ -86,15 +86,26 @@ mod tests {
         assert!(s.fair);
         assert_eq!(s.default_weight, 2);
         assert_eq!((s.classes[0].weight, s.classes[1].weight), (3, 1));
-        assert!(!Config::parse("[tenants]\nfair_shares = false\n").unwrap().tenants.fair_shares);
+        assert!(
+            !Config::parse("[tenants]\nfair_shares = false\n")
+                .unwrap()
+                .tenants
+                .fair_shares
+        );
     }
 
     #[test]
     fn bad_shares_are_refused_with_their_name() {
         for (bad, what) in [
-            ("[[tenants.shares]]\nname = \"a\"\nprefix = \"a/\"\nweight = 0\n", "weight"),
+            (
+                "[[tenants.shares]]\nname = \"a\"\nprefix = \"a/\"\nweight = 0\n",
+                "weight",
+            ),
             ("[tenants]\ndefault_weight = 0\n", "default_weight"),
-            ("[[tenants.shares]]\nname = \"other\"\nprefix = \"a/\"\n", "reserved"),
+            (
+                "[[tenants.shares]]\nname = \"other\"\nprefix = \"a/\"\n",
+                "reserved",
+            ),
             (
                 "[[tenants.shares]]\nname = \"a\"\nprefix = \"x/\"\n\
                  [[tenants.shares]]\nname = \"b\"\nprefix = \"x/\"\n",
