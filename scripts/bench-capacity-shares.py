@@ -37,7 +37,7 @@ import sys
 import time
 from typing import Any
 
-from _perf import ROOT  # noqa: F401  (puts python/ and perf/ on sys.path)
+from _perf import ROOT
 
 from kvtier import Client
 from perf import alternate, header, summarize, versions, write_record
