@@ -55,8 +55,11 @@ def tokens(seed: int, blocks: int, block_size: int) -> list[int]:
     return [(seed << 20) + t for t in range(blocks * block_size)]
 
 
+BINARY: str | None = None  # --kvtier: default the release binary
+
+
 def run(variant: str, _repeat: int) -> dict[str, Any]:
-    with kvtier_server(args=["--memory-capacity", f"{TIER_MIB}MiB"], config=CONFIGS[variant]) as srv:
+    with kvtier_server(BINARY, args=["--memory-capacity", f"{TIER_MIB}MiB"], config=CONFIGS[variant]) as srv:
         c = Client(srv.grpc, data_plane=False, timeout=60.0)
         try:
             bs = c.block_size
@@ -90,7 +93,10 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default=str(ROOT / "notes/062-capacity-shares.json"))
     p.add_argument("--repeat", type=int, default=5)
+    p.add_argument("--kvtier", help="the kvtier binary (default target/release/kvtier)")
     a = p.parse_args()
+    global BINARY
+    BINARY = a.kvtier
     samples = alternate(list(CONFIGS), a.repeat, run)
     results: dict[str, Any] = {}
     for v, rs in samples.items():
@@ -108,7 +114,7 @@ def main() -> int:
         "repeats": a.repeat,
         "results": results,
     }
-    write_record(a.out, fields, header(versions=versions("kvtier", paths={"kvtier": release_binary()})))
+    write_record(a.out, fields, header(versions=versions("kvtier", paths={"kvtier": a.kvtier or release_binary()})))
     print(json.dumps({v: {k: round(x["median"], 3) for k, x in r.items()} for v, r in results.items()}, indent=1))
     return 0
 
