@@ -4,15 +4,17 @@
 //!
 //! ```text
 //!   map:     BlockId -> Slot { value, cost, parent, tick, children, pin, expiry }
-//!   leaves:  tick -> BlockId            (no resident child; LRU eviction order)
+//!   groups:  tenant -> bytes, leaves: tick -> BlockId  (no resident child;
+//!            LRU eviction order within a tenant; crate::shares picks the tenant)
 //!   expiry:  (deadline, tick) -> BlockId
 //!   orphans: parent BlockId -> [child keys]  (children inserted before their parent)
 //!   held:    parents of writes in flight (never evicted)
 //! ```
 //!
 //! Only unpinned, unheld *leaves* (blocks none of whose children are resident)
-//! are eviction candidates, least recently used first, so a chain is always
-//! eaten from its tail: a parent is never evicted while one of its children is
+//! are eviction candidates, least recently used first within the tenant whose
+//! turn it is ([`crate::shares`]: the most over its capacity share), so a
+//! chain is always eaten from its tail: a parent is never evicted while one of its children is
 //! resident. Removing a block for any other reason (delete, expiry) removes its
 //! resident descendants too. Together these keep the resident set prefix-closed,
 //! which is what makes "how many leading blocks exist" a correct cache answer.
@@ -25,8 +27,10 @@
 //! Everything here is in-memory and synchronous; callers hold their own lock
 //! and act on what removals hand back (demote blocks, unlink files) outside it.
 use crate::block::BlockId;
-use crate::keys::Key;
+use crate::keys::{Key, Namespace};
+use crate::shares::{Groups, ShareStat, Shares};
 use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 use tokio::time::Instant;
 
 /// What the index needs to know about a stored value.
@@ -40,7 +44,10 @@ pub(crate) trait Node {
 struct Slot<V, D> {
     value: V,
     cost: u64,
-    /// Last access; also this slot's position in `leaves` while it is a leaf.
+    /// Its tenant's key in `groups`.
+    group: Arc<str>,
+    /// Last access; also this slot's position in its group's leaves while it
+    /// is a leaf.
     tick: u64,
     /// Keys of resident children (same namespace).
     children: Vec<Key>,
@@ -94,7 +101,7 @@ pub(crate) struct Counters {
 /// See the module docs.
 pub(crate) struct ChainIndex<V, D> {
     map: HashMap<BlockId, Slot<V, D>>,
-    leaves: BTreeMap<u64, BlockId>,
+    groups: Groups,
     expiry: BTreeMap<(D, u64), BlockId>,
     orphans: HashMap<BlockId, Vec<Key>>,
     held: HashMap<BlockId, u32>,
@@ -105,9 +112,16 @@ pub(crate) struct ChainIndex<V, D> {
 
 impl<V, D> Default for ChainIndex<V, D> {
     fn default() -> Self {
+        Self::new(Arc::new(Shares::default()))
+    }
+}
+
+impl<V, D> ChainIndex<V, D> {
+    /// An empty index dividing its tier per `shares`.
+    pub fn new(shares: Arc<Shares>) -> Self {
         Self {
             map: HashMap::new(),
-            leaves: BTreeMap::new(),
+            groups: Groups::new(shares),
             expiry: BTreeMap::new(),
             orphans: HashMap::new(),
             held: HashMap::new(),
@@ -151,8 +165,8 @@ impl<V: Node, D: Ord + Copy> ChainIndex<V, D> {
             let s = self.map.get_mut(id).expect("present");
             let old = std::mem::replace(&mut s.tick, tick);
             if s.is_leaf() {
-                self.leaves.remove(&old);
-                self.leaves.insert(tick, id.clone());
+                self.groups.remove_leaf(&s.group, old);
+                self.groups.add_leaf(&s.group, tick, id.clone());
             }
         }
         Found::Live(&self.map[id].value)
@@ -178,15 +192,17 @@ impl<V: Node, D: Ord + Copy> ChainIndex<V, D> {
             match self.map.get_mut(&pid) {
                 Some(p) => {
                     if p.is_leaf() {
-                        self.leaves.remove(&p.tick);
+                        self.groups.remove_leaf(&p.group, p.tick);
                     }
                     p.children.push(id.key.clone());
                 }
                 None => self.orphans.entry(pid).or_default().push(id.key.clone()),
             }
         }
+        let group = self.groups.key_for(&id);
         let slot = Slot {
             cost: value.cost(),
+            group,
             value,
             tick,
             children,
@@ -194,8 +210,9 @@ impl<V: Node, D: Ord + Copy> ChainIndex<V, D> {
             expiry,
             detached,
         };
+        self.groups.charge(&slot.group, slot.cost, true);
         if slot.is_leaf() {
-            self.leaves.insert(tick, id.clone());
+            self.groups.add_leaf(&slot.group, tick, id.clone());
         }
         self.bytes += slot.cost;
         self.map.insert(id, slot);
@@ -241,7 +258,10 @@ impl<V: Node, D: Ord + Copy> ChainIndex<V, D> {
     }
 
     /// Evicts least recently used leaves that are not pinned at `now`, not
-    /// held and not `protect`, until `fits(resident bytes)` holds. On success
+    /// held and not `protect`, until `fits(resident bytes)` holds, taking
+    /// them from the tenants most over their capacity share and never from
+    /// one below the writer's (`writer`: the namespace written and the bytes
+    /// it adds that are not inserted yet; see [`crate::shares`]). On success
     /// returns the evicted blocks; if no candidate is left, returns the ones
     /// evicted so far in `Err` (they stay evicted).
     #[allow(clippy::type_complexity)]
@@ -249,21 +269,20 @@ impl<V: Node, D: Ord + Copy> ChainIndex<V, D> {
         &mut self,
         fits: impl Fn(u64) -> bool,
         protect: Option<&BlockId>,
+        writer: Option<(&Namespace, u64)>,
         now: Instant,
     ) -> Result<Vec<(BlockId, V)>, Vec<(BlockId, V)>> {
         let mut out = Vec::new();
+        let writer = writer.map(|(ns, pending)| (ns.as_str(), pending));
         while !fits(self.bytes) {
             // Oldest leaf first. Removing a leaf may turn its parent into a
             // leaf with an older tick, so the scan restarts each time.
-            let victim = self
-                .leaves
-                .values()
-                .find(|id| {
-                    Some(*id) != protect
-                        && !self.held.contains_key(*id)
-                        && !self.map.get(*id).is_some_and(|s| s.pinned(now))
-                })
-                .cloned();
+            let (map, held) = (&self.map, &self.held);
+            let victim = self.groups.victim(writer, |id| {
+                Some(id) != protect
+                    && !held.contains_key(id)
+                    && !map.get(id).is_some_and(|s| s.pinned(now))
+            });
             let Some(id) = victim else { return Err(out) };
             out.extend(self.remove_cascade(&id));
             self.counters.evictions += 1;
@@ -330,6 +349,16 @@ impl<V: Node, D: Ord + Copy> ChainIndex<V, D> {
         })
     }
 
+    /// Resident bytes and evictions per share label (see [`crate::shares`]).
+    pub fn share_stats(&self) -> Vec<ShareStat> {
+        self.groups.stats()
+    }
+
+    /// Bytes resident in the capacity-share group of `ns`.
+    pub fn group_bytes(&self, ns: &Namespace) -> u64 {
+        self.groups.bytes_of(ns.as_str())
+    }
+
     /// Removes `id` and its resident descendants. The result lists
     /// descendants before ancestors, so acting on it in order (unlinking
     /// files) never leaves a child without its parent.
@@ -342,8 +371,9 @@ impl<V: Node, D: Ord + Copy> ChainIndex<V, D> {
             };
             self.bytes -= s.cost;
             if s.is_leaf() {
-                self.leaves.remove(&s.tick);
+                self.groups.remove_leaf(&s.group, s.tick);
             }
+            self.groups.charge(&s.group, s.cost, false);
             if let Some(k) = s.expiry {
                 self.expiry.remove(&k);
             }
@@ -357,7 +387,7 @@ impl<V: Node, D: Ord + Copy> ChainIndex<V, D> {
                 if let Some(ps) = self.map.get_mut(&pid) {
                     ps.children.retain(|k| k != &cur.key);
                     if ps.children.is_empty() {
-                        self.leaves.insert(ps.tick, pid);
+                        self.groups.add_leaf(&ps.group, ps.tick, pid);
                     }
                 } else if let Some(o) = self.orphans.get_mut(&pid) {
                     o.retain(|k| k != &cur.key);
@@ -389,7 +419,7 @@ impl<V: Node, D: Ord + Copy> ChainIndex<V, D> {
                     s.value.cost()
                 ));
             }
-            let in_leaves = self.leaves.get(&s.tick) == Some(id);
+            let in_leaves = self.groups.leaf(&s.group, s.tick) == Some(id);
             if s.is_leaf() != in_leaves {
                 return Err(format!(
                     "{id:?}: leaf={} in_leaves={in_leaves}",
@@ -434,9 +464,10 @@ impl<V: Node, D: Ord + Copy> ChainIndex<V, D> {
                 }
             }
         }
-        if self.leaves.len() > self.map.len() {
-            return Err("stale leaves".into());
-        }
+        self.groups.check(|key| {
+            let of_group = self.map.values().filter(|s| &*s.group == key);
+            of_group.fold((0, 0), |(b, l), s| (b + s.cost, l + s.is_leaf() as usize))
+        })?;
         if self.expiry.len() > self.map.len() {
             return Err("stale expiry entries".into());
         }
@@ -463,7 +494,6 @@ mod tests {
     //! after parents), lookups, pins, evictions, expiry and removals against a
     //! model, checking the invariants and prefix closure after every step.
     use super::*;
-    use crate::keys::Namespace;
     use proptest::prelude::*;
     use std::collections::HashSet;
     use std::time::Duration;
@@ -485,8 +515,11 @@ mod tests {
     fn key(chain: u8, pos: u8) -> Key {
         Key::new(vec![chain, pos]).unwrap()
     }
+    /// Chains 0 and 1 share a tenant (`a/`), chain 2 is another (`b`), so
+    /// the per-tenant bookkeeping of [`crate::shares`] is checked too.
     fn id(chain: u8, pos: u8) -> BlockId {
-        BlockId::new(Namespace::new("t").unwrap(), key(chain, pos))
+        let ns = ["a/0", "a/1", "b"][chain as usize % 3];
+        BlockId::new(Namespace::new(ns).unwrap(), key(chain, pos))
     }
 
     #[derive(Debug, Clone)]
@@ -587,7 +620,7 @@ mod tests {
                         }
                     }
                     Op::Evict { budget } => {
-                        let res = ix.evict_until(|b| b <= budget, None, t0);
+                        let res = ix.evict_until(|b| b <= budget, None, None, t0);
                         let (ok, gone) = match res { Ok(g) => (true, g), Err(g) => (false, g) };
                         for (bid, _) in &gone {
                             let k = (bid.key.as_bytes()[0], bid.key.as_bytes()[1]);
@@ -642,7 +675,7 @@ mod tests {
             // Once all are in, the chain is linked: the only leaf is the tail,
             // so evicting one block takes the tail, and removing the head
             // takes all of them.
-            let gone = ix.evict_until(|b| b < n as u64, None, Instant::now()).unwrap();
+            let gone = ix.evict_until(|b| b < n as u64, None, None, Instant::now()).unwrap();
             prop_assert_eq!(gone.len(), 1);
             prop_assert_eq!(gone[0].0.key.as_bytes()[1], n - 1);
             prop_assert_eq!(ix.remove_cascade(&id(0, 0)).len(), n as usize - 1);
@@ -673,11 +706,13 @@ mod tests {
         ix.hold(&id(0, 0));
         let now = Instant::now();
         let err = ix
-            .evict_until(|b| b == 0, Some(&id(1, 0)), now)
+            .evict_until(|b| b == 0, Some(&id(1, 0)), None, now)
             .unwrap_err();
         assert!(err.is_empty());
         ix.release(&id(0, 0));
-        let gone = ix.evict_until(|b| b <= 10, Some(&id(1, 0)), now).unwrap();
+        let gone = ix
+            .evict_until(|b| b <= 10, Some(&id(1, 0)), None, now)
+            .unwrap();
         assert_eq!(gone[0].0, id(0, 0));
         assert_eq!(ix.counters.evictions, 1);
     }
@@ -730,7 +765,7 @@ mod tests {
                     ix.insert(id(c as u8, pos as u8), V { cost: 1, parent }, None);
                     ix.check_invariants().unwrap();
                 }
-                let gone = ix.evict_until(|b| b == 0, None, Instant::now());
+                let gone = ix.evict_until(|b| b == 0, None, None, Instant::now());
                 assert_eq!(
                     gone.map(|g| g.len()).map_err(|g| g.len()),
                     Ok(n),

@@ -8,6 +8,8 @@
 //! * `chain_index`: the prefix-closed index (chain links, leaf LRU, expiry,
 //!   pins) both local tiers keep.
 //! * [`disk`]: the local disk tier (crash-safe records, checksums, restart recovery).
+//! * [`shares`]: capacity shares, which tenant gives up a block when a local
+//!   tier is full (max-min fair over resident bytes).
 //! * [`lease`]: leases on looked-up prefixes and the byte budget their pins
 //!   are charged to.
 //! * [`engine`]: composes tiers into one store: lookup, read, write, delete,
@@ -37,6 +39,7 @@ pub mod keys;
 pub mod lease;
 pub mod memory;
 pub mod object_link;
+pub mod shares;
 pub mod size;
 pub mod tier;
 
@@ -48,5 +51,6 @@ pub use engine::{
 pub use error::{Error, Result};
 pub use keys::{HashFn, Key, Namespace};
 pub use object_link::{ObjectOptions, ObjectStats, ObjectWritePolicy};
+pub use shares::{ShareClass, ShareStat, Shares};
 pub use size::ByteSize;
 pub use tier::{Tier, TierKind, TierStats};

@@ -7,7 +7,8 @@
 //! eviction candidates, least recently used first, so a chain is always eaten
 //! from its tail; removing a block for any other reason (delete, TTL) removes
 //! its resident descendants too. Together these keep the resident set
-//! prefix-closed.
+//! prefix-closed. When the tier is full the victim's tenant is the one most
+//! over its capacity share ([`crate::shares`]).
 //!
 //! Why hand-written and not moka / foyer / quick_cache: see `docs/cache-choice.md`
 //! (none of them can restrict eviction to chain leaves or pin by lease).
@@ -15,9 +16,11 @@ use crate::block::{Block, BlockId};
 use crate::chain_index::{ChainIndex, Found, Node};
 use crate::error::{Error, Result};
 use crate::keys::Key;
+use crate::shares::{ShareStat, Shares};
 use crate::tier::{PutOutcome, Tier, TierKind, TierStats};
 use async_trait::async_trait;
 use parking_lot::Mutex;
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
 
@@ -51,12 +54,23 @@ pub struct MemoryTier {
 }
 
 impl MemoryTier {
-    /// A tier holding at most `capacity` bytes (payload + per-entry overhead).
+    /// A tier holding at most `capacity` bytes (payload + per-entry overhead),
+    /// divided between tenants by the default [`Shares`].
     pub fn new(capacity: u64) -> Self {
+        Self::with_shares(capacity, Arc::new(Shares::default()))
+    }
+
+    /// A tier holding at most `capacity` bytes, divided per `shares`.
+    pub fn with_shares(capacity: u64, shares: Arc<Shares>) -> Self {
         Self {
             capacity,
-            inner: Mutex::new(Inner::default()),
+            inner: Mutex::new(Inner::new(shares)),
         }
+    }
+
+    /// Resident bytes and evictions per share label.
+    pub fn share_stats(&self) -> Vec<ShareStat> {
+        self.inner.lock().share_stats()
     }
 
     /// The byte budget.
@@ -141,7 +155,8 @@ impl MemoryTier {
             .map(|exp| now + Duration::from_millis(exp.saturating_sub(unix_ms())));
         g.insert(id.clone(), block, expires_at);
         let capacity = self.capacity;
-        match g.evict_until(|bytes| bytes <= capacity, Some(&id), now) {
+        let writer = Some((&id.namespace, 0));
+        match g.evict_until(|bytes| bytes <= capacity, Some(&id), writer, now) {
             Ok(evicted) => Ok((
                 PutOutcome::Stored,
                 evicted.into_iter().map(|(_, b)| b).collect(),
@@ -153,6 +168,7 @@ impl MemoryTier {
                 // under disk write-back, exist nowhere else.
                 let pinned = g.pinned_bytes(now);
                 g.remove_cascade(&id);
+                let own = g.group_bytes(&id.namespace);
                 g.counters.evictions -= evicted.len() as u64;
                 for (bid, b) in evicted.into_iter().rev() {
                     let expires_at = b
@@ -164,6 +180,13 @@ impl MemoryTier {
                 debug_assert!(g.bytes() <= capacity);
                 let why = if pinned > capacity / 2 {
                     format!("{pinned} of {capacity} bytes are pinned by leases")
+                } else if own < g.bytes() {
+                    format!(
+                        "namespace {} is at its capacity share ({own} of {capacity} bytes; \
+                         the rest is other tenants' share and this block's own ancestors, \
+                         docs/security.md)",
+                        id.namespace
+                    )
                 } else {
                     "the rest of memory holds this block's own ancestors (the chain is longer \
                      than the memory tier; raise --memory-capacity or add a disk tier)"

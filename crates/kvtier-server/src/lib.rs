@@ -22,7 +22,8 @@
 //!   what more than one of them shares.
 //! * The request layer every front goes through: [`state`] (`Shared`),
 //!   [`auth`], [`admission`], [`limits`], [`timing`] and [`rx_stamp`] (when a
-//!   request arrived), [`metrics`], [`status`] (core errors as statuses).
+//!   request arrived), [`metrics`] (with `share_metrics`), [`status`] (core
+//!   errors as statuses).
 //! * Set-up: [`config`], [`tls`], [`numa`] (listeners on CPU sets),
 //!   [`object`] (the object-store tier's wiring), [`cluster`] (membership and
 //!   the engine's peers over gRPC, docs/cluster.md); this file starts it all
@@ -45,6 +46,7 @@ pub mod read;
 pub mod refusal;
 pub mod rx_stamp;
 pub mod same_host;
+mod share_metrics;
 pub mod state;
 pub mod status;
 pub mod timing;
@@ -411,7 +413,9 @@ async fn build_engine_with(
     cfg: &Config,
     peers: Option<Arc<cluster::GrpcPeers>>,
 ) -> anyhow::Result<Engine> {
-    let builder = Engine::builder(cfg.engine.engine_config());
+    let mut engine_cfg = cfg.engine.engine_config();
+    engine_cfg.shares = cfg.tenants.shares();
+    let builder = Engine::builder(engine_cfg);
     let builder = with_disk(builder, cfg).await?;
     let builder = object::attach(builder, cfg)?;
     Ok(match peers {
@@ -433,6 +437,7 @@ async fn with_disk(
     dc.sync = d.sync;
     dc.batch_interval = d.batch_interval;
     dc.verify_on_open = d.verify_on_open;
+    dc.shares = cfg.tenants.shares();
     let (disk, rep) = kvtier_core::DiskTier::open_async(dc)
         .await
         .context("disk tier")?;

@@ -12,6 +12,7 @@
 //!   (`unauthenticated`) or access control (`permission_denied`).
 //! * `kvtier_stalled_replies_total{front}`: replies dropped (`server.write_timeout`).
 //! * `kvtier_engine_{degraded_writes,demotions,demotion_failures}_total`: engine counters.
+//! * `kvtier_share_{resident_bytes,evictions_total}`: `crate::share_metrics`.
 //! * In the `kvtier` binary (jemalloc): `kvtier_allocator_{allocated,resident}_bytes`,
 //!   `kvtier_allocator_purges_total`, and `kvtier_process_resident_bytes` (RSS)
 //!   against `kvtier_resident_limit_bytes` (docs/operations.md, "Memory").
@@ -535,6 +536,7 @@ impl Collector for EngineCollector {
                 prometheus_client::metrics::MetricType::Counter,
             )?)?;
         }
+        crate::share_metrics::encode(&self.0, &mut encoder)?;
         if let Some(disk) = self.0.disk() {
             encode_disk(disk, &mut encoder)?;
         }

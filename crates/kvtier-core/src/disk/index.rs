@@ -10,6 +10,8 @@
 use crate::block::BlockId;
 use crate::chain_index::{ChainIndex, Counters, Found, Node};
 use crate::keys::Key;
+use crate::shares::{ShareStat, Shares};
+use std::sync::Arc;
 use tokio::time::Instant;
 
 /// One committed record.
@@ -82,7 +84,6 @@ pub(crate) enum Lookup {
     Expired(Vec<Removed>),
 }
 
-#[derive(Default)]
 pub(crate) struct Index {
     chain: ChainIndex<Entry, u64>,
     /// Bytes reserved by writes in flight.
@@ -90,6 +91,24 @@ pub(crate) struct Index {
 }
 
 impl Index {
+    /// An empty index dividing the tier per `shares`.
+    pub fn new(shares: Arc<Shares>) -> Self {
+        Self {
+            chain: ChainIndex::new(shares),
+            reserved: 0,
+        }
+    }
+
+    /// Resident bytes and evictions per share label.
+    pub fn share_stats(&self) -> Vec<ShareStat> {
+        self.chain.share_stats()
+    }
+
+    /// Bytes resident in the capacity-share group of `ns`.
+    pub fn group_bytes(&self, ns: &crate::keys::Namespace) -> u64 {
+        self.chain.group_bytes(ns)
+    }
+
     pub fn len(&self) -> usize {
         self.chain.len()
     }
@@ -140,18 +159,23 @@ impl Index {
 
     /// Evicts LRU unpinned leaves (never `protect` nor a parent of a write in
     /// flight) until `need` more bytes fit under `capacity` next to what is
-    /// committed and reserved. On failure nothing further is evicted and the
-    /// victims removed so far are returned in `Err`.
+    /// committed and reserved, from the tenants most over their capacity
+    /// share and never one below `writer`'s (the namespace written). On
+    /// failure nothing further is evicted and the victims removed so far are
+    /// returned in `Err`.
     pub fn evict_for(
         &mut self,
         need: u64,
         capacity: u64,
         protect: Option<&BlockId>,
+        writer: Option<&crate::keys::Namespace>,
         now: Instant,
     ) -> Result<Vec<Removed>, Vec<Removed>> {
         let reserved = self.reserved;
+        let writer = writer.map(|ns| (ns, need));
+        let fits = |bytes| bytes + reserved + need <= capacity;
         self.chain
-            .evict_until(|bytes| bytes + reserved + need <= capacity, protect, now)
+            .evict_until(fits, protect, writer, now)
             .map(removed)
             .map_err(removed)
     }

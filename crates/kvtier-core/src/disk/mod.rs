@@ -120,6 +120,8 @@ pub struct DiskConfig {
     /// When false only headers and file lengths are checked at open; reads
     /// still verify every payload.
     pub verify_on_open: bool,
+    /// How the tier's capacity is divided between tenants (docs/security.md).
+    pub shares: crate::shares::Shares,
 }
 
 impl DiskConfig {
@@ -134,6 +136,7 @@ impl DiskConfig {
             sync: SyncMode::default(),
             batch_interval: Self::DEFAULT_BATCH_INTERVAL,
             verify_on_open: true,
+            shares: Default::default(),
         }
     }
 }
@@ -178,7 +181,7 @@ impl DiskTier {
     /// another process.
     pub fn open(cfg: DiskConfig) -> Result<(DiskTier, RecoveryReport)> {
         let (lock, blocks_dir) = recovery::prepare_dir(&cfg.dir)?;
-        let mut idx = Index::default();
+        let mut idx = Index::new(Arc::new(cfg.shares.clone()));
         let (report, max_seq) = recovery::rebuild(&cfg, &blocks_dir, &mut idx)?;
         let bg = Arc::new(Background::default());
         let shared = Arc::new(Shared {
@@ -283,6 +286,11 @@ impl DiskTier {
             reserved_bytes,
             pending_unlinks: s.bg.pending_unlinks() as u64,
         }
+    }
+
+    /// Resident bytes and evictions per capacity-share label.
+    pub fn share_stats(&self) -> Vec<crate::shares::ShareStat> {
+        self.shared.index.lock().share_stats()
     }
 
     /// Checks the index's structural invariants (for tests).

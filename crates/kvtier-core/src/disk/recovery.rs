@@ -304,7 +304,7 @@ pub(super) fn rebuild(
         idx.insert(m.id, e);
     }
     let capacity = cfg.capacity.bytes();
-    let evicted = match idx.evict_for(0, capacity, None, tokio::time::Instant::now()) {
+    let evicted = match idx.evict_for(0, capacity, None, None, tokio::time::Instant::now()) {
         Ok(v) | Err(v) => v,
     };
     rep.evicted_over_capacity = evicted.len() as u64;

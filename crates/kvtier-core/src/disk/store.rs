@@ -154,7 +154,7 @@ impl Shared {
                 }
             }
             let now = Instant::now();
-            match idx.evict_for(cost, capacity, parent.as_ref(), now) {
+            match idx.evict_for(cost, capacity, parent.as_ref(), Some(&id.namespace), now) {
                 Ok(v) => {
                     idx.reserved += cost;
                     if let Some(p) = &parent {
@@ -164,11 +164,19 @@ impl Shared {
                 }
                 Err(v) => {
                     let pinned = idx.pinned_bytes(now);
+                    let (own, all) = (idx.group_bytes(&id.namespace), idx.bytes());
                     drop(idx);
                     self.unlink_now(&v, false);
                     self.write_exhausted.fetch_add(1, Ordering::Relaxed);
                     let why = if pinned > capacity / 2 {
                         format!("{pinned} of {capacity} bytes are pinned by leases")
+                    } else if own < all {
+                        format!(
+                            "namespace {} is at its capacity share ({own} of {capacity} bytes; \
+                             the rest is other tenants' share and this block's own ancestors \
+                             or blocks being written, docs/security.md)",
+                            id.namespace
+                        )
                     } else {
                         "the rest of the tier holds this block's own ancestors or blocks being \
                          written (the chain is longer than the disk tier; raise --disk-capacity)"

@@ -120,7 +120,10 @@ impl EngineBuilder {
     /// The engine. Must run inside a Tokio runtime when an object store with
     /// write-back is configured (its uploader starts here).
     pub fn build(self) -> Engine {
-        let memory = Arc::new(MemoryTier::new(self.cfg.memory_capacity.bytes()));
+        let memory = Arc::new(MemoryTier::with_shares(
+            self.cfg.memory_capacity.bytes(),
+            Arc::new(self.cfg.shares.clone()),
+        ));
         let leases = Arc::new(LeaseTable::new(self.cfg.pin_budget()));
         let (disk, policy) = match self.disk {
             Some((d, p)) => (Some(d), p),
@@ -471,6 +474,13 @@ impl Engine {
     /// periodically; does no blocking I/O.
     pub fn purge_expired(&self) -> u64 {
         self.memory.purge_expired() + self.disk.as_ref().map_or(0, |d| d.purge_expired())
+    }
+
+    /// Resident bytes and evictions per capacity-share label, per local tier.
+    pub fn share_stats(&self) -> Vec<(TierKind, Vec<crate::shares::ShareStat>)> {
+        let mut v = vec![(TierKind::Memory, self.memory.share_stats())];
+        v.extend(self.disk.iter().map(|d| (TierKind::Disk, d.share_stats())));
+        v
     }
 
     /// Counters.

@@ -25,6 +25,9 @@ pub struct EngineConfig {
     pub max_pinned: ByteSize,
     /// Bytes the leases of one namespace may pin; 0 = `max_pinned`.
     pub max_pinned_per_namespace: ByteSize,
+    /// How the memory tier is divided between tenants (the disk tier's is
+    /// [`crate::disk::DiskConfig::shares`]).
+    pub shares: crate::shares::Shares,
 }
 
 impl EngineConfig {
@@ -54,6 +57,7 @@ impl Default for EngineConfig {
             max_lease: Duration::from_secs(60),
             max_pinned: ByteSize(0),
             max_pinned_per_namespace: ByteSize(0),
+            shares: Default::default(),
         }
     }
 }

@@ -30,6 +30,8 @@ pub struct Config {
     pub tls: TlsSection,
     /// Several nodes as one cache (docs/cluster.md); off unless nodes or dns is set.
     pub cluster: crate::cluster::ClusterSection,
+    /// Capacity shares of the memory and disk tiers (docs/security.md).
+    pub tenants: TenantsSection,
 }
 
 /// `[tls]`: one certificate for the gRPC, HTTP and data-plane listeners.
@@ -434,14 +436,17 @@ impl EngineSection {
             max_lease: self.max_lease,
             max_pinned: self.max_pinned,
             max_pinned_per_namespace: self.max_pinned_per_namespace,
+            ..EngineConfig::default()
         }
     }
 }
 
 pub use crate::numa::ListenSpec;
 pub use listen::SameHostSocket;
+pub use tenants::{ShareEntry, TenantsSection};
 
 mod listen;
+mod tenants;
 
 impl Config {
     /// Reads and validates a TOML file.
@@ -466,6 +471,7 @@ impl Config {
     /// Checks cross-field constraints.
     pub fn validate(&self) -> anyhow::Result<()> {
         self.cluster.validate()?;
+        self.tenants.validate()?;
         if self.tls.cert.is_empty() != self.tls.key.is_empty() {
             anyhow::bail!("tls: cert and key go together (both set, or both empty)");
         }
@@ -655,6 +661,7 @@ mod tests {
         assert_eq!(c.disk, Config::default().disk);
         assert_eq!(c.object_store, Config::default().object_store);
         assert_eq!(c.cluster, Config::default().cluster);
+        assert_eq!(c.tenants, Config::default().tenants);
     }
 
     #[test]
