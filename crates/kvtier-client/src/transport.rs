@@ -118,14 +118,13 @@ async fn unix_plane(
     path: &str,
     stats: &pb::StatsResponse,
 ) -> Result<WireClient> {
-    Ok(WireClient::connect_tls(
-        Target::Unix(path.into()),
+    Ok(WireClient::connect_local(
+        path,
         data_connections(cfg),
         cfg.timeout,
         cfg.connect_timeout,
-        None,
         cfg.token.as_deref(),
-        None,
+        cfg.server_uid,
     )
     .await?
     .with_max_stripes(cfg.read_stripes)
