@@ -21,7 +21,9 @@ import shutil
 import signal
 import socket
 import struct
+import tempfile
 import time
+from pathlib import Path
 
 import grpc
 import pytest
@@ -36,17 +38,41 @@ from frames import HEADER, Kind, frame
 NOBODY = 65534
 SECRET = b"victim-secret:" + os.urandom(16).hex().encode() + b"!" * 4050  # one page and some
 NS = "attack"
+SYSTEM_PYTHON = "/usr/bin/python3"
+
+#: The setuid test's connector, run as nobody: connects, says Hello (so the
+#: server takes it as a data-plane connection while it is nobody), hands the
+#: socket over fd argv[2], then execs the setuid program argv[3].
+CONNECTOR = """
+import os, socket, struct, sys
+s = socket.socket(socket.AF_UNIX)
+s.connect(sys.argv[1])
+s.sendall(struct.pack("<4sBBHQII", b"KVW1", 3, 0, 0, 1, 0, 0))
+got = b""
+while len(got) < 24:
+    got += s.recv(24 - len(got))
+socket.send_fds(socket.socket(fileno=int(sys.argv[2])), [b"s"], [s.fileno()])
+os.execv(sys.argv[3], [sys.argv[3], "30"])
+"""
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0 and os.environ.get("CI") != "true",
                                 reason="plays processes of other uids: needs root")
 
 
 @pytest.fixture
-def sock_server(kvtier_bin, tmp_path):
+def open_dir():
+    """A directory every uid may enter (pytest's tmp_path is root's only)."""
+    d = Path(tempfile.mkdtemp(prefix="kvtier-peer-"))
+    os.chmod(d, 0o755)
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture
+def sock_server(kvtier_bin, open_dir):
     """A server whose same-host socket anyone may open (mode 0666)."""
-    os.chmod(tmp_path, 0o755)
-    path = tmp_path / "kvtier.sock"
-    conf = tmp_path / "kvtier.toml"
+    path = open_dir / "kvtier.sock"
+    conf = open_dir / "kvtier.toml"
     conf.write_text(f'[server]\nlocal_listen = "{path}"\nlocal_mode = "0666"\n')
     s = Server.start(binary=kvtier_bin, args=["--config", str(conf)])
     yield str(path)
@@ -107,11 +133,13 @@ def stored(path: str, key: bytes) -> bool:
         return len(wpb.WireReadReply.FromString(meta).blocks) > 0
 
 
-def connect_and_hand_over(path: str, via: str) -> tuple[socket.socket, int]:
-    """A child connects to ``path`` and hands the socket to this process
-    (``via`` "fork": through a grandchild that inherited it; "scm": itself,
-    over SCM_RIGHTS), then exits and is reaped. Returns the socket and the
-    connecting process's (now free) pid."""
+def connect_and_hand_over(path: str, via: str, key: bytes) -> tuple[socket.socket, int]:
+    """A child connects to ``path``, stores a block under ``key`` (so the
+    server has taken the connection as a data-plane one while the child
+    lives), hands the socket to this process (``via`` "fork": through a
+    grandchild that inherited it; "scm": itself, over SCM_RIGHTS), then
+    exits and is reaped. Returns the socket and the connecting process's
+    (now free) pid."""
     a, b = socket.socketpair()
     pid = os.fork()
     if pid == 0:  # the connecting process
@@ -119,6 +147,7 @@ def connect_and_hand_over(path: str, via: str) -> tuple[socket.socket, int]:
             a.close()
             s = socket.socket(socket.AF_UNIX)
             s.connect(path)
+            write(s, key, b"A" * len(SECRET))
             if via == "fork":
                 if os.fork() == 0:  # the holder: outlives the connecting process
                     time.sleep(0.2)
@@ -176,10 +205,9 @@ def victim_buffer(go_w: int, back_r: int, v: int) -> bytes:
 
 @pytest.mark.parametrize("via", ["fork", "scm"])
 def test_a_reused_pid_is_not_copied_into_or_out_of(sock_server, via):
-    sock, pid = connect_and_hand_over(sock_server, via)
+    # The attacker's own block, to be copied into the victim's buffer.
+    sock, pid = connect_and_hand_over(sock_server, via, b"attacker-block-" + via.encode())
     with sock:
-        # The attacker's own block, to be copied into the victim's buffer.
-        write(sock, b"attacker-block-" + via.encode(), b"A" * len(SECRET))
         v, addr, go_w, back_r = victim_at(pid)
         try:
             # Out of the victim (the test knows the secret's checksum, so
@@ -197,23 +225,21 @@ def test_a_reused_pid_is_not_copied_into_or_out_of(sock_server, via):
         assert got == SECRET, "the victim's memory was overwritten"
 
 
-def test_a_setuid_exec_after_connect_ends_the_copies(sock_server, tmp_path):
-    prog = tmp_path / "suid-sleep"
+def test_a_setuid_exec_after_connect_ends_the_copies(sock_server, open_dir):
+    prog = open_dir / "suid-sleep"
     shutil.copy(shutil.which("sleep") or "/bin/sleep", prog)
     os.chown(prog, 0, 0)
     os.chmod(prog, 0o4755)
     a, b = socket.socketpair()
+    os.set_inheritable(b.fileno(), True)
     pid = os.fork()
-    if pid == 0:  # the connector: nobody, then the setuid program
+    if pid == 0:  # the connector: nobody (by a fresh exec: dumpable), then the setuid program
         try:
             a.close()
             os.setgroups([])
             os.setgid(NOBODY)
             os.setuid(NOBODY)
-            s = socket.socket(socket.AF_UNIX)
-            s.connect(sock_server)
-            socket.send_fds(b, [b"s"], [s.fileno()])  # the test keeps the socket
-            os.execv(str(prog), [str(prog), "30"])
+            os.execv(SYSTEM_PYTHON, [SYSTEM_PYTHON, "-c", CONNECTOR, sock_server, str(b.fileno()), str(prog)])
         finally:
             os._exit(1)
     b.close()
@@ -235,10 +261,10 @@ def test_a_setuid_exec_after_connect_ends_the_copies(sock_server, tmp_path):
         with open(f"/proc/{pid}/mem", "rb") as mem:
             mem.seek(rw)
             before = mem.read(4096)
+        write(sock, b"suid-into", b"Z" * 4096)
         assert_refused(write_from(sock, b"suid-page", rw, crc32c(before), 4096), pid)
         assert not stored(sock_server, b"suid-page"), "a setuid process's memory was stored"
         try:
-            write(sock, b"suid-into", b"Z" * 4096)
             assert_refused(read_into(sock, b"suid-into", rw, 4096), pid)
         except ConnectionError:
             pass
