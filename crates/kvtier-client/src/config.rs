@@ -232,7 +232,7 @@ pub fn endpoint(cfg: &ClientConfig) -> Result<Endpoint> {
 pub async fn connect_pool(cfg: &ClientConfig) -> Result<Vec<Channel>> {
     let ep = endpoint(cfg)?;
     let mut chans = Vec::with_capacity(cfg.connections.max(1));
-    let local = crate::transport::local_path(&cfg.endpoint).map(str::to_owned);
+    let local = crate::listener::local_path(&cfg.endpoint).map(str::to_owned);
     let server_uid = crate::listener::expected_uid(cfg.server_uid)?;
     if let Some(path) = &local {
         // A clear error for the common case, before any channel exists; the

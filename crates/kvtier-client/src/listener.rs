@@ -10,6 +10,13 @@ use crate::{ClientError, Result};
 /// The environment variable naming the uid a same-host server runs as.
 pub const SERVER_UID_ENV: &str = "KVTIER_SERVER_UID";
 
+/// The same-host socket's path, when `endpoint` is `unix://PATH` (or `unix:PATH`).
+pub fn local_path(endpoint: &str) -> Option<&str> {
+    endpoint
+        .strip_prefix("unix://")
+        .or_else(|| endpoint.strip_prefix("unix:"))
+}
+
 /// The uid the server may run as besides this process's and root's:
 /// `configured`, else `$KVTIER_SERVER_UID` (a value that is not a number is
 /// an error, not ignored).

@@ -12,9 +12,7 @@ use tonic::transport::Channel;
 
 /// The same-host socket's path, when `endpoint` is `unix://PATH` (or `unix:PATH`).
 pub fn local_path(endpoint: &str) -> Option<&str> {
-    endpoint
-        .strip_prefix("unix://")
-        .or_else(|| endpoint.strip_prefix("unix:"))
+    crate::listener::local_path(endpoint)
 }
 
 /// What a connected client uses.

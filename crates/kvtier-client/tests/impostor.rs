@@ -39,7 +39,10 @@ print(got.hex(), flush=True)
 #[tokio::test]
 async fn a_socket_bound_by_another_uid_never_gets_the_token() {
     if !nix::unistd::geteuid().is_root() {
-        assert!(std::env::var("CI").is_err(), "this test needs root (CI=true)");
+        assert!(
+            std::env::var("CI").is_err(),
+            "this test needs root (CI=true)"
+        );
         eprintln!("skipped: needs root to start a listener as another uid");
         return;
     }
@@ -63,7 +66,7 @@ async fn a_socket_bound_by_another_uid_never_gets_the_token() {
     let p = path.to_string_lossy().to_string();
 
     // The data plane (Hello carries the token): refused, naming the uid.
-    let e = WireClient::connect_local(
+    let Err(e) = WireClient::connect_local(
         &p,
         2,
         Duration::from_secs(2),
@@ -72,14 +75,17 @@ async fn a_socket_bound_by_another_uid_never_gets_the_token() {
         None,
     )
     .await
-    .err()
-    .expect("an impostor's socket is refused");
+    else {
+        panic!("an impostor's socket is refused");
+    };
     assert!(e.to_string().contains("runs as uid 65534"), "{e}");
     // The full client (gRPC first): refused too.
     let mut cc = ClientConfig::new(format!("unix://{p}"));
     cc.token = Some(TOKEN.into());
     cc.connect_timeout = Duration::from_secs(2);
-    let e = Client::connect(cc).await.err().expect("refused");
+    let Err(e) = Client::connect(cc).await else {
+        panic!("an impostor's socket is refused");
+    };
     assert!(e.to_string().contains("runs as uid 65534"), "{e}");
     // Told to expect that uid, the client does connect to it.
     let r = WireClient::connect_local(

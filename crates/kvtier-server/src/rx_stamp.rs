@@ -52,10 +52,7 @@ pub trait FrameStream: AsyncRead + AsyncWrite + Unpin + Send {
     /// host (the same-host front): payloads may then be copied straight
     /// between its memory and the store's (docs/local.md); or why they may
     /// not. `None` off the same-host socket.
-    fn peer(
-        &self,
-    ) -> Option<Result<std::sync::Arc<crate::same_host::peer::Peer>, crate::same_host::peer::Refused>>
-    {
+    fn peer(&self) -> Option<Result<std::sync::Arc<crate::peer::Peer>, crate::peer::Refused>> {
         None
     }
 }

@@ -22,7 +22,7 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::{mpsc, watch};
 
-pub mod peer;
+use crate::peer;
 
 /// A data-plane connection on the same-host socket: the stream and the
 /// process at its other end, pinned at accept (or why it could not be).

@@ -324,11 +324,12 @@ async fn a_refused_lease_leaves_copies_on() {
     let w = c.data_plane().expect("data plane");
     c.write("l", &[blk(1, payload(1, 4 * MIB))]).await.unwrap();
     let mut buf = vec![0u8; 4 * MIB];
-    let e = c
+    let Err(e) = c
         .read_into("l", &[key(1)], 424_242, &mut [&mut buf[..]])
         .await
-        .err()
-        .expect("an unknown lease is refused");
+    else {
+        panic!("an unknown lease is refused");
+    };
     assert_eq!(e.code(), Some(Code::FailedPrecondition), "{e}");
     assert!(w.copies_by_memory(), "a lease refusal turned copies off");
     let got = c

@@ -117,8 +117,17 @@ impl WireClient {
         tls: Option<WireTls>,
     ) -> Result<Self> {
         let uid = crate::listener::expected_uid(None)?;
-        Self::open(addr.into(), connections, timeout, connect_timeout, congestion, token, tls, uid)
-            .await
+        Self::open(
+            addr.into(),
+            connections,
+            timeout,
+            connect_timeout,
+            congestion,
+            token,
+            tls,
+            uid,
+        )
+        .await
     }
 
     /// The largest request the server accepts (`Stats.max_message_size`;
@@ -573,7 +582,9 @@ mod tests {
         let s = dial(&addr, Some("reno"), None, None, None).await.unwrap();
         assert_eq!(cc(&s), "reno");
         // Unknown: the connection still works, on the system default.
-        let s = dial(&addr, Some("nosuchcc"), None, None, None).await.unwrap();
+        let s = dial(&addr, Some("nosuchcc"), None, None, None)
+            .await
+            .unwrap();
         assert!(!cc(&s).is_empty());
         let s = dial(&addr, None, None, None, None).await.unwrap();
         assert!(!cc(&s).is_empty());

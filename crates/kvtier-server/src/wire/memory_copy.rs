@@ -12,7 +12,7 @@
 //! blocks its token may read, exactly as over the socket.
 //!
 //! Whose memory: only the process that connected, while it still is what it
-//! was at connect (`same_host::peer`, checked before each block and after the
+//! was at connect (`crate::peer`, checked before each block and after the
 //! copies); anything else is refused with the reason
 //! `no_memory_copy` (`super::no_copy`), the only refusal after which clients stop asking
 //! for copies. No message names a pid, nor the checksum of bytes copied out
@@ -22,11 +22,11 @@
 //! request's deadline has not passed (checked before each block), and the
 //! client waits for the reply (or the connection's end) before it reuses its
 //! buffers; see docs/local.md for the one window this leaves.
+use super::no_copy::{CopyError, Failed, classify, no_copy, panicked, with_reason};
 use super::{Reply, status_reply, write, write_rejected};
 use crate::auth::Principal;
+use crate::peer::Peer;
 use crate::refusal::{self, Refusal};
-use crate::same_host::peer::Peer;
-use super::no_copy::{CopyError, Failed, classify, no_copy, panicked, with_reason};
 use crate::state::{self, Shared};
 use crate::timing::Clock;
 use bytes::{Bytes, BytesMut};
@@ -399,9 +399,7 @@ pub(super) async fn write_from(
         Ok(Err(e)) => {
             return match e.failed("from") {
                 Failed::Refused(r) => write_rejected(shared, arrived, r),
-                Failed::NoCopy(why) => {
-                    with_reason(write_rejected(shared, arrived, no_copy(&why)))
-                }
+                Failed::NoCopy(why) => with_reason(write_rejected(shared, arrived, no_copy(&why))),
             };
         }
         Err(e) => {

@@ -342,7 +342,7 @@ pub(crate) async fn connection<S: FrameStream>(
                         reply
                     }
                     Some(Err(why)) => no_copy::no_copy_reply(&why),
-                    None => no_copy::no_copy_reply(&crate::same_host::peer::Refused(
+                    None => no_copy::no_copy_reply(&crate::peer::Refused(
                         "ReadInto/WriteFrom are served only on the same-host socket \
                          (server.local_listen, docs/local.md); send Read/Write"
                             .into(),

@@ -4,8 +4,8 @@
 //! copies (docs/local.md); the rest are the request's own. No message names
 //! a pid (docs/security.md, "Threats and their guards").
 use super::{Reply, status_reply};
+use crate::peer;
 use crate::refusal::{self, Refusal};
-use crate::same_host::peer;
 use kvtier_proto::v1 as pb;
 use nix::errno::Errno;
 use prost::Message;
@@ -108,9 +108,9 @@ pub(super) fn classify(e: Errno, i: usize) -> CopyError {
     match e {
         Errno::EFAULT | Errno::EINVAL => CopyError::Fault(i),
         // No pid in the message: the caller learns nothing of other processes.
-        Errno::ESRCH => CopyError::Denied(peer::Refused(
-            "the connecting process has exited".into(),
-        )),
+        Errno::ESRCH => {
+            CopyError::Denied(peer::Refused("the connecting process has exited".into()))
+        }
         _ => CopyError::Denied(peer::Refused(format!(
             "{e} (the server needs ptrace rights over the client: the same user, or \
              CAP_SYS_PTRACE)"
