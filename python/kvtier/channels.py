@@ -10,12 +10,14 @@ settings, as PEM bytes, secure the data plane (:mod:`kvtier.discovery`).
 from __future__ import annotations
 
 import os
+import socket
+import struct
 from dataclasses import dataclass
 from typing import Any
 
 import grpc
 
-__all__ = ["Channels", "open_channels", "grpc_target", "local_path", "MAX_MESSAGE_SIZE"]
+__all__ = ["Channels", "open_channels", "grpc_target", "local_path", "check_listener", "MAX_MESSAGE_SIZE"]
 
 #: Largest gRPC message sent or received (matches the Rust client).
 MAX_MESSAGE_SIZE = 512 << 20
@@ -39,6 +41,34 @@ def grpc_target(t: str) -> str:
         if t.startswith(scheme):
             t = t[len(scheme):]
     return t.rstrip("/")
+
+
+def check_listener(path: str) -> None:
+    """Refuses (``PermissionError``) a same-host socket whose listener runs
+    as neither this process's uid, root nor ``$KVTIER_SERVER_UID``: the token
+    would go to whoever bound the path (docs/security.md). The Rust core
+    checks its own connections the same way; grpcio dials by itself, so this
+    checks the listener once, before the channels open. A path nobody
+    listens on is left to grpcio to report."""
+    want = os.environ.get("KVTIER_SERVER_UID", "").strip()
+    try:
+        expected = int(want) if want else None
+    except ValueError:
+        raise ValueError(f"KVTIER_SERVER_UID={want!r}: expected the numeric uid the kvtier server runs as") from None
+    s = socket.socket(socket.AF_UNIX)
+    try:
+        s.connect(path)
+        _pid, uid, _gid = struct.unpack("3i", s.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
+    except OSError:
+        return
+    finally:
+        s.close()
+    if uid not in (0, os.geteuid(), expected):
+        raise PermissionError(
+            f"unix://{path}: the process listening on this socket runs as uid {uid}, not as this "
+            f"process's uid, root or the expected server uid; refusing to send it anything, the "
+            f"token included. Set KVTIER_SERVER_UID={uid} if kvtier runs as that uid (docs/security.md)"
+        )
 
 
 @dataclass
@@ -104,6 +134,7 @@ def open_channels(
         # grpcio would send the socket's path as :authority, which HTTP/2
         # servers refuse.
         options.append(("grpc.default_authority", "localhost"))
+        check_listener(local)
     if token is None:
         token = os.environ.get("KVTIER_TOKEN") or None
     tls_ca = _env(tls_ca, "KVTIER_TLS_CA")

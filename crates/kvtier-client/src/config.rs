@@ -45,6 +45,11 @@ pub struct ClientConfig {
     /// Bearer token for servers that require one (`authorization: Bearer
     /// TOKEN` on gRPC, a Hello frame on the data plane; docs/security.md).
     pub token: Option<String>,
+    /// On the same-host socket: the uid the server may run as, besides this
+    /// process's own and root; a socket another uid listens on is refused
+    /// before anything (the token included) is sent (docs/security.md).
+    /// `None`: `$KVTIER_SERVER_UID`, if set.
+    pub server_uid: Option<u32>,
     /// TLS towards the server (gRPC and the data plane); `None`: plaintext.
     pub tls: Option<ClientTls>,
     /// Secret salt for keys computed from tokens (docs/keys.md): without it
@@ -74,6 +79,7 @@ impl ClientConfig {
             read_stripes: crate::wire::MAX_STRIPES,
             data_tcp_congestion: None,
             token: None,
+            server_uid: None,
             tls: None,
             salt: Vec::new(),
         }
@@ -226,8 +232,33 @@ pub fn endpoint(cfg: &ClientConfig) -> Result<Endpoint> {
 pub async fn connect_pool(cfg: &ClientConfig) -> Result<Vec<Channel>> {
     let ep = endpoint(cfg)?;
     let mut chans = Vec::with_capacity(cfg.connections.max(1));
+    let local = crate::listener::local_path(&cfg.endpoint).map(str::to_owned);
+    let server_uid = crate::listener::expected_uid(cfg.server_uid)?;
+    if let Some(path) = &local {
+        // A clear error for the common case, before any channel exists; the
+        // connector below checks every connection (reconnects included).
+        if let Ok(s) = tokio::net::UnixStream::connect(path).await {
+            crate::listener::check(&s, path, server_uid)?;
+        }
+    }
     for _ in 0..cfg.connections.max(1) {
-        chans.push(ep.connect().await?);
+        chans.push(match &local {
+            // Each connection's listener is checked before HTTP/2 sends a byte.
+            Some(path) => {
+                let path = path.clone();
+                ep.connect_with_connector(tower::service_fn(move |_| {
+                    let path = path.clone();
+                    async move {
+                        let s = tokio::net::UnixStream::connect(&path).await?;
+                        crate::listener::check(&s, &path, server_uid)
+                            .map_err(std::io::Error::other)?;
+                        Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(s))
+                    }
+                }))
+                .await?
+            }
+            None => ep.connect().await?,
+        });
     }
     Ok(chans)
 }

@@ -33,6 +33,7 @@ pub mod cluster;
 mod config;
 pub mod conversation;
 pub mod kvstore;
+pub mod listener;
 pub mod transport;
 mod types;
 pub mod wire;

@@ -12,9 +12,7 @@ use tonic::transport::Channel;
 
 /// The same-host socket's path, when `endpoint` is `unix://PATH` (or `unix:PATH`).
 pub fn local_path(endpoint: &str) -> Option<&str> {
-    endpoint
-        .strip_prefix("unix://")
-        .or_else(|| endpoint.strip_prefix("unix:"))
+    crate::listener::local_path(endpoint)
 }
 
 /// What a connected client uses.
@@ -118,14 +116,13 @@ async fn unix_plane(
     path: &str,
     stats: &pb::StatsResponse,
 ) -> Result<WireClient> {
-    Ok(WireClient::connect_tls(
-        Target::Unix(path.into()),
+    Ok(WireClient::connect_local(
+        path,
         data_connections(cfg),
         cfg.timeout,
         cfg.connect_timeout,
-        None,
         cfg.token.as_deref(),
-        None,
+        cfg.server_uid,
     )
     .await?
     .with_max_stripes(cfg.read_stripes)

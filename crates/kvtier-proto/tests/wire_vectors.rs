@@ -227,6 +227,7 @@ fn expected(name: &str) -> Frame {
                 code: 8, // RESOURCE_EXHAUSTED
                 message: "memory tier full: no room for 337 bytes".into(),
                 retry_pushback_ms: 0,
+                reason: String::new(),
             }),
             vec![],
         ),

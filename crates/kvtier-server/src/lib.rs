@@ -42,6 +42,7 @@ pub mod messages;
 pub mod metrics;
 pub mod numa;
 pub mod object;
+pub mod peer;
 pub mod read;
 pub mod refusal;
 pub mod rx_stamp;

@@ -48,10 +48,11 @@ pub trait FrameStream: AsyncRead + AsyncWrite + Unpin + Send {
         async move { self.read_exact(raw).await.map(|_| None) }
     }
 
-    /// The process at the other end, as the server's PID namespace sees it,
-    /// when it is on this host (the same-host front): payloads may then be
-    /// copied straight between its memory and the store's (docs/local.md).
-    fn peer_pid(&self) -> Option<i32> {
+    /// The process at the other end, pinned at accept, when it is on this
+    /// host (the same-host front): payloads may then be copied straight
+    /// between its memory and the store's (docs/local.md); or why they may
+    /// not. `None` off the same-host socket.
+    fn peer(&self) -> Option<Result<std::sync::Arc<crate::peer::Peer>, crate::peer::Refused>> {
         None
     }
 }

@@ -22,16 +22,18 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::{mpsc, watch};
 
+use crate::peer;
+
 /// A data-plane connection on the same-host socket: the stream and the
-/// process at its other end.
+/// process at its other end, pinned at accept (or why it could not be).
 pub struct SameHostConn {
     sock: UnixStream,
-    pid: Option<i32>,
+    peer: Result<std::sync::Arc<peer::Peer>, peer::Refused>,
 }
 
 impl FrameStream for SameHostConn {
-    fn peer_pid(&self) -> Option<i32> {
-        self.pid
+    fn peer(&self) -> Option<Result<std::sync::Arc<peer::Peer>, peer::Refused>> {
+        Some(self.peer.clone())
     }
 }
 
@@ -183,8 +185,11 @@ pub async fn serve(
                     let wait = shared.limits.read_timeout;
                     match tokio::time::timeout(wait, is_data_plane(&sock)).await {
                         Ok(Ok(true)) => {
-                            let pid = sock.peer_cred().ok().and_then(|c| c.pid()).filter(|p| *p > 0);
-                            let conn = SameHostConn { sock, pid };
+                            let peer = peer::Peer::pin(&sock).map(std::sync::Arc::new);
+                            if let Err(why) = &peer {
+                                tracing::info!(reason = %why, "same-host socket: no memory copies for this connection");
+                            }
+                            let conn = SameHostConn { sock, peer };
                             if let Err(e) = crate::wire::connection(conn, shared, max_frame, stop, slot).await {
                                 tracing::debug!(error = %e, "same-host data-plane connection closed");
                             }

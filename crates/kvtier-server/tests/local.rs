@@ -313,3 +313,29 @@ async fn readers_racing_deletes_and_rewrites_never_see_torn_bytes() {
     writer.await.unwrap();
     assert!(seen > 0, "some reads found the block");
 }
+
+/// Only the server's "cannot copy into this process" reason turns copies
+/// off: a refusal of the request itself (an unknown lease) leaves them on.
+#[tokio::test]
+async fn a_refused_lease_leaves_copies_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_server, path) = server(&dir).await;
+    let c = unix_client(&path, None).await;
+    let w = c.data_plane().expect("data plane");
+    c.write("l", &[blk(1, payload(1, 4 * MIB))]).await.unwrap();
+    let mut buf = vec![0u8; 4 * MIB];
+    let Err(e) = c
+        .read_into("l", &[key(1)], 424_242, &mut [&mut buf[..]])
+        .await
+    else {
+        panic!("an unknown lease is refused");
+    };
+    assert_eq!(e.code(), Some(Code::FailedPrecondition), "{e}");
+    assert!(w.copies_by_memory(), "a lease refusal turned copies off");
+    let got = c
+        .read_into("l", &[key(1)], 0, &mut [&mut buf[..]])
+        .await
+        .unwrap();
+    assert_eq!(got.blocks.len(), 1);
+    assert_eq!(&buf[..], &payload(1, 4 * MIB)[..]);
+}

@@ -153,9 +153,10 @@ pub(super) async fn dial_by(
     congestion: Option<&str>,
     token: Option<&str>,
     tls: Option<&WireTls>,
+    server_uid: Option<u32>,
 ) -> Result<Conn> {
     let left = by.saturating_duration_since(Instant::now());
-    tokio::time::timeout_at(by.into(), dial(addr, congestion, token, tls))
+    tokio::time::timeout_at(by.into(), dial(addr, congestion, token, tls, server_uid))
         .await
         .unwrap_or_else(|_| {
             Err(transport(
@@ -170,14 +171,19 @@ pub(super) async fn dial(
     congestion: Option<&str>,
     token: Option<&str>,
     tls: Option<&WireTls>,
+    server_uid: Option<u32>,
 ) -> Result<Conn> {
     let s = match addr {
         Target::Tcp(a) => dial_tcp(*a, congestion, tls).await?,
-        Target::Unix(p) => Conn::Unix(
-            UnixStream::connect(p)
+        Target::Unix(p) => {
+            let s = UnixStream::connect(p)
                 .await
-                .map_err(|e| transport(e, addr))?,
-        ),
+                .map_err(|e| transport(e, addr))?;
+            // Whoever listens must be the server we mean before it gets the
+            // Hello and its token (crate::listener).
+            crate::listener::check(&s, &p.to_string_lossy(), server_uid)?;
+            Conn::Unix(s)
+        }
     };
     hello(s, addr, token).await
 }
@@ -232,4 +238,89 @@ async fn hello(mut s: Conn, addr: &Target, token: Option<&str>) -> Result<Conn> 
         }
     }
     Ok(s)
+}
+
+/// Opening a pool (the listener of a Unix socket checked first, crate::listener).
+mod open {
+    use super::super::{DEFAULT_MAX_REQUEST, MAX_STRIPES, WireClient};
+    use super::{Target, WireTls, dial_by};
+    use crate::Result;
+    use parking_lot::Mutex;
+    use std::sync::Arc;
+    use std::sync::atomic::AtomicU64;
+    use std::time::{Duration, Instant};
+    use tokio::sync::Semaphore;
+
+    impl WireClient {
+        /// A pool on the same-host socket at `path` whose listener must run as
+        /// this process's uid, root or `server_uid` (crate::listener).
+        pub async fn connect_local(
+            path: &str,
+            connections: usize,
+            timeout: Duration,
+            connect_timeout: Duration,
+            token: Option<&str>,
+            server_uid: Option<u32>,
+        ) -> Result<Self> {
+            let uid = crate::listener::expected_uid(server_uid)?;
+            let addr = Target::Unix(path.into());
+            Self::open(
+                addr,
+                connections,
+                timeout,
+                connect_timeout,
+                None,
+                token,
+                None,
+                uid,
+            )
+            .await
+        }
+
+        #[allow(clippy::too_many_arguments)]
+        pub(in crate::wire) async fn open(
+            addr: Target,
+            connections: usize,
+            timeout: Duration,
+            connect_timeout: Duration,
+            congestion: Option<&str>,
+            token: Option<&str>,
+            tls: Option<WireTls>,
+            server_uid: Option<u32>,
+        ) -> Result<Self> {
+            let n = connections.max(1);
+            let congestion: Option<Arc<str>> = congestion.filter(|c| !c.is_empty()).map(Arc::from);
+            let token: Option<Arc<str>> = token.filter(|t| !t.is_empty()).map(Arc::from);
+            let by = Instant::now() + connect_timeout;
+            let idle = futures::future::try_join_all((0..n).map(|_| {
+                dial_by(
+                    by,
+                    &addr,
+                    congestion.as_deref(),
+                    token.as_deref(),
+                    tls.as_ref(),
+                    server_uid,
+                )
+            }))
+            .await?;
+            let copies = matches!(addr, Target::Unix(_));
+            Ok(Self {
+                addr,
+                copies: Arc::new(copies.into()),
+                owner: Arc::new(AtomicU64::new(std::process::id().into())),
+                idle: Arc::new(Mutex::new(idle)),
+                slots: Arc::new(Semaphore::new(n)),
+                next_id: Arc::new(AtomicU64::new(1)),
+                timeout,
+                connect_timeout,
+                congestion,
+                token,
+                tls,
+                pool: n,
+                max_stripes: MAX_STRIPES,
+                max_request: Arc::new(AtomicU64::new(DEFAULT_MAX_REQUEST)),
+                server_uid,
+            })
+        }
+    }
 }

@@ -304,18 +304,21 @@ impl WireClient {
         Ok(out)
     }
 
-    /// Whether `e` says the server cannot copy into this process; if so,
-    /// copies are off for this pool from now on (logged once) and the
-    /// caller falls back to the socket.
+    /// Whether `e` says the server cannot copy into this process (its
+    /// reason `no_memory_copy`, and nothing else: an expired lease or a
+    /// conflicting block is the request's problem, not the transport's);
+    /// if so, copies are off for this pool from now on (logged once, naming
+    /// the reason) and the caller falls back to the socket.
     fn no_copies(&self, e: &ClientError) -> bool {
-        if e.code() != Some(tonic::Code::FailedPrecondition) {
+        if !is_no_memory_copy(e) {
             return false;
         }
         if self.copies.swap(false, Ordering::AcqRel) {
             tracing::warn!(
                 target = %self.addr,
                 error = %e,
-                "kvtier: the server cannot copy into this process; payloads go through the socket"
+                "kvtier: the server cannot copy into this process (no_memory_copy); \
+                 payloads go through the socket"
             );
         }
         true
@@ -426,5 +429,46 @@ impl WireClient {
             existing: r.existing,
             timing: r.timing.unwrap_or_default(),
         })
+    }
+}
+
+/// Whether `e` is the server's "cannot copy into your process" refusal.
+pub(crate) fn is_no_memory_copy(e: &ClientError) -> bool {
+    match e {
+        ClientError::Status(s) => {
+            s.code() == tonic::Code::FailedPrecondition
+                && s.metadata()
+                    .get(super::REASON)
+                    .is_some_and(|v| v == "no_memory_copy")
+        }
+        _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::expect;
+    use super::*;
+
+    /// Only the reason `no_memory_copy` says "the server cannot copy into
+    /// this process"; another FAILED_PRECONDITION (an expired lease, a
+    /// conflicting block) is the request's and leaves copies on.
+    #[test]
+    fn only_the_no_memory_copy_reason_turns_copies_off() {
+        let refused = |reason: &str| {
+            let meta = Bytes::from(
+                pb::WireError {
+                    code: tonic::Code::FailedPrecondition as i32,
+                    message: "lease 7 is unknown or expired".into(),
+                    retry_pushback_ms: 0,
+                    reason: reason.into(),
+                }
+                .encode_to_vec(),
+            );
+            expect(Kind::Error, Kind::ReadIntoReply, &meta).unwrap_err()
+        };
+        assert!(is_no_memory_copy(&refused("no_memory_copy")));
+        assert!(!is_no_memory_copy(&refused("")));
+        assert!(!is_no_memory_copy(&refused("no_memory_copy_")));
     }
 }

@@ -55,6 +55,9 @@ pub struct WireClient {
     max_stripes: usize,
     /// Largest request the server accepts: writes are split to fit.
     max_request: Arc<AtomicU64>,
+    /// The uid a same-host server may run as besides ours and root's
+    /// (crate::listener).
+    server_uid: Option<u32>,
 }
 
 fn transport(e: impl std::fmt::Display, addr: impl std::fmt::Display) -> ClientError {
@@ -113,38 +116,18 @@ impl WireClient {
         token: Option<&str>,
         tls: Option<WireTls>,
     ) -> Result<Self> {
-        let addr: Target = addr.into();
-        let n = connections.max(1);
-        let congestion: Option<Arc<str>> = congestion.filter(|c| !c.is_empty()).map(Arc::from);
-        let token: Option<Arc<str>> = token.filter(|t| !t.is_empty()).map(Arc::from);
-        let by = Instant::now() + connect_timeout;
-        let idle = futures::future::try_join_all((0..n).map(|_| {
-            dial_by(
-                by,
-                &addr,
-                congestion.as_deref(),
-                token.as_deref(),
-                tls.as_ref(),
-            )
-        }))
-        .await?;
-        let copies = matches!(addr, Target::Unix(_));
-        Ok(Self {
-            addr,
-            copies: Arc::new(copies.into()),
-            owner: Arc::new(AtomicU64::new(std::process::id().into())),
-            idle: Arc::new(Mutex::new(idle)),
-            slots: Arc::new(Semaphore::new(n)),
-            next_id: Arc::new(AtomicU64::new(1)),
+        let uid = crate::listener::expected_uid(None)?;
+        Self::open(
+            addr.into(),
+            connections,
             timeout,
             connect_timeout,
             congestion,
             token,
             tls,
-            pool: n,
-            max_stripes: MAX_STRIPES,
-            max_request: Arc::new(AtomicU64::new(DEFAULT_MAX_REQUEST)),
-        })
+            uid,
+        )
+        .await
     }
 
     /// The largest request the server accepts (`Stats.max_message_size`;
@@ -232,6 +215,7 @@ impl WireClient {
                         self.congestion.as_deref(),
                         self.token.as_deref(),
                         self.tls.as_ref(),
+                        self.server_uid,
                     )
                     .await?
                 }
@@ -482,6 +466,9 @@ pub(crate) fn add_timing(a: &mut pb::ServerTiming, b: &pb::ServerTiming) {
     a.total_us += b.total_us;
 }
 
+/// The metadata key of an error frame's `reason` (docs/wire.md), when it has one.
+pub(crate) const REASON: &str = "kvtier-reason";
+
 /// Turns an `Error` frame into the status it carries.
 fn expect(got: Kind, want: Kind, meta: &Bytes) -> Result<()> {
     if got == want {
@@ -495,6 +482,10 @@ fn expect(got: Kind, want: Kind, meta: &Bytes) -> Result<()> {
             status
                 .metadata_mut()
                 .insert("grpc-retry-pushback-ms", e.retry_pushback_ms.into());
+        }
+        if let Ok(reason) = e.reason.parse() {
+            // Matched exactly where a client acts on it (into.rs: no_copies).
+            status.metadata_mut().insert(REASON, reason);
         }
         return Err(ClientError::Status(status));
     }
@@ -532,6 +523,7 @@ mod tests {
                     code: tonic::Code::Unavailable as i32,
                     message: "server overloaded".into(),
                     retry_pushback_ms: ms,
+                    reason: String::new(),
                 }
                 .encode_to_vec(),
             )
@@ -587,12 +579,14 @@ mod tests {
                 .to_string()
         };
         let addr = Target::Tcp(addr);
-        let s = dial(&addr, Some("reno"), None, None).await.unwrap();
+        let s = dial(&addr, Some("reno"), None, None, None).await.unwrap();
         assert_eq!(cc(&s), "reno");
         // Unknown: the connection still works, on the system default.
-        let s = dial(&addr, Some("nosuchcc"), None, None).await.unwrap();
+        let s = dial(&addr, Some("nosuchcc"), None, None, None)
+            .await
+            .unwrap();
         assert!(!cc(&s).is_empty());
-        let s = dial(&addr, None, None, None).await.unwrap();
+        let s = dial(&addr, None, None, None, None).await.unwrap();
         assert!(!cc(&s).is_empty());
     }
 }

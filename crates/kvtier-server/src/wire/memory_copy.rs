@@ -11,12 +11,21 @@
 //! never maps or exposes its own memory, so a client only ever receives the
 //! blocks its token may read, exactly as over the socket.
 //!
+//! Whose memory: only the process that connected, while it still is what it
+//! was at connect (`crate::peer`, checked before each block and after the
+//! copies); anything else is refused with the reason
+//! `no_memory_copy` (`super::no_copy`), the only refusal after which clients stop asking
+//! for copies. No message names a pid, nor the checksum of bytes copied out
+//! of a process (docs/security.md, "Threats and their guards").
+//!
 //! Safety of the client's memory: a copy into it starts only while the
 //! request's deadline has not passed (checked before each block), and the
 //! client waits for the reply (or the connection's end) before it reuses its
 //! buffers; see docs/local.md for the one window this leaves.
+use super::no_copy::{CopyError, Failed, classify, no_copy, panicked, with_reason};
 use super::{Reply, status_reply, write, write_rejected};
 use crate::auth::Principal;
+use crate::peer::Peer;
 use crate::refusal::{self, Refusal};
 use crate::state::{self, Shared};
 use crate::timing::Clock;
@@ -24,9 +33,7 @@ use bytes::{Bytes, BytesMut};
 use kvtier_proto::bounded;
 use kvtier_proto::v1 as pb;
 use kvtier_proto::wire::{Kind, check_lengths};
-use nix::errno::Errno;
 use nix::sys::uio::{RemoteIoVec, process_vm_readv, process_vm_writev};
-use nix::unistd::Pid;
 use prost::Message;
 use std::io::{IoSlice, IoSliceMut};
 use std::time::{Duration, Instant};
@@ -38,52 +45,14 @@ const API: &str = "local";
 /// nothing next to the copy.
 const CHUNK: usize = 1 << 20;
 
-/// Why a copy between processes failed.
-enum CopyError {
-    /// The server may not touch the client's memory at all (no ptrace
-    /// rights, the process gone or invisible from here): FAILED_PRECONDITION,
-    /// and the client sends bytes over the socket instead.
-    Denied(Errno),
-    /// A region is not readable/writable memory of the client.
-    Fault(usize),
-}
-
-impl CopyError {
-    fn status(&self, pid: i32, what: &str) -> Refusal {
-        match self {
-            CopyError::Denied(e) => Refusal::new(
-                refusal::Kind::FailedPrecondition,
-                format!(
-                    "kvtier cannot copy {what} process {pid}: {e} (the server needs ptrace rights \
-                 over the client: the same user, or CAP_SYS_PTRACE; docs/local.md); \
-                 send Read/Write over the socket instead"
-                ),
-            ),
-            CopyError::Fault(i) => Refusal::invalid(format!(
-                "the memory named for block {i} is not {} memory of the calling process",
-                if what == "into" {
-                    "writable"
-                } else {
-                    "readable"
-                }
-            )),
-        }
-    }
-}
-
-fn classify(e: Errno, i: usize) -> CopyError {
-    match e {
-        Errno::EFAULT | Errno::EINVAL => CopyError::Fault(i),
-        _ => CopyError::Denied(e),
-    }
-}
-
 /// Most remote ranges one `process_vm_writev` takes (the kernel's UIO_MAXIOV).
 const MAX_IOV: usize = 1024;
 
 /// Copies `src` into the client's memory: the regions `to`, filled in
 /// order (all of `src`, or an error; the regions were checked to hold it).
-fn copy_out(pid: Pid, src: &[u8], to: &[pb::Region], i: usize) -> Result<(), CopyError> {
+fn copy_out(peer: &Peer, src: &[u8], to: &[pb::Region], i: usize) -> Result<(), CopyError> {
+    peer.check_quick()?;
+    let pid = peer.pid();
     // The ranges `src` covers, each cut to what is left of it.
     let mut ranges = Vec::with_capacity(to.len());
     let mut left = src.len();
@@ -207,7 +176,9 @@ fn copy_threads(blocks: usize, bytes: u64) -> usize {
 /// Copies `dst.len()` bytes of the client's memory at `addr` into `dst`, a
 /// chunk at a time; returns their CRC32C, computed while each chunk is in
 /// cache.
-fn copy_in(pid: Pid, dst: &mut [u8], addr: u64, i: usize) -> Result<u32, CopyError> {
+fn copy_in(peer: &Peer, dst: &mut [u8], addr: u64, i: usize) -> Result<u32, CopyError> {
+    peer.check_quick()?;
+    let pid = peer.pid();
     let mut crc = 0u32;
     let mut done = 0usize;
     while done < dst.len() {
@@ -234,17 +205,17 @@ pub(super) async fn read_into(
     who: &Principal,
     meta: Bytes,
     arrived: Instant,
-    pid: i32,
+    peer: &std::sync::Arc<Peer>,
 ) -> Reply {
     let state::Admitted { mut outcome, hold } =
         match shared.admit((API, "read"), Some(arrived)).await {
             Ok(a) => a,
             Err(shed) => return status_reply(shed),
         };
-    let r = read_into_inner(shared, who, meta, arrived, pid, &mut outcome.clock).await;
-    outcome.set(refusal::outcome(&r));
+    let r = read_into_inner(shared, who, meta, arrived, peer, &mut outcome.clock).await;
+    outcome.set(r.as_ref().map_or_else(Failed::label, |_| "ok".into()));
     drop(hold);
-    r.unwrap_or_else(status_reply)
+    r.unwrap_or_else(Failed::reply)
 }
 
 async fn read_into_inner(
@@ -252,10 +223,10 @@ async fn read_into_inner(
     who: &Principal,
     meta: Bytes,
     arrived: Instant,
-    pid: i32,
+    peer: &std::sync::Arc<Peer>,
     clock: &mut Clock,
-) -> Result<Reply, Refusal> {
-    let target = Pid::from_raw(pid);
+) -> Result<Reply, Failed> {
+    let target = peer.clone();
     bounded::check::<pb::WireReadIntoRequest>(&meta).map_err(|s| crate::status::from_status(&s))?;
     let mut req = pb::WireReadIntoRequest::decode(meta)
         .map_err(|e| Refusal::invalid(format!("bad read-into request: {e}")))?;
@@ -274,7 +245,8 @@ async fn read_into_inner(
             return Err(Refusal::invalid(format!(
                 "block {i} is {} bytes but its destination holds {room}",
                 b.payload.len(),
-            )));
+            ))
+            .into());
         }
         reply.payload_lengths.push(b.payload.len() as u64);
         reply
@@ -287,11 +259,14 @@ async fn read_into_inner(
     // None starts after the deadline: the client may have stopped waiting.
     // Several threads, each a contiguous run of blocks; the reply covers the
     // prefix copied whole (a run cut by the deadline ends it).
+    // The full check once before the copies (each block's is one stat).
+    target.check().map_err(Failed::NoCopy)?;
     let bytes: u64 = found.iter().map(|(p, _)| p.len() as u64).sum();
     let threads = copy_threads(found.len(), bytes);
     let copied = tokio::task::spawn_blocking(move || {
         let per = found.len().div_ceil(threads).max(1);
         let dests = &dests;
+        let target = &*target;
         let done = std::thread::scope(|s| {
             let handles: Vec<_> = found
                 .chunks(per)
@@ -310,7 +285,7 @@ async fn read_into_inner(
                 .collect();
             handles
                 .into_iter()
-                .map(|h| h.join().unwrap_or(Err(CopyError::Denied(Errno::EIO))))
+                .map(|h| h.join().unwrap_or_else(|_| Err(panicked())))
                 .collect::<Result<Vec<usize>, CopyError>>()
         })?;
         let mut prefix = 0;
@@ -324,7 +299,7 @@ async fn read_into_inner(
     })
     .await
     .map_err(|e| Refusal::new(refusal::Kind::Internal, format!("copy task: {e}")))?
-    .map_err(|e: CopyError| e.status(pid, "into"))?;
+    .map_err(|e: CopyError| e.failed("into"))?;
     if copied < reply.blocks.len() {
         reply.blocks.truncate(copied);
         reply.payload_lengths.truncate(copied);
@@ -350,7 +325,7 @@ pub(super) async fn write_from(
     meta: Bytes,
     arrived: Instant,
     max_frame: u64,
-    pid: i32,
+    peer: &std::sync::Arc<Peer>,
 ) -> Reply {
     let req = match bounded::check::<pb::WireWriteFromRequest>(&meta)
         .map_err(|s| crate::status::from_status(&s))
@@ -373,8 +348,12 @@ pub(super) async fn write_from(
         Err(s) => return write_rejected(shared, arrived, s),
     };
     let sources = req.source;
-    let target = Pid::from_raw(pid);
+    if let Err(why) = peer.check() {
+        return with_reason(write_rejected(shared, arrived, no_copy(&why)));
+    }
+    let target = peer.clone();
     let copied = tokio::task::spawn_blocking(move || {
+        let target = &*target;
         // One buffer per block (each freed on its own when evicted), zeroed by
         // the allocator's fresh pages (calloc), not by a pass of ours; the
         // blocks copied by several threads at once (a write is one request:
@@ -402,9 +381,12 @@ pub(super) async fn write_from(
                 .collect();
             handles
                 .into_iter()
-                .map(|h| h.join().unwrap_or(Err(CopyError::Denied(Errno::EIO))))
+                .map(|h| h.join().unwrap_or_else(|_| Err(panicked())))
                 .collect::<Result<Vec<Vec<u32>>, CopyError>>()
         })?;
+        // The bytes are kept only if the process is still the one that
+        // connected now that they are copied.
+        target.check()?;
         Ok::<_, CopyError>(
             bufs.into_iter()
                 .map(BytesMut::freeze)
@@ -415,13 +397,39 @@ pub(super) async fn write_from(
     .await;
     let payloads = match copied {
         Ok(Ok(p)) => p,
-        Ok(Err(e)) => return write_rejected(shared, arrived, e.status(pid, "from")),
+        Ok(Err(e)) => {
+            return match e.failed("from") {
+                Failed::Refused(r) => write_rejected(shared, arrived, r),
+                Failed::NoCopy(why) => with_reason(write_rejected(shared, arrived, no_copy(&why))),
+            };
+        }
         Err(e) => {
             let s = Refusal::new(refusal::Kind::Internal, format!("copy task: {e}"));
             return write_rejected(shared, arrived, s);
         }
     };
+    // Bytes copied out of a process are checked here, so that a mismatch
+    // names no checksum of them: the caller did not send those bytes.
+    if let Some(i) = mismatch(&w, &payloads) {
+        let r = Refusal::new(
+            refusal::Kind::DataLoss,
+            format!(
+                "blocks[{i}]: the bytes at its source address do not match the crc32c sent \
+                 (did the buffer change before the reply?); nothing stored"
+            ),
+        );
+        return write_rejected(shared, arrived, r);
+    }
     write(shared, w, payloads, arrived).await
+}
+
+/// The first block whose copied bytes' CRC32C differs from the one sent.
+fn mismatch(w: &pb::WireWriteRequest, payloads: &[(Bytes, u32)]) -> Option<usize> {
+    let blocks = w.request.as_ref().map_or(&[][..], |r| &r.blocks[..]);
+    blocks
+        .iter()
+        .zip(payloads)
+        .position(|(b, (_, crc))| b.crc32c != *crc)
 }
 
 /// Checks a WriteFrom before anything is copied; returns its payload bytes.

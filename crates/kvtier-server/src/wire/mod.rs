@@ -35,6 +35,7 @@ mod handlers;
 mod hello;
 mod linger;
 mod memory_copy;
+mod no_copy;
 mod reply;
 mod taken;
 use handlers::{read, write, write_rejected};
@@ -311,18 +312,31 @@ async fn requests<S: FrameStream>(
             // this host (the same-host front, docs/local.md).
             Kind::ReadInto | Kind::WriteFrom => {
                 within(by, discard(&mut sock, header.data_len.into())).await?;
-                match sock.peer_pid() {
-                    Some(pid) if header.kind == Kind::ReadInto => {
-                        memory_copy::read_into(&shared, &who, meta, arrived, pid).await
+                match sock.peer() {
+                    Some(Ok(peer)) => {
+                        let reply = if header.kind == Kind::ReadInto {
+                            memory_copy::read_into(&shared, &who, meta, arrived, &peer).await
+                        } else {
+                            memory_copy::write_from(&shared, &who, meta, arrived, max_frame, &peer)
+                                .await
+                        };
+                        // A peer that is no longer the process that connected
+                        // gets its answer and loses the connection
+                        // (docs/security.md, "Threats and their guards").
+                        if let Err(why) = peer.check_quick() {
+                            tracing::warn!(reason = %why, "same-host socket: peer changed; connection closed");
+                            let r = no_copy::no_copy_reply(&why);
+                            write_reply(&mut sock, idle, header.request_id, r).await?;
+                            return Ok(());
+                        }
+                        reply
                     }
-                    Some(pid) => {
-                        memory_copy::write_from(&shared, &who, meta, arrived, max_frame, pid).await
-                    }
-                    None => error_reply(
-                        refusal::Kind::FailedPrecondition,
+                    Some(Err(why)) => no_copy::no_copy_reply(&why),
+                    None => no_copy::no_copy_reply(&crate::peer::Refused(
                         "ReadInto/WriteFrom are served only on the same-host socket \
-                         (server.local_listen, docs/local.md); send Read/Write",
-                    ),
+                         (server.local_listen, docs/local.md); send Read/Write"
+                            .into(),
+                    )),
                 }
             }
             other => {

@@ -41,5 +41,6 @@ pub(super) fn status_reply(r: Refusal) -> Reply {
         code: crate::status::grpc_code(r.kind) as i32,
         retry_pushback_ms: crate::status::pushback_ms(&r),
         message: r.message,
+        reason: String::new(),
     })
 }
