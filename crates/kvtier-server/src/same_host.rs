@@ -33,6 +33,11 @@ impl FrameStream for SameHostConn {
     fn peer_pid(&self) -> Option<i32> {
         self.pid
     }
+
+    fn held_open(&self) -> Option<std::os::fd::OwnedFd> {
+        use std::os::fd::AsFd;
+        self.sock.as_fd().try_clone_to_owned().ok()
+    }
 }
 
 impl AsyncRead for SameHostConn {

@@ -59,6 +59,11 @@ impl WireClient {
     /// striped as [`WireClient::read`]. On the same-host socket the server
     /// copies the blocks into the buffers itself; elsewhere they are received
     /// into them, each checksum verified.
+    ///
+    /// Cancellation: the buffers are written only while they are borrowed.
+    /// Dropping the future before it finishes (a timeout around it) blocks
+    /// until the server has stopped copying into them, milliseconds (see
+    /// `wire::inflight`, docs/local.md "Cancelled reads").
     pub async fn read_into_by(
         &self,
         ns: &str,

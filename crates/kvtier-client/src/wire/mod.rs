@@ -18,12 +18,13 @@ use tokio::sync::Semaphore;
 
 mod conn;
 mod frame;
+mod inflight;
 mod into;
 
 use conn::dial_by;
 pub use conn::{Conn, Target, WireTls};
-use frame::Sink;
-use frame::{Frame, exchange};
+use frame::{Frame, Sink, exchange};
+use inflight::InFlight;
 pub use into::{FilledBlock, ReadIntoResult};
 
 /// A pool of data-plane connections. Cheap to clone.
@@ -222,8 +223,7 @@ impl WireClient {
     ) -> Result<Frame> {
         let r = tokio::time::timeout_at(deadline.into(), async {
             let _slot = self.slots.acquire().await.expect("never closed");
-            let conn = self.take_idle();
-            let mut sock = match conn {
+            let conn = match self.take_idle() {
                 Some(s) => s,
                 None => {
                     dial_by(
@@ -237,10 +237,12 @@ impl WireClient {
                 }
             };
             let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-            match exchange(&mut sock, kind, id, meta, data, sink).await {
+            // Dropped unanswered, it waits for the server to stop copying into our buffers.
+            let mut sock = InFlight::new(conn, kind);
+            match exchange(&mut *sock, kind, id, meta, data, sink).await {
                 Ok(f) => {
                     if reusable(&f) {
-                        self.idle.lock().push(sock);
+                        self.idle.lock().push(sock.answered());
                     }
                     Ok(f)
                 }

@@ -323,7 +323,12 @@ pub(crate) async fn connection<S: FrameStream>(
                 within(by, discard(&mut sock, header.data_len.into())).await?;
                 match sock.peer_pid() {
                     Some(pid) if header.kind == Kind::ReadInto => {
-                        memory_copy::read_into(&shared, &who, meta, arrived, pid).await
+                        match memory_copy::read_into(&shared, &who, meta, arrived, pid, &mut sock)
+                            .await
+                        {
+                            Some(reply) => reply,
+                            None => return Ok(()), // the client is gone: nothing to answer
+                        }
                     }
                     Some(pid) => {
                         memory_copy::write_from(&shared, &who, meta, arrived, max_frame, pid).await
