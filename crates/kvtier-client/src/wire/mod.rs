@@ -424,8 +424,8 @@ impl WireClient {
 
     /// [`WireClient::write`], all of it before `deadline`. A batch larger
     /// than the server takes in one request ([`WireClient::with_max_request`])
-    /// goes as several requests at once; each is stored whole or not at all,
-    /// and a failed one fails the call, whatever the others stored.
+    /// goes as several requests, one after another; each is stored whole or
+    /// not at all, and a failed one fails the call, whatever the others stored.
     pub async fn write_by(
         &self,
         ns: &str,
