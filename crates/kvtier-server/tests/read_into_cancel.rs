@@ -34,7 +34,11 @@ fn key(i: usize) -> Key {
 
 /// Block `i`: 16 MiB or 4 MiB, bytes that differ from block to block.
 fn payload(i: usize) -> Bytes {
-    let len = if i % 2 == 0 { 16 * MIB } else { 4 * MIB };
+    let len = if i.is_multiple_of(2) {
+        16 * MIB
+    } else {
+        4 * MIB
+    };
     Bytes::from(
         (0..len)
             .map(|j| (j as u32).wrapping_mul(131).wrapping_add(i as u32 * 17) as u8)
