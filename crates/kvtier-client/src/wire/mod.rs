@@ -241,8 +241,9 @@ impl WireClient {
             let mut sock = InFlight::new(conn, kind);
             match exchange(&mut *sock, kind, id, meta, data, sink).await {
                 Ok(f) => {
+                    let sock = sock.answered(); // any reply comes after the last copy
                     if reusable(&f) {
-                        self.idle.lock().push(sock.answered());
+                        self.idle.lock().push(sock);
                     }
                     Ok(f)
                 }
