@@ -19,6 +19,7 @@ from __future__ import annotations
 import itertools
 import os
 import threading
+import time
 from collections.abc import Iterable, Sequence
 from typing import Any, Callable, TypeVar
 
@@ -27,8 +28,9 @@ import grpc
 from . import dataplane as _dp
 from . import keys as _keys
 from . import payloads as _payloads
+from . import split as _split
 from ._proto import load as _load_proto
-from .channels import grpc_target, local_path, open_channels
+from .channels import MAX_MESSAGE_SIZE, grpc_target, local_path, open_channels
 from .discovery import DataPlaneChoice
 from .errors import KvtierError
 from .results import (
@@ -152,6 +154,7 @@ class NodeClient:
         self._next = itertools.count()
         self._rr_lock = threading.Lock()
         self._closed = False
+        self._max_message: int | None = None
         self._data_plane = bool(data_plane)
         self._wire = DataPlaneChoice(
             self.target, local_path(target), enabled=self._data_plane, same_host=same_host, pb=self._pb,
@@ -401,9 +404,13 @@ class NodeClient:
         return ReadResult._of_native(blocks, len(ks), got, us)
 
     def write(self, namespace: str, blocks: Iterable[Block], timeout: float | None = None) -> WriteResult:
-        """Stores a batch of blocks in one request (checksums computed here).
+        """Stores a batch of blocks (checksums computed here).
 
-        The server verifies every block before storing any of them. Payloads
+        The server verifies every block of a request before storing any of
+        them. A batch larger than the server takes in one request (its
+        ``Stats.max_message_size``) goes as several, one after another, over
+        the data plane and over gRPC alike; each is stored whole or not at all, and a
+        failed one fails the call, whatever the others stored. Payloads
         may be any bytes-like object (``bytes``, ``memoryview``, a tensor's
         buffer); over the data plane they are sent without a copy.
         ``timeout`` (seconds) overrides the client's deadline for this call.
@@ -414,9 +421,30 @@ class NodeClient:
             items = [_payloads.native_block(b) for b in blocks]
             (stored, existing, timing), us = self._retrying(lambda t: pool.write(namespace, items, t), timeout)
             return WriteResult(stored, existing, ServerTiming(elapsed_us=us, **timing))
-        req = self._pb.v1.WriteRequest(namespace=namespace, blocks=_payloads.pb_blocks(self._pb.v1, blocks))
-        r, us = self._call(lambda s, t: s.Write(req, timeout=t), timeout)
-        return WriteResult(r.stored, r.existing, ServerTiming._of(r, us))
+        # Cut to the server's message limit, as the native core cuts its writes (kvtier.split).
+        v1 = self._pb.v1
+        reqs = [v1.WriteRequest(namespace=namespace, blocks=_payloads.pb_blocks(v1, run))
+                for run in _split.runs(list(blocks), self._message_limit())]
+        if len(reqs) == 1:
+            r, us = self._call(lambda s, t: s.Write(reqs[0], timeout=t), timeout)
+            return WriteResult(r.stored, r.existing, ServerTiming._of(r, us))
+
+        def attempt(t: float) -> list[Any]:
+            # One after another, as the native core: two requests near the limit at once
+            # would not fit the server's request memory together (kvtier.split).
+            end = time.monotonic() + t
+            return [self.stub().Write(r, timeout=max(end - time.monotonic(), 0.001)) for r in reqs]
+
+        rs, us = self._retrying(attempt, timeout)
+        return WriteResult(sum(r.stored for r in rs), sum(r.existing for r in rs),
+                           _split.summed([ServerTiming._of(r) for r in rs], us))
+
+    def _message_limit(self) -> int:
+        """The largest request the server takes (``Stats.max_message_size``), asked once."""
+        if self._max_message is None:
+            # Never past what this client's channels send either.
+            self._max_message = min(self.stats().max_message_size or _split.DEFAULT_LIMIT, MAX_MESSAGE_SIZE)
+        return self._max_message
 
     def write_stream(self, namespace: str, blocks: Iterable[Block], batch_bytes: int = 16 << 20) -> WriteResult:
         """Stores blocks as a client stream of batches of about ``batch_bytes`` each.

@@ -349,6 +349,8 @@ impl Client {
     /// `dests[i]`, which must hold it), stopping at the first missing
     /// block: by memory on the same-host socket (docs/local.md), received
     /// into them over the TCP data plane, copied into them over gRPC.
+    /// Dropping the future mid-read is safe: the buffers are written only
+    /// while borrowed ([`wire::WireClient::read_into_by`]).
     pub async fn read_into(
         &self,
         ns: &str,

@@ -55,6 +55,14 @@ pub trait FrameStream: AsyncRead + AsyncWrite + Unpin + Send {
     fn peer(&self) -> Option<Result<std::sync::Arc<crate::peer::Peer>, crate::peer::Refused>> {
         None
     }
+
+    /// A second descriptor of the connection, for work that writes into
+    /// the peer's memory: the connection closes only once both are dropped,
+    /// so the peer, waiting for the close, knows that work has ended
+    /// (docs/local.md, "Cancelled reads").
+    fn held_open(&self) -> Option<std::os::fd::OwnedFd> {
+        None
+    }
 }
 
 impl FrameStream for tokio_rustls::server::TlsStream<TcpStream> {}

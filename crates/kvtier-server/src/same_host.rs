@@ -35,6 +35,11 @@ impl FrameStream for SameHostConn {
     fn peer(&self) -> Option<Result<std::sync::Arc<peer::Peer>, peer::Refused>> {
         Some(self.peer.clone())
     }
+
+    fn held_open(&self) -> Option<std::os::fd::OwnedFd> {
+        use std::os::fd::AsFd;
+        self.sock.as_fd().try_clone_to_owned().ok()
+    }
 }
 
 impl AsyncRead for SameHostConn {

@@ -59,6 +59,11 @@ impl WireClient {
     /// striped as [`WireClient::read`]. On the same-host socket the server
     /// copies the blocks into the buffers itself; elsewhere they are received
     /// into them, each checksum verified.
+    ///
+    /// Cancellation: the buffers are written only while they are borrowed.
+    /// Dropping the future before it finishes (a timeout around it) blocks
+    /// until the server has stopped copying into them, milliseconds (see
+    /// `wire::inflight`, docs/local.md "Cancelled reads").
     pub async fn read_into_by(
         &self,
         ns: &str,
@@ -363,21 +368,17 @@ impl WireClient {
             batches.push(start..end);
             start = end;
         }
-        // The requests go at once, each on its own pooled connection (on the
-        // same-host socket each is copied by its own server threads).
-        let parts = futures::future::join_all(
-            batches
-                .into_iter()
-                .map(|r| self.write_one(ns, &blocks[r], deadline)),
-        )
-        .await;
+        // One after another: each is close to the server's limit, and the
+        // server holds a request's bytes within `server.request_memory`
+        // (256 MiB by default, as `max_message_size`), so two at once would
+        // have the second shed, and retried, and shed again.
         let mut total = WriteResult {
             stored: 0,
             existing: 0,
             timing: Default::default(),
         };
-        for r in parts {
-            let r = r?;
+        for r in batches {
+            let r = self.write_one(ns, &blocks[r], deadline).await?;
             total.stored += r.stored;
             total.existing += r.existing;
             add_timing(&mut total.timing, &r.timing);

@@ -18,12 +18,13 @@ use tokio::sync::Semaphore;
 
 mod conn;
 mod frame;
+mod inflight;
 mod into;
 
 use conn::dial_by;
 pub use conn::{Conn, Target, WireTls};
-use frame::Sink;
-use frame::{Frame, exchange};
+use frame::{Frame, Sink, exchange};
+use inflight::InFlight;
 pub use into::{FilledBlock, ReadIntoResult};
 
 /// A pool of data-plane connections. Cheap to clone.
@@ -205,8 +206,7 @@ impl WireClient {
     ) -> Result<Frame> {
         let r = tokio::time::timeout_at(deadline.into(), async {
             let _slot = self.slots.acquire().await.expect("never closed");
-            let conn = self.take_idle();
-            let mut sock = match conn {
+            let conn = match self.take_idle() {
                 Some(s) => s,
                 None => {
                     dial_by(
@@ -221,8 +221,11 @@ impl WireClient {
                 }
             };
             let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-            match exchange(&mut sock, kind, id, meta, data, sink).await {
+            // Dropped unanswered, it waits for the server to stop copying into our buffers.
+            let mut sock = InFlight::new(conn, kind);
+            match exchange(&mut *sock, kind, id, meta, data, sink).await {
                 Ok(f) => {
+                    let sock = sock.answered(); // any reply comes after the last copy
                     if reusable(&f) {
                         self.idle.lock().push(sock);
                     }
@@ -406,8 +409,8 @@ impl WireClient {
 
     /// [`WireClient::write`], all of it before `deadline`. A batch larger
     /// than the server takes in one request ([`WireClient::with_max_request`])
-    /// goes as several requests at once; each is stored whole or not at all,
-    /// and a failed one fails the call, whatever the others stored.
+    /// goes as several requests, one after another; each is stored whole or
+    /// not at all, and a failed one fails the call, whatever the others stored.
     pub async fn write_by(
         &self,
         ns: &str,

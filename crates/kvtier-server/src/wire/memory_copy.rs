@@ -19,14 +19,19 @@
 //! of a process (docs/security.md, "Threats and their guards").
 //!
 //! Safety of the client's memory: a copy into it starts only while the
-//! request's deadline has not passed (checked before each block), and the
-//! client waits for the reply (or the connection's end) before it reuses its
-//! buffers; see docs/local.md for the one window this leaves.
+//! Safety of the client's memory: a copy into it starts only while the
+//! request's deadline has not passed and the client is still connected
+//! (both checked before each block), and the client waits for the reply, or
+//! for this server to close the connection, before it reuses its buffers.
+//! The connection stays open until the copies have ended (the copy threads
+//! hold it), so its close means no copy is still landing (docs/local.md,
+//! "Cancelled reads").
 use super::no_copy::{CopyError, Failed, classify, no_copy, panicked, with_reason};
 use super::{Reply, status_reply, write, write_rejected};
 use crate::auth::Principal;
 use crate::peer::Peer;
 use crate::refusal::{self, Refusal};
+use crate::rx_stamp::FrameStream;
 use crate::state::{self, Shared};
 use crate::timing::Clock;
 use bytes::{Bytes, BytesMut};
@@ -36,7 +41,11 @@ use kvtier_proto::wire::{Kind, check_lengths};
 use nix::sys::uio::{RemoteIoVec, process_vm_readv, process_vm_writev};
 use prost::Message;
 use std::io::{IoSlice, IoSliceMut};
+use std::os::fd::OwnedFd;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
+use tokio::io::AsyncReadExt;
 
 const API: &str = "local";
 
@@ -199,20 +208,62 @@ fn copy_in(peer: &Peer, dst: &mut [u8], addr: u64, i: usize) -> Result<u32, Copy
     Ok(crc)
 }
 
-/// ReadInto: the blocks of a Read, copied into the client's regions.
-pub(super) async fn read_into(
+/// ReadInto: the blocks of a Read, copied into the client's regions, while
+/// watching the connection. A client whose read is cancelled closes its
+/// end (docs/local.md, "Cancelled reads"): no further block is then copied
+/// into its memory, and it gets no answer (`None`: close the connection).
+/// The copy threads hold the connection open until they end, so the close
+/// the client waits for comes only once nothing more can land.
+pub(super) async fn read_into<S: FrameStream>(
     shared: &Shared,
     who: &Principal,
     meta: Bytes,
     arrived: Instant,
-    peer: &std::sync::Arc<Peer>,
+    peer: &Arc<Peer>,
+    sock: &mut S,
+) -> Option<Reply> {
+    let stop = Arc::new(AtomicBool::new(false));
+    let copy = read_into_admitted(
+        shared,
+        who,
+        meta,
+        arrived,
+        peer,
+        (stop.clone(), sock.held_open()),
+    );
+    tokio::pin!(copy);
+    let mut byte = [0u8; 1];
+    tokio::select! {
+        r = &mut copy => Some(r),
+        // The client sends nothing while it waits for this answer (one
+        // request in flight per connection): its end closed, an error or a
+        // stray byte all mean it is no longer waiting.
+        _ = sock.read(&mut byte) => {
+            stop.store(true, Ordering::Release);
+            copy.await;
+            None
+        }
+    }
+}
+
+/// Set when the client is gone (no further block is copied), and the
+/// connection, held open by the copies.
+type Watch = (Arc<AtomicBool>, Option<OwnedFd>);
+
+async fn read_into_admitted(
+    shared: &Shared,
+    who: &Principal,
+    meta: Bytes,
+    arrived: Instant,
+    peer: &Arc<Peer>,
+    watch: Watch,
 ) -> Reply {
     let state::Admitted { mut outcome, hold } =
         match shared.admit((API, "read"), Some(arrived)).await {
             Ok(a) => a,
             Err(shed) => return status_reply(shed),
         };
-    let r = read_into_inner(shared, who, meta, arrived, peer, &mut outcome.clock).await;
+    let r = read_into_inner(shared, who, meta, arrived, peer, watch, &mut outcome.clock).await;
     outcome.set(r.as_ref().map_or_else(Failed::label, |_| "ok".into()));
     drop(hold);
     r.unwrap_or_else(Failed::reply)
@@ -223,9 +274,11 @@ async fn read_into_inner(
     who: &Principal,
     meta: Bytes,
     arrived: Instant,
-    peer: &std::sync::Arc<Peer>,
+    peer: &Arc<Peer>,
+    (stop, held): Watch,
     clock: &mut Clock,
 ) -> Result<Reply, Failed> {
+    let gone = || Refusal::new(refusal::Kind::Cancelled, "the client closed the connection");
     let target = peer.clone();
     bounded::check::<pb::WireReadIntoRequest>(&meta).map_err(|s| crate::status::from_status(&s))?;
     let mut req = pb::WireReadIntoRequest::decode(meta)
@@ -240,6 +293,9 @@ async fn read_into_inner(
     let mut found: Vec<(Bytes, usize)> = Vec::with_capacity(keys.len());
     let mut reader = crate::read::PrefixReader::new(ns, keys, deadline);
     while let Some((i, b, t)) = reader.next(shared, clock).await? {
+        if stop.load(Ordering::Acquire) {
+            return Err(gone().into());
+        }
         let room = capacity(dests.of(i as usize));
         if b.payload.len() as u64 > room {
             return Err(Refusal::invalid(format!(
@@ -263,7 +319,11 @@ async fn read_into_inner(
     target.check().map_err(Failed::NoCopy)?;
     let bytes: u64 = found.iter().map(|(p, _)| p.len() as u64).sum();
     let threads = copy_threads(found.len(), bytes);
+    let stopped = stop.clone();
     let copied = tokio::task::spawn_blocking(move || {
+        // Closed when the copies end, not before (see `read_into`).
+        let _held = held;
+        let stop = &stop;
         let per = found.len().div_ceil(threads).max(1);
         let dests = &dests;
         let target = &*target;
@@ -274,7 +334,9 @@ async fn read_into_inner(
                 .map(|(c, run)| {
                     s.spawn(move || {
                         for (j, (payload, i)) in run.iter().enumerate() {
-                            if deadline.is_some_and(|d| Instant::now() >= d) {
+                            if deadline.is_some_and(|d| Instant::now() >= d)
+                                || stop.load(Ordering::Acquire)
+                            {
                                 return Ok(j);
                             }
                             copy_out(target, payload, dests.of(*i), c * per + j)?;
@@ -300,6 +362,9 @@ async fn read_into_inner(
     .await
     .map_err(|e| Refusal::new(refusal::Kind::Internal, format!("copy task: {e}")))?
     .map_err(|e: CopyError| e.failed("into"))?;
+    if stopped.load(Ordering::Acquire) {
+        return Err(gone().into());
+    }
     if copied < reply.blocks.len() {
         reply.blocks.truncate(copied);
         reply.payload_lengths.truncate(copied);

@@ -315,7 +315,14 @@ async fn requests<S: FrameStream>(
                 match sock.peer() {
                     Some(Ok(peer)) => {
                         let reply = if header.kind == Kind::ReadInto {
-                            memory_copy::read_into(&shared, &who, meta, arrived, &peer).await
+                            match memory_copy::read_into(
+                                &shared, &who, meta, arrived, &peer, &mut sock,
+                            )
+                            .await
+                            {
+                                Some(reply) => reply,
+                                None => return Ok(()), // the client is gone: nothing to answer
+                            }
                         } else {
                             memory_copy::write_from(&shared, &who, meta, arrived, max_frame, &peer)
                                 .await
