@@ -19,7 +19,6 @@
 //! of a process (docs/security.md, "Threats and their guards").
 //!
 //! Safety of the client's memory: a copy into it starts only while the
-//! Safety of the client's memory: a copy into it starts only while the
 //! request's deadline has not passed and the client is still connected
 //! (both checked before each block), and the client waits for the reply, or
 //! for this server to close the connection, before it reuses its buffers.
@@ -222,15 +221,17 @@ pub(super) async fn read_into<S: FrameStream>(
     peer: &Arc<Peer>,
     sock: &mut S,
 ) -> Option<Reply> {
+    // Without a second descriptor the connection could close while a copy
+    // still lands (the client then reuses its buffers): refuse instead.
+    let Some(held) = sock.held_open() else {
+        let busy = Refusal::new(
+            refusal::Kind::Unavailable,
+            "the server is out of file descriptors for this read; retry",
+        );
+        return Some(status_reply(busy));
+    };
     let stop = Arc::new(AtomicBool::new(false));
-    let copy = read_into_admitted(
-        shared,
-        who,
-        meta,
-        arrived,
-        peer,
-        (stop.clone(), sock.held_open()),
-    );
+    let copy = read_into_admitted(shared, who, meta, arrived, peer, (stop.clone(), Some(held)));
     tokio::pin!(copy);
     let mut byte = [0u8; 1];
     tokio::select! {
