@@ -192,21 +192,54 @@ impl Limits {
     /// deleted blocks without bound (docs/security.md, "Threats and their
     /// guards"). A reply larger than the whole budget takes all of it.
     pub fn reserve_reply(&self, bytes: u64) -> Result<Reservation, Refusal> {
-        let n = bytes.min(self.reply_bytes).min(u32::MAX as u64);
+        let n = self.reply_permits(bytes);
         if n == 0 {
             return Ok(Reservation { _permit: None });
         }
-        match self.replies.clone().try_acquire_many_owned(n as u32) {
+        match self.replies.clone().try_acquire_many_owned(n) {
             Ok(p) => Ok(Reservation { _permit: Some(p) }),
-            Err(_) => Err(Refusal {
-                kind: Kind::Overloaded,
-                message: format!(
-                    "server busy: {} of {} bytes of replies waiting for their clients (server.reply_memory); retry with back-off",
-                    self.replies_in_use(),
-                    self.reply_bytes
-                ),
-                retry_after: Some(BUSY_RETRY),
-            }),
+            Err(_) => Err(self.replies_busy()),
+        }
+    }
+
+    /// As [`Limits::reserve_reply`], but waits (in arrival order) for the
+    /// bytes until `until`, or at most `server.write_timeout`: a reply's
+    /// first block. Why wait: replies give their bytes back as their clients
+    /// take them, and a stalled one within `write_timeout`, so a striped
+    /// load bigger than the budget (a 2 GiB prompt over four connections)
+    /// is served in turn instead of refused; only a budget that stays full
+    /// that long is refused as busy.
+    pub async fn reserve_reply_wait(
+        &self,
+        bytes: u64,
+        until: Option<tokio::time::Instant>,
+    ) -> Result<Reservation, Refusal> {
+        let n = self.reply_permits(bytes);
+        if n == 0 {
+            return Ok(Reservation { _permit: None });
+        }
+        let cap = tokio::time::Instant::now() + self.write_timeout;
+        let until = until.map_or(cap, |u| u.min(cap));
+        let take = self.replies.clone().acquire_many_owned(n);
+        match tokio::time::timeout_at(until, take).await {
+            Ok(Ok(p)) => Ok(Reservation { _permit: Some(p) }),
+            _ => Err(self.replies_busy()),
+        }
+    }
+
+    fn reply_permits(&self, bytes: u64) -> u32 {
+        bytes.min(self.reply_bytes).min(u32::MAX as u64) as u32
+    }
+
+    fn replies_busy(&self) -> Refusal {
+        Refusal {
+            kind: Kind::Overloaded,
+            message: format!(
+                "server busy: {} of {} bytes of replies waiting for their clients (server.reply_memory); retry with back-off",
+                self.replies_in_use(),
+                self.reply_bytes
+            ),
+            retry_after: Some(BUSY_RETRY),
         }
     }
 

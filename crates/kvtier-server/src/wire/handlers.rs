@@ -69,7 +69,8 @@ async fn read_inner(
     let mut reader = crate::read::PrefixReader::new(ns, keys, deadline);
     // Payloads held until the client takes them are charged to the reply
     // budget: past it the reply ends early like a full one ("size", the
-    // client continues), or, with nothing in it yet, is shed as busy.
+    // client continues); its first block waits for room (bounded by the
+    // deadline and `server.write_timeout`), then is shed as busy.
     let mut charge: Option<crate::limits::Reservation> = None;
     while let Some((i, b, t)) = reader.next(shared, clock).await? {
         let rb = crate::read::read_block(i, &b, t, Bytes::new());
@@ -78,7 +79,13 @@ async fn read_inner(
             reader.put_back(shared, "size");
             break;
         }
-        match shared.limits.reserve_reply(b.payload.len() as u64) {
+        let reserved = if data.is_empty() {
+            let until = deadline.map(tokio::time::Instant::from_std);
+            shared.limits.reserve_reply_wait(b.payload.len() as u64, until).await
+        } else {
+            shared.limits.reserve_reply(b.payload.len() as u64)
+        };
+        match reserved {
             Ok(r) => match charge.as_mut() {
                 Some(c) => c.merge(r),
                 None => charge = Some(r),
