@@ -66,39 +66,69 @@ async fn read_inner(
     let mut reply = pb::WireReadReply::default();
     let mut data = Vec::with_capacity(keys.len());
     let mut used = 0u64;
+    // The first block's id, to fetch it again after waiting for room.
+    let first = keys
+        .first()
+        .map(|k| kvtier_core::BlockId::new(ns.clone(), k.clone()));
     let mut reader = crate::read::PrefixReader::new(ns, keys, deadline);
     // Payloads held until the client takes them are charged to the reply
     // budget: past it the reply ends early like a full one ("size", the
-    // client continues); its first block waits for room (bounded by the
-    // deadline and `server.write_timeout`), then is shed as busy.
+    // client continues). A first block with no room waits for it in arrival
+    // order (bounded by the deadline and `server.write_timeout`, then shed
+    // as busy) *without holding the block*, so waiting Reads pin nothing,
+    // and is then fetched again: replies give their bytes back as their
+    // clients take them, so a striped load bigger than the budget is served
+    // in turn instead of refused (docs/security.md, "Threats and their
+    // guards").
     let mut charge: Option<crate::limits::Reservation> = None;
-    while let Some((i, b, t)) = reader.next(shared, clock).await? {
+    while let Some((i, mut b, t)) = reader.next(shared, clock).await? {
         let rb = crate::read::read_block(i, &b, t, Bytes::new());
         let size = b.payload.len() as u64 + reply_overhead(&rb);
         if !data.is_empty() && used + size > budget {
             reader.put_back(shared, "size");
             break;
         }
-        let reserved = if data.is_empty() {
-            let until = deadline.map(tokio::time::Instant::from_std);
-            shared.limits.reserve_reply_wait(b.payload.len() as u64, until).await
-        } else {
-            shared.limits.reserve_reply(b.payload.len() as u64)
-        };
-        match reserved {
-            Ok(r) => match charge.as_mut() {
-                Some(c) => c.merge(r),
-                None => charge = Some(r),
-            },
-            Err(busy) if data.is_empty() => {
-                crate::limits::refused::log("wire_reply_memory", &busy.message);
-                return Err(busy);
-            }
-            Err(_) => {
+        let len = b.payload.len() as u64;
+        let reserved = match shared.limits.reserve_reply(len) {
+            Ok(r) => r,
+            Err(_) if !data.is_empty() => {
                 reader.put_back(shared, "size");
                 break;
             }
+            Err(_) => {
+                drop(b);
+                let until = deadline.map(tokio::time::Instant::from_std);
+                let r = match shared.limits.reserve_reply_wait(len, until).await {
+                    Ok(r) => r,
+                    Err(busy) => {
+                        crate::limits::refused::log("wire_reply_memory", &busy.message);
+                        return Err(busy);
+                    }
+                };
+                let id = first
+                    .as_ref()
+                    .expect("a block was read, so there was a key");
+                let mut timing = kvtier_core::StorageTiming::default();
+                match shared.engine.read(id, &mut timing).await {
+                    // Blocks are immutable: the same key has the same
+                    // length, unless it was deleted and written anew.
+                    Ok(Some((again, _))) if again.payload.len() as u64 <= len => b = again,
+                    Ok(Some(_)) | Ok(None) => {
+                        reader.put_back(shared, "missing");
+                        break;
+                    }
+                    Err(e) => return Err(e.into()),
+                }
+                r
+            }
+        };
+        match charge.as_mut() {
+            Some(c) => c.merge(reserved),
+            None => charge = Some(reserved),
         }
+        // What is sent describes the block sent (it may have been fetched again).
+        let rb = crate::read::read_block(i, &b, t, Bytes::new());
+        let size = b.payload.len() as u64 + reply_overhead(&rb);
         used += size;
         shared.metrics.bytes_out.inc_by(b.payload.len() as u64);
         reply.payload_lengths.push(b.payload.len() as u64);
