@@ -44,12 +44,10 @@ import ctypes
 import json
 import mmap
 import os
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -58,7 +56,7 @@ import crc32c
 from _perf import ROOT
 
 from kvtier import Block, Client
-from perf import header, versions, write_record
+from perf import floors, header, versions, write_record
 from perf.services import Mooncake, kvtier_server, mooncake_python, release_binary
 
 MEMSPEED = Path(os.environ.get("KVTIER_MEMSPEED") or ROOT / "target" / "release" / "examples" / "memspeed")
@@ -72,11 +70,7 @@ def gbps(nbytes: int, seconds: float) -> float:
 
 
 def memcpy(nbytes: int, src: bytearray, dst: bytearray) -> dict[str, float]:
-    s = (ctypes.c_char * nbytes).from_buffer(src)
-    d = (ctypes.c_char * nbytes).from_buffer(dst)
-    t = time.perf_counter()
-    ctypes.memmove(d, s, nbytes)
-    took = time.perf_counter() - t
+    took = floors.memcpy(nbytes, src, dst)
     return {"load": took, "save": took}
 
 
@@ -93,23 +87,7 @@ def memcpy_fresh(nbytes: int, src: bytearray) -> dict[str, float]:
 
 
 def tcp_loopback(nbytes: int, src: bytearray, dst: bytearray) -> dict[str, float]:
-    with socket.create_server(("127.0.0.1", 0)) as ls:
-        tx = socket.create_connection(ls.getsockname())
-        rx, _ = ls.accept()
-    view, into = memoryview(src)[:nbytes], memoryview(dst)[:nbytes]
-    sender = threading.Thread(target=tx.sendall, args=(view,))
-    t = time.perf_counter()
-    sender.start()
-    got = 0
-    while got < nbytes:
-        n = rx.recv_into(into[got:])
-        if n == 0:
-            raise RuntimeError("loopback connection closed early")
-        got += n
-    took = time.perf_counter() - t
-    sender.join()
-    tx.close()
-    rx.close()
+    took = floors.tcp_loopback(nbytes, src, dst)
     return {"load": took, "save": took}
 
 
