@@ -411,7 +411,8 @@ class ClusterClient:
         rs = self._router.grouped(namespace, [bytes(b.key) for b in bs],
                            lambda c, ix, t: c.write(namespace, [bs[i] for i in ix], t), timeout)
         return WriteResult(sum(r.stored for r in rs), sum(r.existing for r in rs),
-                           _summed((r.timing for r in rs), int((time.monotonic() - start) * 1e6)))
+                           _summed((r.timing for r in rs), int((time.monotonic() - start) * 1e6)),
+                           sum(r.deferred for r in rs))
 
     def write_stream(self, namespace: str, blocks: Iterable[Block], batch_bytes: int = 16 << 20) -> WriteResult:
         """:meth:`kvtier.Client.write_stream` to each block's first owner, nodes in parallel."""
@@ -424,7 +425,8 @@ class ClusterClient:
         rs = self._router.grouped(namespace, [bytes(b.key) for b in bs],
                            lambda c, ix, t: c.write_stream(namespace, [bs[i] for i in ix], batch_bytes), None)
         return WriteResult(sum(r.stored for r in rs), sum(r.existing for r in rs),
-                           _summed((r.timing for r in rs), int((time.monotonic() - start) * 1e6)))
+                           _summed((r.timing for r in rs), int((time.monotonic() - start) * 1e6)),
+                           sum(r.deferred for r in rs))
 
     def write_tokens(
         self, namespace: str, tokens: Sequence[int], payloads: Sequence[bytes], ttl_ms: int = 0

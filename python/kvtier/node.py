@@ -419,15 +419,16 @@ class NodeClient:
         if pool is not None:
             # Checksums are computed by the native core, payloads passed as they are.
             items = [_payloads.native_block(b) for b in blocks]
-            (stored, existing, timing), us = self._retrying(lambda t: pool.write(namespace, items, t), timeout)
-            return WriteResult(stored, existing, ServerTiming(elapsed_us=us, **timing))
+            (stored, existing, deferred, timing), us = self._retrying(
+                lambda t: pool.write(namespace, items, t), timeout)
+            return WriteResult(stored, existing, ServerTiming(elapsed_us=us, **timing), deferred)
         # Cut to the server's message limit, as the native core cuts its writes (kvtier.split).
         v1 = self._pb.v1
         reqs = [v1.WriteRequest(namespace=namespace, blocks=_payloads.pb_blocks(v1, run))
                 for run in _split.runs(list(blocks), self._message_limit())]
         if len(reqs) == 1:
             r, us = self._call(lambda s, t: s.Write(reqs[0], timeout=t), timeout)
-            return WriteResult(r.stored, r.existing, ServerTiming._of(r, us))
+            return WriteResult(r.stored, r.existing, ServerTiming._of(r, us), r.deferred)
 
         def attempt(t: float) -> list[Any]:
             # One after another, as the native core: two requests near the limit at once
@@ -437,7 +438,7 @@ class NodeClient:
 
         rs, us = self._retrying(attempt, timeout)
         return WriteResult(sum(r.stored for r in rs), sum(r.existing for r in rs),
-                           _split.summed([ServerTiming._of(r) for r in rs], us))
+                           _split.summed([ServerTiming._of(r) for r in rs], us), sum(r.deferred for r in rs))
 
     def _message_limit(self) -> int:
         """The largest request the server takes (``Stats.max_message_size``), asked once."""
@@ -467,7 +468,7 @@ class NodeClient:
                 yield WriteRequest(namespace=namespace, blocks=batch)
 
         r, us = self._call(lambda s, t: s.WriteStream(reqs(), timeout=t))
-        return WriteResult(r.stored, r.existing, ServerTiming._of(r, us))
+        return WriteResult(r.stored, r.existing, ServerTiming._of(r, us), r.deferred)
 
     def write_tokens(
         self, namespace: str, tokens: Sequence[int], payloads: Sequence[bytes], ttl_ms: int = 0

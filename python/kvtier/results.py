@@ -190,6 +190,10 @@ class WriteResult:
     existing: int
     """Blocks already present (idempotent re-writes)."""
     timing: ServerTiming
+    deferred: int = 0
+    """Of those, blocks the server keeps in memory only until they are used
+    again: its admission policy (``disk.admission``, ``object_store.admission``)
+    defers their disk or object-store copy (docs/cache-choice.md)."""
 
 
 @dataclass(frozen=True)

@@ -433,6 +433,7 @@ impl Client {
         Ok(WriteResult {
             stored: r.stored,
             existing: r.existing,
+            deferred: r.deferred,
             timing: r.timing.unwrap_or_default(),
         })
     }

@@ -85,6 +85,10 @@ pub struct WriteResult {
     pub stored: u32,
     /// Already present.
     pub existing: u32,
+    /// Of those, kept in the server's memory only until used again (its
+    /// admission policy defers their disk or object-store copy;
+    /// docs/cache-choice.md).
+    pub deferred: u32,
     /// Server timing.
     pub timing: ServerTiming,
 }

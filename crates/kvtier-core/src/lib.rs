@@ -27,6 +27,7 @@
 //! (gRPC, data plane, HTTP, same-host socket) translate their requests into
 //! calls on [`engine::Engine`].
 
+pub mod admission;
 pub mod block;
 mod chain_index;
 pub mod clock;
@@ -43,6 +44,7 @@ pub mod shares;
 pub mod size;
 pub mod tier;
 
+pub use admission::{Admission, AdmissionStats};
 pub use block::{Block, BlockId, BlockMeta};
 pub use disk::{DiskConfig, DiskTier, RecoveryReport, SyncMode};
 pub use engine::{

@@ -396,6 +396,7 @@ impl ObjectLink {
 const STRIPES: usize = 64;
 
 /// The write-back upload queue.
+#[derive(Clone)]
 pub(crate) struct WriteBack {
     tx: mpsc::UnboundedSender<Item>,
     state: Arc<State>,

@@ -163,6 +163,7 @@ fn expected(name: &str) -> Frame {
                 stored: 2,
                 existing: 1,
                 timing: Some(timing(260)),
+                deferred: 0,
             }),
             vec![],
         ),

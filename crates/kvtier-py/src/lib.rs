@@ -306,14 +306,14 @@ impl DataPlane {
     /// Writes blocks given as `(key, parent or None, token_count, payload,
     /// ttl_ms)`, payloads any C-contiguous buffers (not copied; checksums
     /// computed here). Batches larger than the server takes at once are
-    /// split. Returns `(stored, existing, timing)`.
+    /// split. Returns `(stored, existing, deferred, timing)`.
     fn write<'py>(
         &self,
         py: Python<'py>,
         namespace: &str,
         blocks: Vec<BlockArg<'py>>,
         timeout: f64,
-    ) -> PyResult<(u32, u32, Bound<'py, PyDict>)> {
+    ) -> PyResult<(u32, u32, u32, Bound<'py, PyDict>)> {
         let mut held = Vec::with_capacity(blocks.len());
         let mut wbs = Vec::with_capacity(blocks.len());
         for (i, (key, parent, token_count, payload, ttl_ms)) in blocks.into_iter().enumerate() {
@@ -337,7 +337,7 @@ impl DataPlane {
         drop(wbs);
         drop(held);
         let r = r?;
-        Ok((r.stored, r.existing, timing(py, &r.timing)?))
+        Ok((r.stored, r.existing, r.deferred, timing(py, &r.timing)?))
     }
 
     /// Closes the pool's connections (a later call reconnects).

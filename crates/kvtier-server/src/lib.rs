@@ -31,6 +31,7 @@
 //! * [`fuzzing`]: the request-decoding path as one function for fuzzers.
 
 pub mod admission;
+mod admission_metrics;
 pub mod auth;
 pub mod cluster;
 pub mod config;
@@ -416,7 +417,8 @@ async fn build_engine_with(
 ) -> anyhow::Result<Engine> {
     let mut engine_cfg = cfg.engine.engine_config();
     engine_cfg.shares = cfg.tenants.shares();
-    let builder = Engine::builder(engine_cfg);
+    let builder =
+        Engine::builder(engine_cfg).admission(cfg.disk.admission()?, cfg.object_store.admission()?);
     let builder = with_disk(builder, cfg).await?;
     let builder = object::attach(builder, cfg)?;
     Ok(match peers {

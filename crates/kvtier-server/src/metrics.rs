@@ -12,7 +12,7 @@
 //!   (`unauthenticated`) or access control (`permission_denied`).
 //! * `kvtier_stalled_replies_total{front}`: replies dropped (`server.write_timeout`).
 //! * `kvtier_engine_{degraded_writes,demotions,demotion_failures}_total`: engine counters.
-//! * `kvtier_share_{resident_bytes,evictions_total}`: `crate::share_metrics`.
+//! * `kvtier_share_*`, `kvtier_tier_{admission_*,written_bytes_*}`: their own modules.
 //! * In the `kvtier` binary (jemalloc): `kvtier_allocator_{allocated,resident}_bytes`,
 //!   `kvtier_allocator_purges_total`, and `kvtier_process_resident_bytes` (RSS)
 //!   against `kvtier_resident_limit_bytes` (docs/operations.md, "Memory").
@@ -25,8 +25,7 @@
 //!   uploaded), `kvtier_object_{uploads,upload_retries,uploads_superseded,
 //!   write_failures,lookup_degraded,lookup_checks,promotions_to_disk,fetches,
 //!   fetches_joined,prefetched}_total`,
-//!   and the tier's request counters `kvtier_object_{gets,heads,head_cache_hits,
-//!   puts,deletes,corrupt,errors}_total`.
+//!   and the tier's requests `kvtier_object_{gets,heads,head_cache_hits,puts,deletes,corrupt,errors}_total`.
 use kvtier_core::Engine;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
@@ -537,6 +536,7 @@ impl Collector for EngineCollector {
             )?)?;
         }
         crate::share_metrics::encode(&self.0, &mut encoder)?;
+        crate::admission_metrics::encode(&self.0, &mut encoder)?;
         if let Some(disk) = self.0.disk() {
             encode_disk(disk, &mut encoder)?;
         }

@@ -209,6 +209,7 @@ impl PrefixReader {
                 disk: t.disk.mul_f64(f),
                 object: t.object.mul_f64(f),
                 peer: t.peer.mul_f64(f),
+                deferred: t.deferred,
             };
         }
         clock.storage.merge(&t);

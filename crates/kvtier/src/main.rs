@@ -45,7 +45,7 @@ struct Args {
 #[derive(Subcommand, Debug)]
 enum Cmd {
     /// Run the server.
-    Serve(serve::ServeArgs),
+    Serve(Box<serve::ServeArgs>),
     /// Store a value / block.
     Put(cli::PutArgs),
     /// Fetch a value / block.
@@ -189,7 +189,7 @@ fn run(args: Args) -> anyhow::Result<()> {
         .build()?;
     rt.block_on(async move {
         match args.cmd {
-            Cmd::Serve(a) => serve::run(a).await,
+            Cmd::Serve(a) => serve::run(*a).await,
             Cmd::Put(a) => cli::put(a).await,
             Cmd::Get(a) => cli::get(a).await,
             Cmd::Lookup(a) => cli::lookup(a).await,

@@ -63,6 +63,9 @@ pub struct ServeArgs {
     /// write-through | write-back [disk.write_policy, default write-through].
     #[arg(long)]
     write_policy: Option<String>,
+    /// Which blocks go to disk: all | reuse | tinylfu [disk.admission, default all].
+    #[arg(long)]
+    disk_admission: Option<String>,
     /// Shared object store: az://container/prefix, s3://bucket/prefix,
     /// file:///dir; credentials and endpoints from AZURE_* / AWS_* [object_store.url, default "" (none)].
     #[arg(long)]
@@ -70,6 +73,9 @@ pub struct ServeArgs {
     /// write-back | write-through towards the object store [object_store.write_policy, default write-back].
     #[arg(long)]
     object_write_policy: Option<String>,
+    /// Which blocks are uploaded: all | reuse | tinylfu [object_store.admission, default all].
+    #[arg(long)]
+    object_admission: Option<String>,
     /// Tokens file (`[[tokens]]` token / namespaces / access); turns
     /// authentication on, reloaded on SIGHUP [auth.tokens_file, default "" (no authentication)].
     #[arg(long)]
@@ -163,6 +169,12 @@ impl ServeArgs {
         }
         if let Some(v) = &self.object_write_policy {
             cfg.object_store.write_policy = v.clone();
+        }
+        if let Some(v) = &self.disk_admission {
+            cfg.disk.admission = v.clone();
+        }
+        if let Some(v) = &self.object_admission {
+            cfg.object_store.admission = v.clone();
         }
         if let Some(v) = &self.auth_tokens {
             cfg.auth.tokens_file = v.clone();

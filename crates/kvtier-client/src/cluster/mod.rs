@@ -364,10 +364,12 @@ impl ClusterClient {
         let mut out = WriteResult {
             stored: 0,
             existing: 0,
+            deferred: 0,
             timing: ServerTiming::default(),
         };
         for r in &rs {
             out.stored += r.stored;
+            out.deferred += r.deferred;
             out.existing += r.existing;
             add_timing(&mut out.timing, &r.timing);
         }

@@ -375,11 +375,13 @@ impl WireClient {
         let mut total = WriteResult {
             stored: 0,
             existing: 0,
+            deferred: 0,
             timing: Default::default(),
         };
         for r in batches {
             let r = self.write_one(ns, &blocks[r], deadline).await?;
             total.stored += r.stored;
+            total.deferred += r.deferred;
             total.existing += r.existing;
             add_timing(&mut total.timing, &r.timing);
         }
@@ -428,6 +430,7 @@ impl WireClient {
         Ok(WriteResult {
             stored: r.stored,
             existing: r.existing,
+            deferred: r.deferred,
             timing: r.timing.unwrap_or_default(),
         })
     }

@@ -25,6 +25,9 @@ impl Engine {
             writing: self.writing.clone(),
             object: None,
             peers: None,
+            // One memory of uses per node: forwarded reads and writes count.
+            disk_admission: self.disk_admission.clone(),
+            object_admission: self.object_admission.clone(),
         }
     }
 

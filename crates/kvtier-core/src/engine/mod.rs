@@ -28,6 +28,7 @@
 //! `batch` / `never` sync degrades to memory-only (counted in
 //! [`EngineStats::degraded_writes`]); under `always` it fails the write.
 //! See `docs/durability.md`.
+use crate::admission::{Admission, Admitter, Decision};
 use crate::block::{Block, BlockId};
 use crate::cluster::Peers;
 use crate::disk::{DiskTier, SyncMode};
@@ -41,10 +42,15 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+/// Blocks whose uses an admission policy remembers (per lower tier): about
+/// 10 MB for `reuse`, 1 MB for `tinylfu` (docs/cache-choice.md).
+pub const ADMISSION_WINDOW: usize = 1 << 18;
+
 /// Engine reads a prefix read keeps in flight in a cluster without an object
 /// tier (peer round trips; notes/022).
 pub const PEER_READ_AHEAD: usize = 4;
 
+mod admit;
 mod cluster;
 mod leases;
 mod types;
@@ -83,6 +89,10 @@ pub struct Engine {
     object: Option<ObjectLink>,
     /// The other nodes of a cluster, if this node is in one.
     peers: Option<Arc<dyn Peers>>,
+    /// Which blocks the disk tier takes (shared with demotion tasks).
+    disk_admission: Arc<Admitter>,
+    /// Which blocks the object store takes.
+    object_admission: Arc<Admitter>,
 }
 
 /// Builds an [`Engine`]: memory, then optionally a disk and an object store.
@@ -91,9 +101,18 @@ pub struct EngineBuilder {
     disk: Option<(Arc<DiskTier>, WritePolicy)>,
     object: Option<(Arc<dyn Tier>, ObjectOptions)>,
     peers: Option<Arc<dyn Peers>>,
+    admission: (Admission, Admission),
 }
 
 impl EngineBuilder {
+    /// Which blocks the disk tier and the object store take: every block at
+    /// its first write ([`Admission::All`], the default), or only blocks used
+    /// again (docs/cache-choice.md, "Admission to the lower tiers").
+    pub fn admission(mut self, disk: Admission, object: Admission) -> Self {
+        self.admission = (disk, object);
+        self
+    }
+
     /// A disk tier (opened with [`DiskTier::open`]) below memory, written per
     /// `policy`; `None` leaves the slot empty.
     pub fn disk(mut self, disk: Option<Arc<DiskTier>>, policy: WritePolicy) -> Self {
@@ -139,6 +158,8 @@ impl EngineBuilder {
             writing: Default::default(),
             object: self.object.map(|(t, o)| ObjectLink::new(t, o)),
             peers: self.peers,
+            disk_admission: Arc::new(Admitter::new(self.admission.0, ADMISSION_WINDOW)),
+            object_admission: Arc::new(Admitter::new(self.admission.1, ADMISSION_WINDOW)),
         }
     }
 }
@@ -151,6 +172,7 @@ impl Engine {
             disk: None,
             object: None,
             peers: None,
+            admission: Default::default(),
         }
     }
 
@@ -379,6 +401,7 @@ impl Engine {
         let hit = self.memory.get_block(id);
         timing.add(TierKind::Memory, t0.elapsed());
         if let Some(b) = hit {
+            self.used_again(&b);
             return Ok(Some((b, TierKind::Memory)));
         }
         for t in self.below_memory() {
@@ -386,6 +409,7 @@ impl Engine {
             let got = t.get(id).await;
             timing.add(t.kind(), t0.elapsed());
             if let Some(b) = got? {
+                self.used_again(&b);
                 self.promote(&b, timing).await;
                 return Ok(Some((b, t.kind())));
             }

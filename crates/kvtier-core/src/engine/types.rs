@@ -73,6 +73,12 @@ pub struct StorageTiming {
     pub object: Duration,
     /// Waiting on other nodes of the cluster.
     pub peer: Duration,
+    /// Not a time: blocks this request's writes kept in memory only because
+    /// an admission policy defers their disk or object-store copy until they
+    /// are used again (docs/cache-choice.md). Carried here because every
+    /// write step already takes this record; the fronts report it as the
+    /// write's `deferred`.
+    pub deferred: u32,
 }
 
 impl StorageTiming {
@@ -82,6 +88,7 @@ impl StorageTiming {
         self.disk += o.disk;
         self.object += o.object;
         self.peer += o.peer;
+        self.deferred += o.deferred;
     }
 
     /// Adds `d` to the tier `kind`.

@@ -25,10 +25,15 @@ impl Engine {
         mode: Overwrite,
         timing: &mut StorageTiming,
     ) -> Result<WriteOutcome> {
-        match &self.peers {
+        let before = timing.deferred;
+        let r = match &self.peers {
             Some(peers) => self.store_in_cluster(peers, block, mode, timing).await,
             None => self.store_here(block, mode, timing).await,
-        }
+        };
+        // A block deferred by both lower tiers (or stored twice on this node
+        // by the cluster's fallbacks) counts once.
+        timing.deferred = timing.deferred.min(before + 1);
+        r
     }
 
     /// Stores on this node: the object store per its policy, memory, disk.
@@ -82,7 +87,21 @@ impl Engine {
         let id = block.meta.id.clone();
         let locally_known = self.held_locally(&id);
         if mode == Overwrite::Never && locally_known && !obj.is_enqueuing(&id) {
-            // Already stored (and uploaded or queued) or a conflict: local decides.
+            // Already stored (and uploaded, queued, or deferred by admission)
+            // or a conflict: local decides. A re-write is a use: a block the
+            // store's admission deferred may be admitted now.
+            let again = block.clone();
+            let out = self.store_local(block, mode, timing).await?;
+            if self.object_admission.policy() != Admission::All
+                && self.object_admission.record(&id) == Decision::Admit
+            {
+                self.upload_admitted(obj, again);
+            }
+            return Ok(out);
+        }
+        if self.defer_object(&id, mode) {
+            // Kept locally only until used again (docs/cache-choice.md).
+            timing.deferred += 1;
             return self.store_local(block, mode, timing).await;
         }
         let fail = |e: Error| {
@@ -96,6 +115,8 @@ impl Engine {
                 let r = obj.tier.put(block.clone()).await;
                 timing.add(TierKind::Object, t0.elapsed());
                 r.map_err(fail)?;
+                self.object_admission
+                    .note_admitted(block.payload.len() as u64);
                 self.store_local(block, mode, timing).await
             }
             ObjectWritePolicy::WriteBack => {
@@ -106,9 +127,13 @@ impl Engine {
                     group.stored();
                 }
                 let t0 = Instant::now();
+                let len = block.payload.len() as u64;
                 let r = wb
                     .enqueue(block, crate::deadline::budget(obj.opts.enqueue_timeout))
                     .await;
+                if r.is_ok() {
+                    self.object_admission.note_admitted(len);
+                }
                 timing.add(TierKind::Object, t0.elapsed());
                 if let Err(e) = r {
                     // Not acknowledged, so not kept locally either, unless a
@@ -137,10 +162,19 @@ impl Engine {
         if disk.has(&b.meta.id) {
             return;
         }
+        // A read from the store is a use on this node (its first, here).
+        if self.disk_admission.policy() != Admission::All
+            && !self.disk_admission.record(&b.meta.id).admitted()
+        {
+            return;
+        }
         let (disk, b, c) = (disk.clone(), b.clone(), obj.counters.clone());
+        let adm = self.disk_admission.clone();
         tokio::spawn(async move {
+            let len = b.payload.len() as u64;
             match disk.put_with(b, Overwrite::Never).await {
                 Ok(_) => {
+                    adm.note_admitted(len);
                     c.promotions_to_disk.fetch_add(1, Ordering::Relaxed);
                 }
                 Err(e) => {
@@ -158,9 +192,13 @@ impl Engine {
         timing: &mut StorageTiming,
     ) -> Result<WriteOutcome> {
         self.check_size(block.payload.len())?;
+        // Under write-back every disk copy waits for eviction anyway, where
+        // admission decides (`demote`).
+        let defer =
+            self.policy == WritePolicy::WriteThrough && self.defer_disk(&block.meta.id, mode);
         // Registered before the memory step, so a concurrent eviction of this
         // block does not demote it while this write is putting it on disk.
-        let _writing = (self.disk.is_some() && self.policy == WritePolicy::WriteThrough)
+        let _writing = (self.disk.is_some() && self.policy == WritePolicy::WriteThrough && !defer)
             .then(|| WritingGuard::new(&self.writing, &block.meta.id));
         let t0 = Instant::now();
         let r = self.memory.put_block_evicting(block.clone(), mode);
@@ -177,15 +215,26 @@ impl Engine {
         };
         let result = match (self.policy, mem) {
             (WritePolicy::WriteBack, Some(o)) => Ok(o),
+            // Kept in memory only until used again; leaves it unwritten if
+            // evicted first (docs/cache-choice.md).
+            (_, Some(o)) if defer => {
+                timing.deferred += 1;
+                Ok(o)
+            }
             // Identical block already in memory and on disk: nothing to write.
             (_, Some(PutOutcome::Existing)) if disk.has(&block.meta.id) => Ok(PutOutcome::Existing),
             _ => {
-                let id = block.meta.id.clone();
+                let (id, len) = (block.meta.id.clone(), block.payload.len() as u64);
                 let t0 = Instant::now();
                 let d = disk.put_with(block, mode).await;
                 timing.add(TierKind::Disk, t0.elapsed());
                 match (d, mem) {
-                    (Ok(o), _) => Ok(o),
+                    (Ok(o), _) => {
+                        if o == PutOutcome::Stored {
+                            self.disk_admission.note_admitted(len);
+                        }
+                        Ok(o)
+                    }
                     (Err(e), Some(o)) if disk.config().sync != SyncMode::Always => {
                         self.counters
                             .degraded_writes
@@ -222,6 +271,7 @@ impl Engine {
             return;
         }
         let (disk, writing, counters) = (disk.clone(), self.writing.clone(), self.counters.clone());
+        let admission = self.disk_admission.clone();
         let task = tokio::spawn(async move {
             let mut spent = std::time::Duration::ZERO;
             let now = crate::clock::unix_ms();
@@ -231,14 +281,19 @@ impl Engine {
                 if b.expired_at(now)
                     || writing.lock().contains_key(&b.meta.id)
                     || disk.has(&b.meta.id)
+                    || !Engine::may_demote(&admission, &b.meta.id)
                 {
                     continue;
                 }
                 let t0 = Instant::now();
+                let len = b.payload.len() as u64;
                 let r = disk.put_with(b, Overwrite::Never).await;
                 spent += t0.elapsed();
                 match r {
-                    Ok(_) => counters.demotions.fetch_add(1, Ordering::Relaxed),
+                    Ok(_) => {
+                        admission.note_admitted(len);
+                        counters.demotions.fetch_add(1, Ordering::Relaxed)
+                    }
                     Err(e) => {
                         tracing::warn!(error = %e, "demotion to the disk tier failed; block dropped");
                         counters.demotion_failures.fetch_add(1, Ordering::Relaxed)

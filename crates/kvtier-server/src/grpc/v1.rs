@@ -132,11 +132,13 @@ impl V1Service {
         for b in blocks {
             let len = b.payload.len() as u64;
             // Only a node of the cluster forwarding an HTTP key/value put asks to replace.
+            let before = clock.storage.deferred;
             let r = if replace {
                 engine.put_value(b, &mut clock.storage).await
             } else {
                 engine.write(b, &mut clock.storage).await
             };
+            acc.deferred += clock.storage.deferred - before;
             match r.map_err(to_status)? {
                 WriteOutcome::Stored => acc.stored += 1,
                 WriteOutcome::Existing => acc.existing += 1,

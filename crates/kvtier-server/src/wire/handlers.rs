@@ -206,9 +206,11 @@ async fn write_inner(
     let mut resp = pb::WriteResponse::default();
     for b in blocks {
         let len = b.payload.len() as u64;
+        let before = clock.storage.deferred;
         let stored =
             kvtier_core::deadline::scope(deadline, shared.engine.write(b, &mut clock.storage))
                 .await;
+        resp.deferred += clock.storage.deferred - before;
         match stored? {
             WriteOutcome::Stored => resp.stored += 1,
             WriteOutcome::Existing => resp.existing += 1,
