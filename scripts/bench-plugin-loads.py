@@ -34,7 +34,14 @@ variant's count of native reads that return new ``bytes`` is recorded (a
 fast path must have none). Each figure is a median over the repeats; every
 sample is in the record.
 
-    .venv/bin/python scripts/bench-plugin-loads.py [--out notes/060-same-host-fixes.json] [--repeat 5]
+With ``--ab-binary B`` (a server built by ``scripts/build-no-peer-check.sh B``:
+the same code with the same-host peer checks taken out), a second server on
+its own socket holds the same prefix, and ``read_into`` and
+``read-into-sizes`` on it (``-nocheck``) alternate with the rest: what the
+pidfd checks cost a same-host load.
+
+    .venv/bin/python scripts/bench-plugin-loads.py [--out notes/060-same-host-fixes.json] [--repeat 5] \
+        [--ab-binary /tmp/kvtier-nocheck]
 
 Needs ``cargo build --release -p kvtier`` and the native module
 (``PYTHON=.venv/bin/python scripts/build-native.sh``).
@@ -42,6 +49,7 @@ Needs ``cargo build --release -p kvtier`` and the native module
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
 import json
 import sys
@@ -63,6 +71,8 @@ SIZES = {"4MiB": 4 << 20, "1.2MB": 1_200_000}
 BLOCKS = 128
 NS = "plugin-loads"
 CALLS = ("read_into", "read-into-sizes", "read-into", "lmcache", "sglang")
+#: The calls run on the server without peer checks, with --ab-binary.
+AB_CALLS = ("read_into", "read-into-sizes")
 #: Variants that must never take the native read that returns new bytes.
 STRAIGHT = ("read_into", "read-into-sizes", "lmcache", "sglang")
 
@@ -151,6 +161,8 @@ def main() -> int:
     ap.add_argument("--sizes", default=",".join(SIZES))
     ap.add_argument("--blocks", type=int, default=BLOCKS, help="blocks in the prefix (a dry run takes fewer)")
     ap.add_argument("--kvtier", default=None, help="the server binary (default: target/release/kvtier)")
+    ap.add_argument("--ab-binary", default=None,
+                    help="a server without the peer checks (scripts/build-no-peer-check.sh), for the A/B")
     a = ap.parse_args()
     sizes = {k: SIZES[k] for k in a.sizes.split(",")}
     blocks = a.blocks
@@ -172,23 +184,31 @@ def main() -> int:
     sock = Path(tempfile.mkdtemp(prefix="kvtier-plugin-loads-")) / "kvtier.sock"
     floors = ["memcpy", "tcp-loopback"]
     variants = floors + [f"{c}-{t}" for t in ("local", "tcp") for c in CALLS]
+    if a.ab_binary:
+        variants += [f"{c}-nocheck" for c in AB_CALLS]
     seconds: dict[str, dict[str, list[float]]] = {}
     reads: dict[str, dict[str, int]] = {}
-    with kvtier_server(binary, args=["--local-listen", str(sock), "--memory-capacity", "1GiB",
-                                     "--max-block-size", "16MiB"]) as srv:
+    server_args = ["--memory-capacity", "1GiB", "--max-block-size", "16MiB"]
+    with contextlib.ExitStack() as stack:
+        srv = stack.enter_context(kvtier_server(binary, args=["--local-listen", str(sock), *server_args]))
         opts = {"connections": 4, "timeout": 60.0, "retries": 1, "retry_shed": False}
         clients = {"local": Client(f"unix://{sock}", **opts), "tcp": Client(srv.grpc, same_host=False, **opts)}
+        if a.ab_binary:
+            ab_sock = sock.with_name("kvtier-nocheck.sock")
+            stack.enter_context(kvtier_server(Path(a.ab_binary), args=["--local-listen", str(ab_sock), *server_args]))
+            clients["nocheck"] = Client(f"unix://{ab_sock}", **opts)
         for t, c in clients.items():
             pool = c.data_plane()
-            assert pool is not None and pool.copies_by_memory == (t == "local"), f"{t}: {pool}"
+            assert pool is not None and pool.copies_by_memory == (t != "tcp"), f"{t}: {pool}"
         for label, size in sizes.items():
             nbytes = size * blocks
             keys = [f"{label}-{i:06}".encode() for i in range(blocks)]
             view = memoryview(src)
             for at in range(0, blocks, 16):  # within the server's request memory
-                w = clients["local"].write(NS, [Block(k, view[i * size:(i + 1) * size], token_count=128)
-                                                for i, k in enumerate(keys) if at <= i < at + 16])
-                assert w.stored + w.existing == min(16, blocks - at), w
+                for t in clients.keys() - {"tcp"}:  # "tcp" is the "local" server
+                    w = clients[t].write(NS, [Block(k, view[i * size:(i + 1) * size], token_count=128)
+                                              for i, k in enumerate(keys) if at <= i < at + 16])
+                    assert w.stored + w.existing == min(16, blocks - at), w
             slices = [memoryview(dst)[i * size:(i + 1) * size] for i in range(blocks)]
             harness = {t: plugins(c, dst, size, connector) for t, c in clients.items()}
             lm_keys = [types.SimpleNamespace(chunk_hash_hex=k.decode()) for k in keys]
@@ -230,10 +250,10 @@ def main() -> int:
 
             seconds[label] = alternate(variants, a.repeat, run, log=None)
             reads[label] = counts
-            for v in STRAIGHT:
-                for t in ("local", "tcp"):
-                    assert counts[f"{v}-{t}"] == 0, f"{v}-{t} read through new bytes {counts[f'{v}-{t}']} times"
-            clients["local"].delete(NS, keys)
+            for v in (v for v in variants if v not in floors and v.rpartition("-")[0] in STRAIGHT):
+                assert counts[v] == 0, f"{v} read through new bytes {counts[v]} times"
+            for t in clients.keys() - {"tcp"}:
+                clients[t].delete(NS, keys)
         for c in clients.values():
             c.close()
     dataplane.DataPlane.read = native_read  # type: ignore[method-assign]
@@ -257,6 +277,10 @@ def main() -> int:
             **{f"{c}-tcp >= 0.9x read_into-tcp": r[f"{c}-tcp"]["vs_read_into"] >= 0.9
                for c in ("read-into-sizes", "lmcache", "sglang")},
         }
+        if a.ab_binary:
+            # The A/B: the same call on the same-host socket, with and without the checks.
+            r["peer_check_cost"] = {c: round(1 - rate[f"{c}-local"] / rate[f"{c}-nocheck"], 4) for c in AB_CALLS}
+            r["targets"].update({f"peer checks cost {c} < 2 %": r["peer_check_cost"][c] < 0.02 for c in AB_CALLS})
     fields = {
         "what": "a prefix loaded into a caller's buffer by read_into, read(into=...) and the LMCache and SGLang "
                 "plugins' own loads, vs one memcpy and one loopback TCP stream",
@@ -265,11 +289,11 @@ def main() -> int:
         "repeats": a.repeat,
         "lmcache_connector_on": lmcache_on,
         "client": "connections=4, retries=1, retry_shed=False (the plugins' settings); timeout 60 s",
+        "ab_binary": a.ab_binary,
         "results": results,
     }
     write_record(a.out, fields, header(versions=versions("kvtier", paths={"kvtier": binary})))
-    print(json.dumps({k: {v: x["gbps_median"] for v, x in r.items() if v != "targets"} for k, r in results.items()},
-                     indent=1))
+    print(json.dumps({k: {v: x.get("gbps_median", x) for v, x in r.items()} for k, r in results.items()}, indent=1))
     return 0
 
 
