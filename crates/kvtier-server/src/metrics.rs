@@ -25,8 +25,11 @@
 //!   uploaded), `kvtier_object_{uploads,upload_retries,uploads_superseded,
 //!   write_failures,lookup_degraded,lookup_checks,promotions_to_disk,fetches,
 //!   fetches_joined,prefetched}_total`,
-//!   and the tier's request counters `kvtier_object_{gets,heads,head_cache_hits,
-//!   puts,deletes,corrupt,errors}_total`.
+//!   the tier's request counters `kvtier_object_{gets,heads,head_cache_hits,
+//!   puts,deletes,corrupt,errors}_total` (a compressed object that fails to
+//!   decode counts in `corrupt`), and compression's
+//!   `kvtier_object_{put_payload_bytes,put_stored_bytes,put_uncompressed}_total`
+//!   (docs/object-store.md#compression).
 use kvtier_core::Engine;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};

@@ -128,6 +128,12 @@ pub struct ObjectStoreSection {
     pub options: std::collections::BTreeMap<String, String>,
     /// Per-namespace stores: `[[object_store.namespaces]] namespace = "...", url = "..."`.
     pub namespaces: Vec<NamespaceStore>,
+    /// Codec of stored objects for namespaces without their own entry:
+    /// `off` (the default), `zstd-planes` or `lz4-planes` (lossless only).
+    pub compression: String,
+    /// Per-namespace codecs (the lossy `fp8-e4m3` only here), see
+    /// `config::compression` and docs/object-store.md#compression.
+    pub compression_namespaces: Vec<CompressionNamespace>,
 }
 
 /// One `[[object_store.namespaces]]` entry.
@@ -160,6 +166,8 @@ impl Default for ObjectStoreSection {
             cache_capacity: 100_000,
             options: Default::default(),
             namespaces: Vec::new(),
+            compression: "off".into(),
+            compression_namespaces: Vec::new(),
         }
     }
 }
@@ -171,6 +179,13 @@ impl ObjectStoreSection {
             self.write_policy.parse::<kvtier_core::ObjectWritePolicy>(),
             "object_store.write_policy",
         )
+    }
+
+    /// The default codec and the per-namespace codecs, validated.
+    pub fn codecs(
+        &self,
+    ) -> anyhow::Result<(kvtier_object::Codec, Vec<(String, kvtier_object::Codec)>)> {
+        compression::codecs(&self.compression, &self.compression_namespaces)
     }
 }
 
@@ -442,9 +457,11 @@ impl EngineSection {
 }
 
 pub use crate::numa::ListenSpec;
+pub use compression::CompressionNamespace;
 pub use listen::SameHostSocket;
 pub use tenants::{ShareEntry, TenantsSection};
 
+mod compression;
 mod listen;
 mod tenants;
 
@@ -559,6 +576,7 @@ impl Config {
         kvtier_core::keys::check_block_size(e.block_size)
             .map_err(|x| anyhow::anyhow!("engine.block_size: {x}"))?;
         self.object_store.policy()?;
+        self.object_store.codecs()?;
         for n in &self.object_store.namespaces {
             kvtier_core::Namespace::new(&n.namespace)
                 .map_err(|x| anyhow::anyhow!("object_store.namespaces {:?}: {x}", n.namespace))?;
@@ -706,7 +724,7 @@ mod tests {
             c.object_store.policy().unwrap(),
             kvtier_core::ObjectWritePolicy::WriteThrough
         );
-        let tc = crate::object::tier_config(&c).unwrap();
+        let tc = crate::object::tier_config(&c).unwrap().unwrap();
         assert_eq!(
             tc.namespaces,
             vec![
@@ -716,7 +734,53 @@ mod tests {
         );
         assert!(Config::parse("[object_store]\nwrite_policy = \"sometimes\"\n").is_err());
         assert!(Config::parse("[object_store]\nurll = \"x\"\n").is_err());
-        assert!(crate::object::tier_config(&Config::default()).is_none());
+        assert!(
+            crate::object::tier_config(&Config::default())
+                .unwrap()
+                .is_none()
+        );
+    }
+
+    #[test]
+    fn object_store_compression_keys() {
+        use kvtier_object::{Codec, codec::Dtype};
+        let c = Config::parse(
+            "[object_store]\nurl = \"memory://\"\ncompression = \"zstd-planes\"\n\
+             [[object_store.compression_namespaces]]\nnamespace = \"acme/\"\ncodec = \"fp8-e4m3\"\ndtype = \"bf16\"\n\
+             [[object_store.compression_namespaces]]\nnamespace = \"acme/exact\"\ncodec = \"off\"\n",
+        )
+        .unwrap();
+        let tc = crate::object::tier_config(&c).unwrap().unwrap();
+        assert_eq!(tc.compression, Codec::ZstdPlanes);
+        assert_eq!(
+            tc.compression_namespaces,
+            vec![
+                ("acme/".into(), Codec::Fp8E4m3(Dtype::Bf16)),
+                ("acme/exact".into(), Codec::Off)
+            ]
+        );
+        assert_eq!(tc.max_block_size, c.engine.max_block_size.bytes());
+        assert_eq!(Config::default().object_store.compression, "off");
+        let err = |t: &str| Config::parse(t).unwrap_err().to_string();
+        let e = err("[object_store]\ncompression = \"fp8-e4m3\"\n");
+        assert!(e.contains("only allowed per namespace"), "{e}");
+        let e = err("[object_store]\ncompression = \"brotli\"\n");
+        assert!(
+            e.contains("\"brotli\"") && e.contains("off, zstd-planes, lz4-planes, fp8-e4m3"),
+            "{e}"
+        );
+        let ns = |body: &str| {
+            format!("[[object_store.compression_namespaces]]\nnamespace = \"a/\"\n{body}")
+        };
+        let e = err(&ns("codec = \"fp8-e4m3\"\n"));
+        assert!(e.contains("dtype") && e.contains("\"a/\""), "{e}");
+        let e = err(&ns("codec = \"fp8-e4m3\"\ndtype = \"fp32\"\n"));
+        assert!(e.contains("fp32"), "{e}");
+        let e = err(&ns("codec = \"zstd\"\n"));
+        assert!(e.contains("valid: off, zstd-planes"), "{e}");
+        let e = err(&ns("codec = \"lz4-planes\"\ndtype = \"bf16\"\n"));
+        assert!(e.contains("fp8-e4m3 only"), "{e}");
+        assert!(Config::parse(&ns("codec = \"lz4-planes\"\n")).is_ok());
     }
 
     #[test]

@@ -1,0 +1,115 @@
+//! Lossless codecs: byte-plane split of 16-bit values, then zstd or LZ4.
+//!
+//! A bf16/fp16 KV payload interleaves a high byte (sign, exponent, top
+//! mantissa bits: few distinct values) with a low byte (mantissa: close to
+//! random). Splitting them into two planes (all low bytes, then all high
+//! bytes) lets the entropy coder see the redundant high bytes as one run;
+//! notes/063-codecs.md measures what it buys over plain zstd.
+//! An odd trailing byte is kept as is after the planes.
+
+/// Splits `src` into byte planes: `[b0 b2 b4 ...][b1 b3 b5 ...][tail]`.
+pub fn split(src: &[u8]) -> Vec<u8> {
+    let n = src.len() / 2;
+    let mut out = vec![0u8; src.len()];
+    let (lo, rest) = out.split_at_mut(n);
+    let (hi, tail) = rest.split_at_mut(n);
+    for (i, pair) in src.chunks_exact(2).enumerate() {
+        lo[i] = pair[0];
+        hi[i] = pair[1];
+    }
+    tail.copy_from_slice(&src[2 * n..]);
+    out
+}
+
+/// Inverse of [`split`].
+pub fn merge(src: &[u8]) -> Vec<u8> {
+    let n = src.len() / 2;
+    let mut out = vec![0u8; src.len()];
+    let (lo, rest) = src.split_at(n);
+    let (hi, tail) = rest.split_at(n);
+    for (i, pair) in out.chunks_exact_mut(2).enumerate() {
+        pair[0] = lo[i];
+        pair[1] = hi[i];
+    }
+    out[2 * n..].copy_from_slice(tail);
+    out
+}
+
+/// zstd level used by `zstd-planes` (notes/063-codecs.md: level 1 is within
+/// a percent of level 3's ratio on bf16 KV at about twice the speed).
+pub const ZSTD_LEVEL: i32 = 1;
+
+/// zstd of `src` at `level` (no plane split: the bench's baseline).
+pub fn zstd_compress(src: &[u8], level: i32) -> Result<Vec<u8>, String> {
+    zstd::bulk::compress(src, level).map_err(|e| format!("zstd: {e}"))
+}
+
+/// Decompresses zstd `src` into exactly `len` bytes (the buffer is allocated
+/// once at `len`, which the caller has bounded; more output is an error).
+pub fn zstd_decompress(src: &[u8], len: usize) -> Result<Vec<u8>, String> {
+    let mut out = Vec::with_capacity(len);
+    let n = zstd::bulk::Decompressor::new()
+        .and_then(|mut d| d.decompress_to_buffer(src, &mut out))
+        .map_err(|e| format!("zstd: {e}"))?;
+    if n != len {
+        return Err(format!("zstd: decoded {n} bytes, frame says {len}"));
+    }
+    Ok(out)
+}
+
+/// `zstd-planes` encoder.
+pub fn zstd_planes_encode(src: &[u8], level: i32) -> Result<Vec<u8>, String> {
+    zstd_compress(&split(src), level)
+}
+
+/// `zstd-planes` decoder (`len`: the decoded length, already bounded).
+pub fn zstd_planes_decode(src: &[u8], len: usize) -> Result<Vec<u8>, String> {
+    Ok(merge(&zstd_decompress(src, len)?))
+}
+
+/// `lz4-planes` encoder (LZ4 block format: the frame carries the length).
+pub fn lz4_planes_encode(src: &[u8]) -> Vec<u8> {
+    lz4_flex::block::compress(&split(src))
+}
+
+/// `lz4-planes` decoder (`len`: the decoded length, already bounded).
+pub fn lz4_planes_decode(src: &[u8], len: usize) -> Result<Vec<u8>, String> {
+    let mut out = vec![0u8; len];
+    let n = lz4_flex::block::decompress_into(src, &mut out).map_err(|e| format!("lz4: {e}"))?;
+    if n != len {
+        return Err(format!("lz4: decoded {n} bytes, frame says {len}"));
+    }
+    Ok(merge(&out))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn split_and_merge_are_inverse_at_every_small_length() {
+        for len in 0..40usize {
+            let v: Vec<u8> = (0..len as u8).collect();
+            let s = split(&v);
+            assert_eq!(merge(&s), v, "len {len}");
+            if len >= 4 {
+                // All low bytes first, then all high bytes.
+                assert_eq!(&s[..2], &[0, 2]);
+                assert_eq!(s[len / 2], 1);
+            }
+        }
+    }
+
+    #[test]
+    fn codecs_refuse_lying_lengths() {
+        let v: Vec<u8> = (0..10_000u32).map(|i| (i % 7) as u8).collect();
+        let z = zstd_planes_encode(&v, ZSTD_LEVEL).unwrap();
+        assert_eq!(zstd_planes_decode(&z, v.len()).unwrap(), v);
+        assert!(zstd_planes_decode(&z, v.len() - 1).is_err());
+        assert!(zstd_planes_decode(&z, v.len() + 1).is_err());
+        let l = lz4_planes_encode(&v);
+        assert_eq!(lz4_planes_decode(&l, v.len()).unwrap(), v);
+        assert!(lz4_planes_decode(&l, v.len() - 1).is_err());
+        assert!(lz4_planes_decode(&l, v.len() + 1).is_err());
+    }
+}
