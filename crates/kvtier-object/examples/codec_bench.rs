@@ -74,6 +74,21 @@ fn variants() -> Vec<(&'static str, bool, Enc, Dec)> {
             lz4_flex::block::compress,
             |b, n| lz4_flex::block::decompress(b, n).unwrap(),
         ),
+        ("byte-plane split alone", false, planes::split, |b, _| {
+            planes::merge(b)
+        }),
+        (
+            "zstd-1 of the high plane alone",
+            false,
+            |b| planes::zstd_compress(&planes::split(b)[b.len() / 2..], 1).unwrap(),
+            |b, n| planes::zstd_decompress(b, n - n / 2).unwrap(),
+        ),
+        (
+            "zstd-1 of the low plane alone",
+            false,
+            |b| planes::zstd_compress(&planes::split(b)[..b.len() / 2], 1).unwrap(),
+            |b, n| planes::zstd_decompress(b, n / 2).unwrap(),
+        ),
         (
             "fp8-e4m3 chunk 4096",
             false,

@@ -158,9 +158,13 @@ pub fn encode(src: &[u8], dtype: Dtype, chunk: usize) -> Option<Encoded> {
         }
         let scale = amax / E4M3_MAX;
         scales[ci * 4..ci * 4 + 4].copy_from_slice(&scale.to_le_bytes());
+        // scale == 0 only when the chunk is all zeros. Multiplying by the
+        // inverse is faster than dividing; a scale so small its inverse
+        // overflows (amax < ~1e-36) divides instead.
+        let inv = if scale > 0.0 { 1.0 / scale } else { 0.0 };
+        let divide = !inv.is_finite();
         for ((o, v), d) in out.iter_mut().zip(&vals[..m]).zip(deq.chunks_exact_mut(2)) {
-            // scale == 0 only when the chunk is all zeros.
-            let q = if scale > 0.0 { v / scale } else { 0.0 };
+            let q = if divide { v / scale } else { v * inv };
             *o = f32_to_e4m3(q);
             let back = dtype.from_f32(t[*o as usize] * scale);
             d.copy_from_slice(&back.to_le_bytes());
