@@ -30,7 +30,8 @@ def test_the_codec_bench_runs_and_writes_its_record(tmp_path):
     assert {"zstd-planes", "lz4-planes", "fp8-e4m3"} <= {k for k, v in rows.items() if v["shipped"]}
     assert "zstd-1 (no planes)" in rows
     for name, row in rows.items():
-        assert row["ratio"] > 1.0, name
+        # LZ4 without planes finds nothing in bf16 (its framing costs ~0.4 %).
+        assert row["ratio"] > (1.0 if row["shipped"] else 0.95), name
         for k in ("encode_gbps_1core", "decode_gbps_1core", "encode_gbps_all", "decode_gbps_all"):
             assert row[k] > 0, (name, k)
     # Lossy: within half an E4M3 step at the top of the range (16 scale units)

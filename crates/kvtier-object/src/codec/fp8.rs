@@ -9,8 +9,9 @@
 //! exactly. Odd-length payloads (not 16-bit values) likewise.
 //! See docs/object-store.md#compression and notes/063-codecs.md.
 
-/// Values per f32 scale (notes/063-codecs.md: 4 bytes per 1024 values cost
-/// 0.4 % of the ratio and keep one outlier from flattening a whole block).
+/// Values per f32 scale (notes/063-codecs.md: against 4096, 1024 cut the
+/// relative RMS error from 2.46 % to 2.28 % for 0.3 % of the ratio; a
+/// smaller chunk also keeps one outlier from flattening more values).
 pub const CHUNK: usize = 1024;
 /// Largest finite E4M3 magnitude.
 pub const E4M3_MAX: f32 = 448.0;
@@ -47,13 +48,13 @@ impl Dtype {
             Dtype::Fp16 => "fp16",
         }
     }
-    fn to_f32(self, bits: u16) -> f32 {
+    fn decode_bits(self, bits: u16) -> f32 {
         match self {
             Dtype::Bf16 => f32::from_bits((bits as u32) << 16),
             Dtype::Fp16 => half::f16::from_bits(bits).to_f32(),
         }
     }
-    fn from_f32(self, x: f32) -> u16 {
+    fn encode_f32(self, x: f32) -> u16 {
         match self {
             Dtype::Bf16 => f32_to_bf16(x),
             // `half` rounds to nearest even.
@@ -131,7 +132,7 @@ pub struct Encoded {
 /// Quantizes `src` (16-bit values of `dtype`); `None` when it is not
 /// quantizable: odd length, or any NaN/Inf (stored raw instead).
 pub fn encode(src: &[u8], dtype: Dtype, chunk: usize) -> Option<Encoded> {
-    if src.len() % 2 != 0 || chunk == 0 {
+    if !src.len().is_multiple_of(2) || chunk == 0 {
         return None;
     }
     let n = src.len() / 2;
@@ -150,7 +151,7 @@ pub fn encode(src: &[u8], dtype: Dtype, chunk: usize) -> Option<Encoded> {
         let m = out.len();
         let mut amax = 0f32;
         for (v, p) in vals.iter_mut().zip(raw.chunks_exact(2)) {
-            *v = dtype.to_f32(u16::from_le_bytes([p[0], p[1]]));
+            *v = dtype.decode_bits(u16::from_le_bytes([p[0], p[1]]));
             amax = amax.max(v.abs());
         }
         if !amax.is_finite() || vals[..m].iter().any(|v| v.is_nan()) {
@@ -166,7 +167,7 @@ pub fn encode(src: &[u8], dtype: Dtype, chunk: usize) -> Option<Encoded> {
         for ((o, v), d) in out.iter_mut().zip(&vals[..m]).zip(deq.chunks_exact_mut(2)) {
             let q = if divide { v / scale } else { v * inv };
             *o = f32_to_e4m3(q);
-            let back = dtype.from_f32(t[*o as usize] * scale);
+            let back = dtype.encode_f32(t[*o as usize] * scale);
             d.copy_from_slice(&back.to_le_bytes());
         }
         crc = crc32c::crc32c_append(crc, &deq[..2 * m]);
@@ -179,7 +180,7 @@ pub fn encode(src: &[u8], dtype: Dtype, chunk: usize) -> Option<Encoded> {
 
 /// Dequantizes a body of `len` decoded bytes (already bounded by the caller).
 pub fn decode(src: &[u8], dtype: Dtype, chunk: usize, len: usize) -> Result<Vec<u8>, String> {
-    if len % 2 != 0 || chunk == 0 {
+    if !len.is_multiple_of(2) || chunk == 0 {
         return Err(format!(
             "fp8: decoded length {len} or chunk {chunk} invalid"
         ));
@@ -202,7 +203,7 @@ pub fn decode(src: &[u8], dtype: Dtype, chunk: usize, len: usize) -> Result<Vec<
     {
         let scale = f32::from_le_bytes([s[0], s[1], s[2], s[3]]);
         for (code, d) in c.iter().zip(o.chunks_exact_mut(2)) {
-            let back = dtype.from_f32(t[*code as usize] * scale);
+            let back = dtype.encode_f32(t[*code as usize] * scale);
             d.copy_from_slice(&back.to_le_bytes());
         }
     }
