@@ -389,7 +389,10 @@ impl ObjectTier {
         buf: Bytes,
     ) -> std::result::Result<Block, String> {
         let max = self.cfg.max_block_size;
-        if buf.len() < OFFLOAD_CODEC_AT {
+        // Raw (version-1) objects decode inline as they always did: a CRC32C
+        // pass is not worth a thread hop. Only compressed ones are offloaded.
+        let compressed = buf.get(4..6) == Some(&format::VERSION_CODEC.to_le_bytes()[..]);
+        if !compressed || buf.len() < OFFLOAD_CODEC_AT {
             return decode_object_limited(id, path.as_ref(), buf, max);
         }
         let (id, name) = (id.clone(), path.to_string());
