@@ -742,48 +742,6 @@ mod tests {
     }
 
     #[test]
-    fn object_store_compression_keys() {
-        use kvtier_object::{Codec, codec::Dtype};
-        let c = Config::parse(
-            "[object_store]\nurl = \"memory://\"\ncompression = \"zstd-planes\"\n\
-             [[object_store.compression_namespaces]]\nnamespace = \"acme/\"\ncodec = \"fp8-e4m3\"\ndtype = \"bf16\"\n\
-             [[object_store.compression_namespaces]]\nnamespace = \"acme/exact\"\ncodec = \"off\"\n",
-        )
-        .unwrap();
-        let tc = crate::object::tier_config(&c).unwrap().unwrap();
-        assert_eq!(tc.compression, Codec::ZstdPlanes);
-        assert_eq!(
-            tc.compression_namespaces,
-            vec![
-                ("acme/".into(), Codec::Fp8E4m3(Dtype::Bf16)),
-                ("acme/exact".into(), Codec::Off)
-            ]
-        );
-        assert_eq!(tc.max_block_size, c.engine.max_block_size.bytes());
-        assert_eq!(Config::default().object_store.compression, "off");
-        let err = |t: &str| Config::parse(t).unwrap_err().to_string();
-        let e = err("[object_store]\ncompression = \"fp8-e4m3\"\n");
-        assert!(e.contains("only allowed per namespace"), "{e}");
-        let e = err("[object_store]\ncompression = \"brotli\"\n");
-        assert!(
-            e.contains("\"brotli\"") && e.contains("off, zstd-planes, lz4-planes, fp8-e4m3"),
-            "{e}"
-        );
-        let ns = |body: &str| {
-            format!("[[object_store.compression_namespaces]]\nnamespace = \"a/\"\n{body}")
-        };
-        let e = err(&ns("codec = \"fp8-e4m3\"\n"));
-        assert!(e.contains("dtype") && e.contains("\"a/\""), "{e}");
-        let e = err(&ns("codec = \"fp8-e4m3\"\ndtype = \"fp32\"\n"));
-        assert!(e.contains("fp32"), "{e}");
-        let e = err(&ns("codec = \"zstd\"\n"));
-        assert!(e.contains("valid: off, zstd-planes"), "{e}");
-        let e = err(&ns("codec = \"lz4-planes\"\ndtype = \"bf16\"\n"));
-        assert!(e.contains("fp8-e4m3 only"), "{e}");
-        assert!(Config::parse(&ns("codec = \"lz4-planes\"\n")).is_ok());
-    }
-
-    #[test]
     fn a_cluster_with_tls_is_refused() {
         let tls = "[tls]\ncert = \"c.pem\"\nkey = \"k.pem\"\n";
         let cluster =
