@@ -21,6 +21,10 @@
 //!   (exponential backoff with jitter), and around them the request deadline
 //!   ([`kvtier_core::deadline`]) or [`ObjectTierConfig::timeout`]. A store
 //!   that cannot answer in time is `UNAVAILABLE` with a message naming it.
+//! * Objects may be compressed ([`codec`], per namespace: lossless
+//!   `zstd-planes` / `lz4-planes`, lossy `fp8-e4m3`): a version-2 record
+//!   whose payload is a codec frame. Version-1 (raw) objects read as before.
+//!   See docs/object-store.md#compression.
 //! * `contains` (HEAD) answers from a small TTL'd cache first: misses for
 //!   [`ObjectTierConfig::negative_ttl`], hits for
 //!   [`ObjectTierConfig::positive_ttl`], at most
@@ -35,7 +39,7 @@ use kvtier_core::disk::format;
 use kvtier_core::tier::{PutOutcome, Tier, TierKind, TierStats};
 use kvtier_core::{Error, Namespace, Result};
 use object_store::path::{Path, PathPart};
-use object_store::{ClientConfigKey, ObjectStore, PutPayload, RetryConfig};
+use object_store::{ClientConfigKey, ObjectStore, RetryConfig};
 use parking_lot::Mutex;
 use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
@@ -44,7 +48,19 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+pub mod codec;
+mod record;
 pub mod testing;
+
+pub use codec::Codec;
+pub use record::{
+    DEFAULT_MAX_BLOCK_SIZE, codec_for, decode_object, decode_object_limited, encode_object,
+    encode_object_with,
+};
+
+/// Payloads at least this large are compressed and decompressed on the
+/// blocking pool, not on a runtime worker (a 4 MiB block takes milliseconds).
+const OFFLOAD_CODEC_AT: usize = 64 << 10;
 
 /// The `object_store` crate this tier is built on (for tools and tests).
 pub use object_store;
@@ -75,6 +91,15 @@ pub struct ObjectTierConfig {
     pub positive_ttl: Duration,
     /// Entries in the existence cache at most.
     pub cache_capacity: usize,
+    /// Codec for objects of namespaces without an entry in
+    /// `compression_namespaces` (lossless only; enforced by the server config).
+    pub compression: Codec,
+    /// Per-namespace codecs: (namespace, codec). A namespace matches exactly,
+    /// or as a prefix when the entry ends in `/` or `:`; the longest wins.
+    pub compression_namespaces: Vec<(String, Codec)>,
+    /// Largest decoded payload a compressed object may claim; larger is
+    /// refused (corrupt) before anything is allocated.
+    pub max_block_size: u64,
 }
 
 impl Default for ObjectTierConfig {
@@ -90,6 +115,9 @@ impl Default for ObjectTierConfig {
             negative_ttl: Duration::from_secs(2),
             positive_ttl: Duration::from_secs(30),
             cache_capacity: 100_000,
+            compression: Codec::Off,
+            compression_namespaces: Vec::new(),
+            max_block_size: DEFAULT_MAX_BLOCK_SIZE,
         }
     }
 }
@@ -133,6 +161,12 @@ struct Counters {
     deletes: AtomicU64,
     corrupt: AtomicU64,
     errors: AtomicU64,
+    /// Payload bytes handed to PUTs, before compression.
+    put_payload_bytes: AtomicU64,
+    /// Payload bytes PUT after compression (frame included; raw = payload).
+    put_stored_bytes: AtomicU64,
+    /// PUTs whose codec gave no gain or did not apply (stored raw).
+    put_uncompressed: AtomicU64,
 }
 
 /// The object-store tier. See the crate docs.
@@ -344,44 +378,29 @@ impl ObjectTier {
         }
     }
 
-    fn decode(&self, id: &BlockId, path: &Path, buf: Bytes) -> std::result::Result<Block, String> {
-        decode_object(id, path.as_ref(), buf)
+    /// The codec for a namespace's objects.
+    pub fn codec_for(&self, ns: &Namespace) -> Codec {
+        codec_for(&self.cfg, ns.as_str())
     }
-}
 
-/// Decodes one object fetched for block `id` (stored as `name`): the disk
-/// record header, then the payload. Anything but exactly that block, whole
-/// and matching its checksum, is an error naming what is wrong; never a
-/// panic (fuzzed: `fuzz/fuzz_targets/object_decode.rs` and
-/// `tests/decode_fuzz.rs`).
-pub fn decode_object(id: &BlockId, name: &str, buf: Bytes) -> std::result::Result<Block, String> {
-    let h = format::decode_header(&buf).map_err(|e| match e {
-        format::HeaderError::Short => "truncated header".to_string(),
-        format::HeaderError::Corrupt(m) => m,
-    })?;
-    if h.meta.id != *id {
-        return Err(format!(
-            "object {name} holds block {:?}/{:?}",
-            h.meta.id.namespace, h.meta.id.key
-        ));
+    async fn decode(
+        &self,
+        id: &BlockId,
+        path: &Path,
+        buf: Bytes,
+    ) -> std::result::Result<Block, String> {
+        let max = self.cfg.max_block_size;
+        // Raw (version-1) objects decode inline as they always did: a CRC32C
+        // pass is not worth a thread hop. Only compressed ones are offloaded.
+        let compressed = buf.get(4..6) == Some(&format::VERSION_CODEC.to_le_bytes()[..]);
+        if !compressed || buf.len() < OFFLOAD_CODEC_AT {
+            return decode_object_limited(id, path.as_ref(), buf, max);
+        }
+        let (id, name) = (id.clone(), path.to_string());
+        tokio::task::spawn_blocking(move || decode_object_limited(&id, &name, buf, max))
+            .await
+            .unwrap_or_else(|e| Err(format!("decoder task failed: {e}")))
     }
-    let total = h.header_len as u64 + h.payload_len;
-    if total != buf.len() as u64 {
-        return Err(format!("length {} but the header says {total}", buf.len()));
-    }
-    let b = Block {
-        meta: h.meta,
-        payload: buf.slice(h.header_len..),
-    };
-    b.verify().map_err(|e| e.message)?;
-    Ok(b)
-}
-
-/// Encodes a block as one object: the disk record header, then the payload.
-pub fn encode_object(block: &Block) -> PutPayload {
-    let seq = kvtier_core::memory::unix_ms();
-    let header = format::encode_header(&block.meta, seq, block.payload.len() as u64);
-    PutPayload::from_iter([Bytes::from(header), block.payload.clone()])
 }
 
 #[async_trait]
@@ -405,7 +424,7 @@ impl Tier for ObjectTier {
             self.remember(id, false);
             return Ok(None);
         };
-        match self.decode(id, &path, buf) {
+        match self.decode(id, &path, buf).await {
             Ok(b) if b.expired_at(kvtier_core::memory::unix_ms()) => {
                 self.c.misses.fetch_add(1, Ordering::Relaxed);
                 self.remember(id, false);
@@ -453,7 +472,22 @@ impl Tier for ObjectTier {
         };
         let path = store.path(&id);
         self.c.puts.fetch_add(1, Ordering::Relaxed);
-        let payload = encode_object(&block);
+        let codec = self.codec_for(&id.namespace);
+        let raw = block.payload.len() as u64;
+        let (payload, stored) = if codec == Codec::Off {
+            (encode_object(&block), raw)
+        } else if block.payload.len() < OFFLOAD_CODEC_AT {
+            encode_object_with(&block, codec)
+        } else {
+            tokio::task::spawn_blocking(move || encode_object_with(&block, codec))
+                .await
+                .map_err(|e| Error::internal(format!("object encoder task failed: {e}")))?
+        };
+        self.c.put_payload_bytes.fetch_add(raw, Ordering::Relaxed);
+        self.c.put_stored_bytes.fetch_add(stored, Ordering::Relaxed);
+        if codec != Codec::Off && stored == raw {
+            self.c.put_uncompressed.fetch_add(1, Ordering::Relaxed);
+        }
         self.call(store, "PUT", &path, store.store.put(&path, payload))
             .await?;
         self.remember(&id, true);
@@ -525,6 +559,21 @@ impl Tier for ObjectTier {
                 "Object-store calls that failed or timed out (UNAVAILABLE)",
                 l(&c.errors),
             ),
+            (
+                "object_put_payload_bytes",
+                "Block payload bytes PUT to the object store, before compression",
+                l(&c.put_payload_bytes),
+            ),
+            (
+                "object_put_stored_bytes",
+                "Bytes PUT to the object store after compression (headers excluded)",
+                l(&c.put_stored_bytes),
+            ),
+            (
+                "object_put_uncompressed",
+                "PUTs under a codec stored raw (no gain, odd length, NaN/Inf for fp8)",
+                l(&c.put_uncompressed),
+            ),
         ]
     }
 }
@@ -533,6 +582,7 @@ impl Tier for ObjectTier {
 mod tests {
     use super::*;
     use kvtier_core::Key;
+    use object_store::PutPayload;
 
     fn block(ns: &str, k: &str, payload: &'static [u8]) -> Block {
         let id = BlockId::new(

@@ -6,6 +6,7 @@
 //! the well-known paths `scripts/setup.sh` installs to (`.tools/azurite`,
 //! `.tools/bin/minio`), then `$HOME/go/bin/minio` and `PATH`. A missing one is
 //! an error telling to run `scripts/setup.sh`: tests never skip silently.
+pub use crate::codec::synth::kv_like_bf16;
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};

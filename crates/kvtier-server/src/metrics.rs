@@ -25,7 +25,7 @@
 //!   uploaded), `kvtier_object_{uploads,upload_retries,uploads_superseded,
 //!   write_failures,lookup_degraded,lookup_checks,promotions_to_disk,fetches,
 //!   fetches_joined,prefetched}_total`,
-//!   and the tier's requests `kvtier_object_{gets,heads,head_cache_hits,puts,deletes,corrupt,errors}_total`.
+//!   requests `kvtier_object_{gets,heads,head_cache_hits,puts,deletes,corrupt,errors,put_*}_total`.
 use kvtier_core::Engine;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};

@@ -5,8 +5,10 @@ use kvtier_core::{EngineBuilder, ObjectOptions};
 use kvtier_object::{ObjectTier, ObjectTierConfig};
 use std::sync::Arc;
 
-/// The object-tier settings the config describes, or `None` when no store is named.
-pub fn tier_config(cfg: &Config) -> Option<ObjectTierConfig> {
+/// The object-tier settings the config describes, or `None` when no store is
+/// named; an error for an invalid codec (config load refuses those already,
+/// this catches a `Config` built in code).
+pub fn tier_config(cfg: &Config) -> anyhow::Result<Option<ObjectTierConfig>> {
     let o = &cfg.object_store;
     let mut namespaces: Vec<(String, String)> = o
         .namespaces
@@ -19,9 +21,10 @@ pub fn tier_config(cfg: &Config) -> Option<ObjectTierConfig> {
         }
     }
     if o.url.is_empty() && namespaces.is_empty() {
-        return None;
+        return Ok(None);
     }
-    Some(ObjectTierConfig {
+    let (compression, compression_namespaces) = o.codecs()?;
+    Ok(Some(ObjectTierConfig {
         url: o.url.clone(),
         namespaces,
         options: o.options.clone(),
@@ -32,12 +35,16 @@ pub fn tier_config(cfg: &Config) -> Option<ObjectTierConfig> {
         negative_ttl: o.negative_cache_ttl,
         positive_ttl: o.positive_cache_ttl,
         cache_capacity: o.cache_capacity,
-    })
+        compression,
+        compression_namespaces,
+        // A compressed object claiming more is refused before decoding.
+        max_block_size: cfg.engine.max_block_size.bytes(),
+    }))
 }
 
 /// Adds the configured object-store tier to `builder` (unchanged when none).
 pub fn attach(builder: EngineBuilder, cfg: &Config) -> anyhow::Result<EngineBuilder> {
-    let Some(tc) = tier_config(cfg) else {
+    let Some(tc) = tier_config(cfg)? else {
         return Ok(builder);
     };
     let o = &cfg.object_store;
@@ -53,6 +60,9 @@ pub fn attach(builder: EngineBuilder, cfg: &Config) -> anyhow::Result<EngineBuil
         read_ahead: o.read_ahead,
         prefetch: o.prefetch,
     };
-    tracing::info!(stores = %tier.describe(), policy = %opts.policy, "object-store tier enabled");
+    tracing::info!(stores = %tier.describe(), policy = %opts.policy,
+        compression = %tier.config().compression,
+        per_namespace = tier.config().compression_namespaces.len(),
+        "object-store tier enabled");
     Ok(builder.object(Arc::new(tier), opts))
 }

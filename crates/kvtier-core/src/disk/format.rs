@@ -3,6 +3,12 @@
 //! One record per file: a self-describing, checksummed header followed by the
 //! payload. All integers are little-endian.
 //!
+//! Version 2 is the same header whose payload is a codec frame (a compressed
+//! block). Only the object-store tier writes it and only it reads it
+//! ([`decode_object_header`]); the disk tier's [`decode_header`] refuses it,
+//! so a compressed record can never be served raw. See
+//! `docs/disk-format.md#version-2-compressed-objects`.
+//!
 //! ```text
 //! off  len  field
 //!   0    4  magic "KVTB"
@@ -33,6 +39,10 @@ use sha2::{Digest, Sha256};
 pub const MAGIC: [u8; 4] = *b"KVTB";
 /// Record format version written by this build.
 pub const VERSION: u16 = 1;
+/// Record version whose payload is a codec frame (object-store tier only):
+/// the header's payload length is the stored (framed) length and its CRC32C
+/// is that of the decoded payload.
+pub const VERSION_CODEC: u16 = 2;
 /// Bytes before the variable-length fields.
 pub const FIXED_LEN: usize = 52;
 /// Longest possible header (fixed part, longest names, header crc).
@@ -56,6 +66,9 @@ pub struct RecordHeader {
     pub payload_len: u64,
     /// Header length in bytes (the payload starts here).
     pub header_len: usize,
+    /// Record format version: [`VERSION`], or [`VERSION_CODEC`] (only from
+    /// [`decode_object_header`]).
+    pub version: u16,
 }
 
 /// Why a header could not be decoded.
@@ -82,6 +95,17 @@ pub fn file_hash(id: &BlockId) -> [u8; 16] {
 
 /// Encodes the header for `meta` with the given sequence number and payload length.
 pub fn encode_header(meta: &BlockMeta, seq: u64, payload_len: u64) -> Vec<u8> {
+    encode_header_version(meta, seq, payload_len, VERSION)
+}
+
+/// [`encode_header`] with an explicit record version ([`VERSION_CODEC`] for
+/// an object whose payload is a codec frame of `payload_len` bytes).
+pub fn encode_header_version(
+    meta: &BlockMeta,
+    seq: u64,
+    payload_len: u64,
+    version: u16,
+) -> Vec<u8> {
     let ns = meta.id.namespace.as_str().as_bytes();
     let key = meta.id.key.as_bytes();
     let parent = meta.parent.as_ref().map(Key::as_bytes).unwrap_or(&[]);
@@ -95,7 +119,7 @@ pub fn encode_header(meta: &BlockMeta, seq: u64, payload_len: u64) -> Vec<u8> {
     }
     let mut b = Vec::with_capacity(header_len);
     b.extend_from_slice(&MAGIC);
-    b.extend_from_slice(&VERSION.to_le_bytes());
+    b.extend_from_slice(&version.to_le_bytes());
     b.extend_from_slice(&flags.to_le_bytes());
     b.extend_from_slice(&(header_len as u32).to_le_bytes());
     b.extend_from_slice(&seq.to_le_bytes());
@@ -128,7 +152,18 @@ fn u64_at(b: &[u8], off: usize) -> u64 {
 }
 
 /// Decodes and verifies the header at the start of `buf` (which may hold more).
+/// Version 1 only: the disk tier's reader.
 pub fn decode_header(buf: &[u8]) -> Result<RecordHeader, HeaderError> {
+    decode_header_versions(buf, &[VERSION])
+}
+
+/// [`decode_header`] for objects in the object store: version 1 (raw
+/// payload) or [`VERSION_CODEC`] (payload is a codec frame).
+pub fn decode_object_header(buf: &[u8]) -> Result<RecordHeader, HeaderError> {
+    decode_header_versions(buf, &[VERSION, VERSION_CODEC])
+}
+
+fn decode_header_versions(buf: &[u8], versions: &[u16]) -> Result<RecordHeader, HeaderError> {
     let bad = |m: String| Err(HeaderError::Corrupt(m));
     if buf.len() < FIXED_LEN {
         // A prefix of a valid magic is a torn write; anything else is garbage.
@@ -142,7 +177,7 @@ pub fn decode_header(buf: &[u8]) -> Result<RecordHeader, HeaderError> {
         return bad(format!("bad magic {:02x?}", &buf[..4]));
     }
     let version = u16_at(buf, 4);
-    if version != VERSION {
+    if !versions.contains(&version) {
         return bad(format!("unsupported record version {version}"));
     }
     let flags = u16_at(buf, 6);
@@ -195,6 +230,7 @@ pub fn decode_header(buf: &[u8]) -> Result<RecordHeader, HeaderError> {
         },
         payload_len: u64_at(buf, 20),
         header_len,
+        version,
     })
 }
 
@@ -223,7 +259,7 @@ mod tests {
             let d = decode_header(&h).unwrap();
             assert_eq!(
                 (d.meta, d.seq, d.payload_len, d.header_len),
-                (m, 42, 1000, h.len())
+                (m.clone(), 42, 1000, h.len())
             );
             for cut in [0, 3, 10, FIXED_LEN, h.len() - 1] {
                 assert_eq!(
@@ -232,6 +268,11 @@ mod tests {
                     "cut {cut}"
                 );
             }
+            // Version 2 is for the object tier only: the disk reader refuses it.
+            let v2 = encode_header_version(&m, 42, 1000, VERSION_CODEC);
+            assert!(decode_header(&v2).is_err());
+            assert_eq!(decode_object_header(&v2).unwrap().version, VERSION_CODEC);
+            assert_eq!(decode_object_header(&h).unwrap().version, VERSION);
             for i in 0..h.len() {
                 let mut x = h.clone();
                 x[i] ^= 0x10;

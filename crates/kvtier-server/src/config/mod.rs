@@ -300,10 +300,12 @@ impl EngineSection {
 }
 
 pub use crate::numa::ListenSpec;
+pub use compression::CompressionNamespace;
 pub use listen::SameHostSocket;
 pub use tenants::{ShareEntry, TenantsSection};
 pub use tiers::{DiskSection, NamespaceStore, ObjectStoreSection};
 
+mod compression;
 mod listen;
 mod tenants;
 mod tiers;
@@ -421,6 +423,7 @@ impl Config {
             .map_err(|x| anyhow::anyhow!("engine.block_size: {x}"))?;
         self.object_store.policy()?;
         self.object_store.admission()?;
+        self.object_store.codecs()?;
         for n in &self.object_store.namespaces {
             kvtier_core::Namespace::new(&n.namespace)
                 .map_err(|x| anyhow::anyhow!("object_store.namespaces {:?}: {x}", n.namespace))?;
@@ -568,7 +571,7 @@ mod tests {
             c.object_store.policy().unwrap(),
             kvtier_core::ObjectWritePolicy::WriteThrough
         );
-        let tc = crate::object::tier_config(&c).unwrap();
+        let tc = crate::object::tier_config(&c).unwrap().unwrap();
         assert_eq!(
             tc.namespaces,
             vec![
@@ -578,7 +581,11 @@ mod tests {
         );
         assert!(Config::parse("[object_store]\nwrite_policy = \"sometimes\"\n").is_err());
         assert!(Config::parse("[object_store]\nurll = \"x\"\n").is_err());
-        assert!(crate::object::tier_config(&Config::default()).is_none());
+        assert!(
+            crate::object::tier_config(&Config::default())
+                .unwrap()
+                .is_none()
+        );
     }
 
     #[test]

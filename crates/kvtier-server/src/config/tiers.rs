@@ -1,6 +1,7 @@
 //! `[disk]` and `[object_store]`: the tiers below memory, their write
 //! policies and admission (docs/durability.md, docs/object-store.md,
 //! docs/cache-choice.md).
+use super::CompressionNamespace;
 use kvtier_core::ByteSize;
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
@@ -58,6 +59,12 @@ pub struct ObjectStoreSection {
     pub options: std::collections::BTreeMap<String, String>,
     /// Per-namespace stores: `[[object_store.namespaces]] namespace = "...", url = "..."`.
     pub namespaces: Vec<NamespaceStore>,
+    /// Codec of stored objects for namespaces without their own entry:
+    /// `off` (the default), `zstd-planes` or `lz4-planes` (lossless only).
+    pub compression: String,
+    /// Per-namespace codecs (the lossy `fp8-e4m3` only here), see
+    /// `config::compression` and docs/object-store.md#compression.
+    pub compression_namespaces: Vec<CompressionNamespace>,
 }
 
 /// One `[[object_store.namespaces]]` entry.
@@ -91,6 +98,8 @@ impl Default for ObjectStoreSection {
             cache_capacity: 100_000,
             options: Default::default(),
             namespaces: Vec::new(),
+            compression: "off".into(),
+            compression_namespaces: Vec::new(),
         }
     }
 }
@@ -107,6 +116,13 @@ impl ObjectStoreSection {
     /// Which blocks the store takes.
     pub fn admission(&self) -> anyhow::Result<kvtier_core::Admission> {
         anyhow::Context::context(self.admission.parse(), "object_store.admission")
+    }
+
+    /// The default codec and the per-namespace codecs, validated.
+    pub fn codecs(
+        &self,
+    ) -> anyhow::Result<(kvtier_object::Codec, Vec<(String, kvtier_object::Codec)>)> {
+        super::compression::codecs(&self.compression, &self.compression_namespaces)
     }
 }
 
