@@ -13,7 +13,7 @@
 //!   still remembers its first (exact, per block; the memory of first uses is
 //!   bounded, the oldest forgotten first);
 //! * [`Admission::Frequency`]: a TinyLFU-style frequency sketch (a doorkeeper
-//!   bit set and a count-min sketch of 4-bit counters, halved every
+//!   Bloom filter and a count-min sketch of counters capped at 15, halved every
 //!   `10 × capacity` uses, so what counts is recent frequency): a block is
 //!   admitted once its estimated uses reach 2, even if memory dropped it in
 //!   between, which the exact memory of `Reuse` cannot know.
@@ -265,7 +265,7 @@ fn hash(id: &BlockId) -> u64 {
 /// TinyLFU's frequency sketch: a doorkeeper Bloom filter (a first use only
 /// sets its three bits; 8 bits per remembered block, so about 0.5 % of
 /// one-time blocks pass as seen at a full window) in front of a count-min
-/// sketch of four rows of 4-bit counters;
+/// sketch of four rows of counters capped at 15 (a byte each);
 /// every `10 × width` increments all counters are halved and the doorkeeper
 /// cleared, so old uses fade (Einziger, Friedman, Manes: "TinyLFU", 2017).
 struct Sketch {

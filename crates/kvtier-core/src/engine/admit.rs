@@ -7,34 +7,13 @@ use crate::admission::AdmissionStats;
 impl Engine {
     /// Counts a write's use of `id` towards the disk tier's admission:
     /// true when the disk copy is deferred (the block stays in memory only).
-    /// Values (replace semantics) are always admitted.
     pub(super) fn defer_disk(&self, id: &BlockId, mode: Overwrite) -> bool {
-        if self.disk.is_none()
-            || mode != Overwrite::Never
-            || self.disk_admission.policy() == Admission::All
-        {
-            return false;
-        }
-        let defer = !self.disk_admission.record(id).admitted();
-        if defer {
-            self.disk_admission.note_deferred();
-        }
-        defer
+        self.disk.is_some() && defers(&self.disk_admission, id, mode)
     }
 
     /// The same for the object store.
     pub(super) fn defer_object(&self, id: &BlockId, mode: Overwrite) -> bool {
-        if self.object.is_none()
-            || mode != Overwrite::Never
-            || self.object_admission.policy() == Admission::All
-        {
-            return false;
-        }
-        let defer = !self.object_admission.record(id).admitted();
-        if defer {
-            self.object_admission.note_deferred();
-        }
-        defer
+        self.object.is_some() && defers(&self.object_admission, id, mode)
     }
 
     /// A block was used again (read from memory or disk, or written again):
@@ -114,4 +93,18 @@ impl Engine {
         }
         v
     }
+}
+
+/// Counts a write's use of `id` under `adm`: true (and counted deferred)
+/// when the policy does not admit the block yet. Values (replace
+/// semantics) are always admitted.
+fn defers(adm: &Admitter, id: &BlockId, mode: Overwrite) -> bool {
+    if mode != Overwrite::Never || adm.policy() == Admission::All {
+        return false;
+    }
+    let defer = !adm.record(id).admitted();
+    if defer {
+        adm.note_deferred();
+    }
+    defer
 }

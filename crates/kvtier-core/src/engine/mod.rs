@@ -42,8 +42,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-/// Blocks whose uses an admission policy remembers (per lower tier): about
-/// 10 MB for `reuse`, 1 MB for `tinylfu` (docs/cache-choice.md).
+/// Blocks whose uses an admission policy remembers (per lower tier): for
+/// `reuse` up to 2 × 2^18 hashes (at most ~16 MB with their queues), for
+/// `tinylfu` a fixed 1.25 MiB sketch (docs/cache-choice.md).
 pub const ADMISSION_WINDOW: usize = 1 << 18;
 
 /// Engine reads a prefix read keeps in flight in a cluster without an object
