@@ -6,7 +6,7 @@ vLLM + kvtier (memory; memory over disk) and the peer connectors that run on
 this build, across a sweep of request rates (notes/*-serving).
 
     .tools/vllm/bin/python scripts/bench-serving.py [--out notes/NNN-serving.json]
-        [--model-size base] [--rates 0.1,0.2,0.4,0.8] [--systems alone,kvtier,kvtier-disk]
+        [--model-size base] [--rates 0.1,0.2,0.4,0.8] [--systems alone,kvtier,kvtier-disk[,kvtier-disk-reuse,kvtier-disk-tinylfu]]
         [--topologies one,two,pd] [--users 5 --turns 5] [--quick]
 
 Each (topology, system) deploys fresh engines, kvtier and the router
@@ -46,6 +46,8 @@ def systems(names: list[str]) -> list[System]:
             out.append(System(n, kvtier="memory"))
         elif n == "kvtier-disk":
             out.append(System(n, kvtier="disk"))
+        elif n.startswith("kvtier-disk-"):  # kvtier-disk-reuse, kvtier-disk-tinylfu: the disk tier's admission
+            out.append(System(n, kvtier="disk", kvtier_args=["--disk-admission", n.removeprefix("kvtier-disk-")]))
         else:
             from functools import partial
 

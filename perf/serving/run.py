@@ -41,6 +41,8 @@ class System:
     name: str
     kvtier: str | None = None
     """``memory`` or ``disk`` (a memory tier smaller than the working set, over a disk tier)."""
+    kvtier_args: list[str] = field(default_factory=list)
+    """Added to ``kvtier serve``'s arguments (an admission policy, say: notes/065)."""
     peer: Callable[[Path], contextlib.AbstractContextManager[tuple[dict[str, Any], dict[str, str], list[str]]]] | None = None
     """A peer's set-up (``perf.serving.peers``): yields (kv_transfer_config, env, PYTHONPATH entries)."""
     connector: tuple[str, str] = ("KvtierConnector", "kvtier.vllm")
@@ -64,6 +66,17 @@ class Deployment:
             for k, v in r.metrics().items():
                 total[k] = total.get(k, 0.0) + v
         return total
+
+    def tier_counters(self) -> dict[str, float]:
+        """kvtier's per-tier write and admission counters (docs/metrics.md); {} without kvtier."""
+        if self.kvtier is None or not self.kvtier.http:
+            return {}
+        with urllib.request.urlopen(f"http://{self.kvtier.http}/metrics", timeout=10) as r:
+            text = r.read().decode()
+        keep = ("kvtier_tier_written_bytes_total", "kvtier_tier_admission_blocks_total", "kvtier_tier_hits_total",
+                "kvtier_tier_misses_total")
+        return {name: float(v) for name, v in (line.rsplit(" ", 1) for line in text.splitlines()
+                                               if line.startswith(keep))}
 
 
 def _kvtier_args(kind: str, workdir: Path) -> list[str]:
@@ -97,7 +110,7 @@ def deploy(system: System, topology: str, spec: ReplicaSpec, workdir: Path, kvti
         path = [*system.path, str(ROOT / "python")]
         stats = [workdir / "connector-0.jsonl", workdir / "connector-1.jsonl"]
         if system.kvtier is not None:
-            server = kvtier_server(kvtier_binary, args=_kvtier_args(system.kvtier, workdir))
+            server = kvtier_server(kvtier_binary, args=[*_kvtier_args(system.kvtier, workdir), *system.kvtier_args])
             stack.callback(server.stop)
             roles = ("kv_producer", "kv_consumer") if topology == "pd" else ("kv_both", "kv_both")
             ktc = [_connector(system, server.grpc, roles[i], stats[i]) for i in range(2)]
@@ -174,7 +187,7 @@ def run_rate(dep: Deployment, model: str, trace: Path, requests: int, rate: floa
     """vLLM's benchmark client against the router at ``rate`` requests/s
     (Poisson arrivals, seed 0, the trace's order); the step's record."""
     out.mkdir(parents=True, exist_ok=True)
-    before = dep.counters()
+    before, tiers_before = dep.counters(), dep.tier_counters()
     routed_before = http_json(dep.router + "/stats")["requests"]
     name = f"bench-{rate:g}.json"
     cmd = [sys.executable, "-m", "perf.serving.client", "--backend", "vllm", "--base-url", dep.router,
@@ -190,7 +203,7 @@ def run_rate(dep: Deployment, model: str, trace: Path, requests: int, rate: floa
     if proc.returncode != 0:
         tail = (out / f"client-{rate:g}.log").read_text(errors="replace")[-3000:]
         raise RuntimeError(f"vllm bench serve exited with {proc.returncode}:\n{tail}")
-    after = dep.counters()
+    after, tiers_after = dep.counters(), dep.tier_counters()
     result = json.loads((out / name).read_text())
     delta = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
     routed = {k: v - routed_before.get(k, 0) for k, v in http_json(dep.router + "/stats")["requests"].items()}
@@ -207,6 +220,7 @@ def run_rate(dep: Deployment, model: str, trace: Path, requests: int, rate: floa
         "request_rate": rate,
         "wall_s": time.monotonic() - t0,
         "engine_counters": delta,
+        "kvtier_counters": {k: v - tiers_before.get(k, 0.0) for k, v in tiers_after.items()},
         "routed": routed,
         "local_hit_rate": delta.get("local_hits", 0.0) / prompt if prompt else 0.0,
         "external_hit_rate": delta.get("external_hits", 0.0) / prompt if prompt else 0.0,

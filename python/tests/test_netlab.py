@@ -80,3 +80,41 @@ def test_striping_beats_one_stream_where_the_window_is_the_limit(tmp_path, kvtie
     # The window caps one connection near 512 KiB / 30 ms (~70-140 Mbit/s);
     # eight of them are capped by the 200 Mbit/s link.
     assert striped >= 1.3 * one, (one, striped)
+
+
+def test_codec_break_even_run_reads_every_codec_back_through_a_shaped_link(tmp_path, kvtier_bin):
+    """scripts/netlab-codecs.py (notes/065), small: 8 blocks of 1 MiB of
+    Gaussian bf16 per codec through MinIO, the kernel link unshaped and then
+    at 200 Mbit/s. The shaping holds (probe and raw read no faster than the
+    rate), every block comes back (byte for byte, fp8 within its bound), the
+    lossless codecs store fewer bytes than raw and fp8 about half, and the
+    namespace is gone afterwards."""
+    if os.geteuid() != 0:
+        pytest.fail("the codec lab needs root (network namespaces, tc)")
+    import random
+    import struct
+
+    rng = random.Random(1)
+    values = [rng.gauss(0.0, 0.5) for _ in range(4 << 20)]  # 8 MiB of bf16
+    data = tmp_path / "kv.bf16"
+    data.write_bytes(b"".join(struct.pack("<f", v)[2:] for v in values))
+    before = _namespaces()
+    out = tmp_path / "codecs"
+    r = subprocess.run(["python3", str(ROOT / "scripts/netlab-codecs.py"), "--link", "kernel",
+                        "--rates", "unshaped,200mbit", "--blocks", "8", "--block-mib", "1", "--repeat", "1",
+                        "--data", str(data), "--kvtier", str(kvtier_bin), "--out", str(out)],
+                       capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stdout + r.stderr[-6000:]
+    assert _namespaces() == before, "the codec lab left its namespace behind"
+    rec = json.loads((out / "record.json").read_text())
+    assert rec["validation"]["all_intact"] is True
+    rows = {(x["rate"], x["codec"]): x for x in rec["rows"]}
+    assert set(rows) == {(rate, c) for rate in ("unshaped", "200mbit")
+                         for c in ("off", "lz4-planes", "zstd-planes", "fp8-e4m3")}
+    shaped = rows[("200mbit", "off")]
+    assert shaped["link_gbit_s"] <= 0.2 * 1.05, shaped
+    # 8 MiB at 200 Mbit/s is 0.34 s; the raw read cannot beat the link.
+    assert shaped["total_s"] >= 0.9 * (8 << 20) * 8 / 200e6, shaped
+    assert rows[("200mbit", "off")]["ratio"] == pytest.approx(1.0, abs=0.01)
+    assert rows[("200mbit", "zstd-planes")]["ratio"] > 1.1
+    assert 1.9 < rows[("200mbit", "fp8-e4m3")]["ratio"] < 2.0

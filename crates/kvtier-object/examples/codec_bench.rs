@@ -4,7 +4,10 @@
 //! Prints one JSON object.
 //!
 //! `cargo run --release -p kvtier-object --example codec_bench -- \
-//!     [--blocks 128] [--block-mib 4] [--threads N] [--seed 1] [--data FILE]`
+//!     [--blocks 128] [--block-mib 4] [--threads N] [--seed 1] [--data FILE] [--dump FILE]`
+//!
+//! `--dump`: write the blocks (concatenated) to FILE and exit, so another
+//! bench (scripts/netlab-codecs.py) stores exactly these bytes.
 //!
 //! `--data`: raw little-endian bf16 values to cut into blocks (cycled);
 //! without it, `kvtier_object::testing::kv_like_bf16` (its docs state the
@@ -156,6 +159,10 @@ fn main() {
             "synthetic kv_like_bf16 (kvtier_object::codec::synth)".into(),
         ),
     };
+    if let Some(path) = arg(&args, "--dump") {
+        std::fs::write(&path, blocks.concat()).expect("--dump file");
+        return;
+    }
     let total = (n * size) as f64;
     let mut rows = Vec::new();
     for (name, shipped, enc, dec) in variants() {
