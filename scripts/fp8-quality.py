@@ -8,8 +8,8 @@ vLLM's CPU build, the project's ``small`` random-weight Llama
 bf16/fp16 KV only), block size 128, greedy, ``--gen`` generated tokens with
 the top-5 logprobs of each. Prompts: ``--short`` prompts of ``--short-len``
 tokens and one of ``--long`` tokens (the long-context check), each in its
-own ``generate`` call. Engines run one at a time, each in its own process
-(python/tests/vllm/engine_run.py):
+own ``generate`` call, after a warm-up prompt (see below). Engines run one
+at a time, each in its own process (python/tests/vllm/engine_run.py):
 
 1. **baseline**: no kvtier; every prompt computed.
 2. per codec, **store**: ``kvtier serve`` (memory tier, no disk tier, a
@@ -37,6 +37,18 @@ over ``kvtier_object_put_stored_bytes_total``.
 Random weights make the top logits near-ties (the baseline's top-1 margin is
 recorded), so one flipped token says less than it would on a trained model;
 the logprob deltas are the measure that transfers.
+
+**The warm-up prompt** (100 tokens, no full block: nothing stored or
+loaded) is every engine's first forward pass, and is not compared. vLLM
+0.32's CPU attention for bf16 on a CPU with AMX (``isa = "amx"``) uses AMX
+tiles without asking Linux for them (``arch_prctl(ARCH_REQ_XCOMP_PERM,
+XTILEDATA)``): it works once something else in the process has asked
+(oneDNN's bf16 matmuls do; a first forward of many tokens gets there, one
+of a single token does not). An engine whose first forward is one token
+(here: a prompt loaded from kvtier but for its last token) dies with SIGILL
+in ``cpu_attention_with_kv_cache``; a bare engine given a 1-token prompt
+first does too, and asking for the permission at process start (a
+``sitecustomize``) cures both.
 
     .tools/vllm/bin/python scripts/fp8-quality.py --out notes/065-cold-tiers/fp8-quality.json
         [--codecs off,zstd-planes,fp8-e4m3] [--short 4] [--short-len 2048] [--long 16384] [--gen 64]
@@ -70,6 +82,8 @@ BLOCK = 128
 #: the codec is configured for it as a prefix.
 NAMESPACE = "vllm/"
 CODECS = ("off", "zstd-planes", "fp8-e4m3")
+#: Every engine's first prompt: see the docstring.
+WARMUP_TOKENS = 100
 METRICS = ("kvtier_object_puts_total", "kvtier_object_gets_total", "kvtier_object_corrupt_total",
            "kvtier_object_put_payload_bytes_total", "kvtier_object_put_stored_bytes_total",
            "kvtier_object_put_uncompressed_total", "kvtier_object_errors_total")
@@ -229,6 +243,13 @@ class Engine:
             self.proc.wait()
 
 
+def warmup() -> dict:
+    """The warm-up phase every engine runs first (the docstring says why)."""
+    from kvtier.vllm.testing import prompt_tokens
+
+    return {"prompts": [prompt_tokens(WARMUP_TOKENS, seed=99)], "max_tokens": 1, "logprobs": 0}
+
+
 def stat_lines(path: Path) -> list[dict]:
     if not path.exists():
         return []
@@ -255,7 +276,7 @@ def run_codec(codec: str, args: argparse.Namespace, base_spec: dict, prompts: li
     for p in (last_done, flushed):
         p.unlink(missing_ok=True)
     with kvtier_server(binary, config=config) as srv:
-        phases = [{"prompts": [p], "max_tokens": args.gen, "logprobs": 5} for p in prompts]
+        phases = [warmup()] + [{"prompts": [p], "max_tokens": args.gen, "logprobs": 5} for p in prompts]
         phases[-1]["done"] = str(last_done)
         # A prompt without a full block, repeated until kvtier has every block
         # (saves are asynchronous; the engine must not exit before they land).
@@ -294,7 +315,7 @@ def run_codec(codec: str, args: argparse.Namespace, base_spec: dict, prompts: li
     stats_b = work / f"stats-{codec}-load.jsonl"
     stats_b.unlink(missing_ok=True)
     with kvtier_server(binary, config=config) as srv:
-        phases = [{"prompts": [p], "max_tokens": args.gen, "logprobs": 5} for p in prompts]
+        phases = [warmup()] + [{"prompts": [p], "max_tokens": args.gen, "logprobs": 5} for p in prompts]
         kv = {"url": srv.grpc, "stats_file": str(stats_b)}
         # kv_consumer: loads only; what it computes is not written back over the store's objects.
         res_b = Engine(f"{codec}-load", {**base_spec, "kv": kv, "kv_role": "kv_consumer", "phases": phases},
@@ -304,9 +325,9 @@ def run_codec(codec: str, args: argparse.Namespace, base_spec: dict, prompts: li
     lookups = [e for e in ev if e["event"] == "lookup"]
     loads = [e for e in ev if e["event"] == "load"]
     out["store_run"] = {"load_s": res_a["load_s"], "wall_s": res_a["wall_s"],
-                        "outputs": [o for ph in res_a["phases"][:-1] for o in ph["outputs"]]}
+                        "outputs": [o for ph in res_a["phases"][1:-1] for o in ph["outputs"]]}
     out["load_run"] = {"load_s": res_b["load_s"], "wall_s": res_b["wall_s"],
-                       "outputs": [o for ph in res_b["phases"] for o in ph["outputs"]],
+                       "outputs": [o for ph in res_b["phases"][1:] for o in ph["outputs"]],
                        "lookups": lookups, "loads": loads}
     return out
 
@@ -373,9 +394,9 @@ def main() -> None:
                  "max_model_len": max(lengths) + args.gen + 64, "prefix_caching": False, "kv_cache_gib": 2,
                  "memory_utilization": 0.5}
 
-    base = Engine("baseline", {**base_spec, "phases": [
+    base = Engine("baseline", {**base_spec, "phases": [warmup()] + [
         {"prompts": [p], "max_tokens": args.gen, "logprobs": 5} for p in prompts]}, work).wait()
-    base_out = [o for ph in base["phases"] for o in ph["outputs"]]
+    base_out = [o for ph in base["phases"][1:] for o in ph["outputs"]]
     codecs = {}
     for codec in args.codecs.split(","):
         c = run_codec(codec, args, base_spec, prompts, work, binary)
