@@ -29,8 +29,14 @@ Each load engine's outputs are compared with the baseline's, prompt by
 prompt: first generated token equal; how many leading generated tokens are
 equal; all equal; |Δ logprob| of the first token's top-k (tokens in both
 top-k lists), and the largest over all steps whose context is still the same
-(up to and including the first differing token). The store engines (a miss:
-all computed, with the connector attached) are compared too, as a control.
+(up to and including the first differing token), and how many of those
+logprobs changed at all. The store engines (a miss: all computed, with the
+connector attached) are compared too, as a control. Each codec's load engine
+but ``off``'s is also compared with ``off``'s load engine (so ``off`` runs
+first): the same path (the same tokens loaded, the same one computed), only
+the KV bytes differ, which separates the codec from the load path's own
+bf16 rounding (its last prompt token computed alone over the loaded KV
+instead of inside the prompt's prefill).
 The achieved ratio is the store server's ``kvtier_object_put_payload_bytes_total``
 over ``kvtier_object_put_stored_bytes_total``.
 
@@ -127,6 +133,8 @@ def compare(base: dict, got: dict) -> dict[str, Any]:
         "first_mean_abs_dlogprob": statistics.fmean(first) if first else None,
         "same_context_steps": same,
         "same_context_max_abs_dlogprob": max(every) if every else None,
+        "same_context_logprobs": len(every),
+        "same_context_logprobs_changed": sum(d != 0 for d in every),
     }
 
 
@@ -145,6 +153,8 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "first_max_abs_dlogprob": mx("first_max_abs_dlogprob"),
         "first_mean_abs_dlogprob": statistics.fmean(firsts) if firsts else None,
         "same_context_max_abs_dlogprob": mx("same_context_max_abs_dlogprob"),
+        "same_context_logprobs": sum(r["same_context_logprobs"] for r in rows),
+        "same_context_logprobs_changed": sum(r["same_context_logprobs_changed"] for r in rows),
     }
 
 
@@ -397,7 +407,7 @@ def main() -> None:
     base = Engine("baseline", {**base_spec, "phases": [warmup()] + [
         {"prompts": [p], "max_tokens": args.gen, "logprobs": 5} for p in prompts]}, work).wait()
     base_out = [o for ph in base["phases"][1:] for o in ph["outputs"]]
-    codecs = {}
+    codecs: dict[str, dict[str, Any]] = {}
     for codec in args.codecs.split(","):
         c = run_codec(codec, args, base_spec, prompts, work, binary)
         c["problems"] = check_loaded(c, prompts)
@@ -406,6 +416,11 @@ def main() -> None:
             rows = [compare(b, g) for b, g in zip(base_out, c[run]["outputs"])]
             c[run]["per_prompt"] = rows
             c[run]["summary"] = summarize(rows)
+        if codec != "off" and "off" in codecs:
+            # Against the ``off`` load engine: the same path (the same tokens
+            # loaded, the same one computed), only the KV bytes differ.
+            rows = [compare(b, g) for b, g in zip(codecs["off"]["load_run"]["outputs"], c["load_run"]["outputs"])]
+            c["vs_off_load"] = {"per_prompt": rows, "summary": summarize(rows)}
         c["load_run"]["cached_tokens"] = [o["num_cached_tokens"] for o in c["load_run"]["outputs"]]
         c["load_run"]["loaded_blocks"] = sum(e.get("loaded") or 0 for e in c["load_run"]["loads"])
         c["load_run"]["lookup_tiers"] = [e.get("tiers") for e in c["load_run"]["lookups"]]
@@ -449,24 +464,29 @@ def _f(v: float | None) -> str:
 
 def table(rec: dict) -> str:
     n = len(rec["prompts"])
-    lines = ["| codec | run | ratio | loaded tokens | first token equal | leading equal (of "
+    lines = ["| codec | compared | ratio | loaded tokens | first token equal | leading equal (of "
              f"{rec['generated_tokens']}) | all equal | max \\|Δlp\\| 1st token | mean \\|Δlp\\| 1st token "
-             "| max \\|Δlp\\| same context |",
-             "|---|---|---:|---:|---:|---|---:|---:|---:|---:|"]
+             "| max \\|Δlp\\| same context | logprobs changed (same context) |",
+             "|---|---|---:|---:|---:|---|---:|---:|---:|---:|---:|"]
+    runs = (("load_run", "load vs baseline"), ("vs_off_load", "load vs off's load"),
+            ("store_run", "store (miss) vs baseline"))
     for name, c in rec["codecs"].items():
-        for run in ("load_run", "store_run"):
+        for run, what in runs:
+            if run not in c:
+                continue
             s = c[run]["summary"]
-            loaded = sum(c[run]["cached_tokens"]) if run == "load_run" else 0
+            loaded = sum(c["load_run"]["cached_tokens"]) if run != "store_run" else 0
             ratio = "–" if c["ratio"] is None else f"{c['ratio']:.3f}"
             lines.append(
-                f"| {name} | {'load (from store)' if run == 'load_run' else 'store (miss, control)'} | "
-                f"{ratio if run == 'load_run' else ''} | {loaded} | {s['first_token_equal']}/{n} | "
-                f"{', '.join(map(str, s['leading_equal']))} | {s['full_equal']}/{n} | "
+                f"| {name} | {what} | {ratio if run == 'load_run' else ''} | {loaded} | "
+                f"{s['first_token_equal']}/{n} | {', '.join(map(str, s['leading_equal']))} | {s['full_equal']}/{n} | "
                 f"{_f(s['first_max_abs_dlogprob'])} | {_f(s['first_mean_abs_dlogprob'])} | "
-                f"{_f(s['same_context_max_abs_dlogprob'])} |")
-    lines += ["", "| prompt tokens | baseline 1st-token margin | " + " | ".join(
-        f"{k}: cached / leading / max \\|Δlp\\| 1st" for k in rec["codecs"]) + " |",
-        "|---:|---:|" + "---|" * len(rec["codecs"])]
+                f"{_f(s['same_context_max_abs_dlogprob'])} | "
+                f"{s['same_context_logprobs_changed']}/{s['same_context_logprobs']} |")
+    lines += ["", "Load engines against the baseline, per prompt:", "",
+              "| prompt tokens | baseline 1st-token margin | " + " | ".join(
+                  f"{k}: cached / leading equal / max \\|Δlp\\| 1st" for k in rec["codecs"]) + " |",
+              "|---:|---:|" + "---|" * len(rec["codecs"])]
     for i, p in enumerate(rec["prompts"]):
         cells = []
         for c in rec["codecs"].values():

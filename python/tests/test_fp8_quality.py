@@ -39,6 +39,7 @@ def test_identical_outputs_compare_exactly():
     assert (r["leading_equal"], r["generated"], r["same_context_steps"]) == (3, 3, 3)
     assert r["first_max_abs_dlogprob"] == r["first_mean_abs_dlogprob"] == r["same_context_max_abs_dlogprob"] == 0.0
     assert r["first_common_topk"] == 2
+    assert (r["same_context_logprobs"], r["same_context_logprobs_changed"]) == (6, 0)
 
 
 def test_deltas_are_over_shared_tokens_and_same_context_steps_only():
@@ -52,6 +53,7 @@ def test_deltas_are_over_shared_tokens_and_same_context_steps_only():
     assert abs(r["first_max_abs_dlogprob"] - 0.2) < 1e-12
     assert abs(r["first_mean_abs_dlogprob"] - 0.125) < 1e-12
     assert abs(r["same_context_max_abs_dlogprob"] - 0.9) < 1e-12
+    assert (r["same_context_logprobs"], r["same_context_logprobs_changed"]) == (4, 4)
 
 
 def test_a_different_first_token():
@@ -69,12 +71,16 @@ def test_summary_margin_and_table():
     assert abs(s["first_max_abs_dlogprob"] - 0.2) < 1e-12
     assert abs(m.margin({"1": -0.5, "2": -0.1, "3": -3.0}) - 0.4) < 1e-12
     assert m.margin({"1": -0.5}) is None
+    assert (s["same_context_logprobs"], s["same_context_logprobs_changed"]) == (8, 2)
+    same = m.summarize([m.compare(BASE, BASE)] * 2)
     codec = {"ratio": 1.99, "load_run": {"summary": s, "per_prompt": rows, "cached_tokens": [256, 128]},
-             "store_run": {"summary": m.summarize([m.compare(BASE, BASE)] * 2)}}
+             "vs_off_load": {"summary": same}, "store_run": {"summary": same}}
     rec = {"prompts": [{"tokens": 300}, {"tokens": 200}], "generated_tokens": 3, "codecs": {"fp8-e4m3": codec},
            "baseline": {"outputs": [{"first_margin": 2.4}, {"first_margin": None}]}}
     t = m.table(rec)
-    assert "| fp8-e4m3 | load (from store) | 1.990 | 384 | 2/2 | 3, 1 | 1/2 |" in t, t
+    assert "| fp8-e4m3 | load vs baseline | 1.990 | 384 | 2/2 | 3, 1 | 1/2 |" in t, t
+    assert "| fp8-e4m3 | load vs off's load |  | 384 | 2/2 | 3, 3 | 2/2 |" in t, t
+    assert "| fp8-e4m3 | store (miss) vs baseline |  | 0 | 2/2 | 3, 3 | 2/2 |" in t, t
     assert "| 300 | 2.40e+00 | 256 / 3 / 0.00e+00 |" in t, t
 
 
