@@ -11,6 +11,7 @@
 """
 from __future__ import annotations
 
+import json
 import os
 import re
 import sys
@@ -107,3 +108,18 @@ def test_readme_headlines_are_generated_from_the_records():
     text = (REPO_ROOT / "README.md").read_text()
     assert headlines.splice(text, headlines.table()) == text, (
         "README.md's headline block differs from the records: run `python3 -m perf.headlines`")
+
+
+def test_combine_keeps_every_part_and_takes_the_header_from_them(tmp_path):
+    from perf.combine import combine
+
+    a = record({"x": 1}, {**header(command="a.py"), "date": "2026-12-01T00:00:00+00:00", "dirty": False})
+    b = record({"y": 2}, {**header(command="b.py"), "date": "2026-12-02T00:00:00+00:00", "dirty": True})
+    (tmp_path / "p").mkdir()
+    (tmp_path / "p" / "a.json").write_text(json.dumps(a))
+    (tmp_path / "b.json").write_text(json.dumps(b))
+    rec = combine(tmp_path / "out.json", [tmp_path / "p" / "a.json", tmp_path / "b.json"])
+    assert not list(header_problems(rec))
+    assert rec["date"] == b["date"] and rec["dirty"] is True
+    assert rec["command"] == "a.py && b.py"
+    assert rec["parts"]["p/a.json"]["x"] == 1 and rec["parts"]["b.json"]["y"] == 2

@@ -25,6 +25,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 )
 
 from ..client import Client
+from .amx import request_amx
 from .common import LoadSpec, SaveSpec, StatsLog, log, show_info_lines
 from .config import ConnectorConfig
 from .identity import EngineIdentity, unsupported_reason
@@ -100,6 +101,8 @@ class KvtierConnector(KVConnectorBase_V1):
         else:
             from vllm.distributed.parallel_state import get_pp_group, get_tensor_model_parallel_rank
 
+            if request_amx():
+                log.debug("kvtier connector: AMX tile state granted to this worker (docs/vllm.md)")
             ns = self.identity.namespace(get_pp_group().rank_in_group, get_tensor_model_parallel_rank())
             self._worker = WorkerSide(
                 self.cfg,
