@@ -36,7 +36,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import http.client
-import importlib.util
 import json
 import math
 import os
@@ -49,15 +48,11 @@ import tempfile
 import time
 from pathlib import Path
 
+import netlab  # scripts/netlab.py: the lab (scripts/ is on sys.path, as for _perf)
 from _perf import ROOT
 
 from perf import header, versions, write_record
 from perf.services import MINIO_PASSWORD, MINIO_USER, Minio, create_bucket, kvtier_server
-
-_spec = importlib.util.spec_from_file_location("netlab", ROOT / "scripts" / "netlab.py")
-assert _spec is not None and _spec.loader is not None
-netlab = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(netlab)
 
 MINIO_PORT = 9000
 BUCKET = "kvtier-codecs"

@@ -1,11 +1,13 @@
 """Fixtures: the real kvtier binary (built once per session if missing) and servers."""
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
 import uuid
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -15,6 +17,21 @@ if str(PYTHON_DIR) not in sys.path:
     sys.path.insert(0, str(PYTHON_DIR))
 
 from kvtier.server import Server  # noqa: E402
+
+
+def load_script(filename: str, module: str) -> ModuleType:
+    """scripts/FILENAME as module MODULE, for tests of a script's pure
+    functions. Scripts run as ``python3 scripts/NAME.py``: their shim
+    (``_perf``) is found on scripts/, and their names are not module names."""
+    scripts = REPO_ROOT / "scripts"
+    if str(scripts) not in sys.path:
+        sys.path.insert(0, str(scripts))
+    spec = importlib.util.spec_from_file_location(module, scripts / filename)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
 
 #: Largest block the ``small_server`` accepts.
 SMALL_MAX_BLOCK = 1 << 20

@@ -3,27 +3,11 @@ against the baseline's, prompt by prompt, and their summary and table.
 Pure functions on made-up outputs: no engines, no servers, fast."""
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
-from types import ModuleType
 
-SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
+from conftest import load_script
 
-
-def load() -> ModuleType:
-    # The script runs as `python3 scripts/fp8-quality.py`: its shim (_perf)
-    # is found on scripts/, and its name is not a module name.
-    if str(SCRIPTS) not in sys.path:
-        sys.path.insert(0, str(SCRIPTS))
-    spec = importlib.util.spec_from_file_location("fp8_quality", SCRIPTS / "fp8-quality.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-m = load()
+m = load_script("fp8-quality.py", "fp8_quality")
 
 
 def out(tokens: list[int], lps: list[dict[str, float]]) -> dict:

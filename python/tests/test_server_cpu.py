@@ -3,28 +3,11 @@ may stand in a ratio of server CPU per operation, and the ratios made from
 them. Pure functions on made-up rows: no servers, fast."""
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-from types import ModuleType
 from typing import Any
 
-SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
+from conftest import load_script
 
-
-def load() -> ModuleType:
-    # The script runs as `python3 scripts/bench-server-cpu.py`: its shim
-    # (_perf) is found on scripts/, and its name is not a module name.
-    if str(SCRIPTS) not in sys.path:
-        sys.path.insert(0, str(SCRIPTS))
-    spec = importlib.util.spec_from_file_location("bench_server_cpu", SCRIPTS / "bench-server-cpu.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-m = load()
+m = load_script("bench-server-cpu.py", "bench_server_cpu")
 
 
 def row(system: str, cpu_us: float, busy: float, op: str = "read", c: int = 8, errors: int = 0,
