@@ -23,7 +23,7 @@
 use crate::block::BlockId;
 use crate::error::{Error, Result};
 use parking_lot::Mutex;
-use std::collections::{HashSet, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::hash::{Hash, Hasher};
 use std::str::FromStr;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -216,41 +216,54 @@ impl Admitter {
 }
 
 /// A set of block hashes that forgets its oldest past `capacity`.
+///
+/// Each insertion is stamped, and `order` holds (hash, stamp): a hash
+/// removed and inserted again leaves its old entry behind, which must not
+/// make the set forget the new one when it reaches the front.
 struct Fifo {
-    set: HashSet<u64>,
-    order: VecDeque<u64>,
+    live: HashMap<u64, u64>,
+    order: VecDeque<(u64, u64)>,
+    next: u64,
     capacity: usize,
 }
 
 impl Fifo {
     fn new(capacity: usize) -> Self {
         Self {
-            set: HashSet::new(),
+            live: HashMap::new(),
             order: VecDeque::new(),
+            next: 0,
             capacity,
         }
     }
 
     fn contains(&self, h: u64) -> bool {
-        self.set.contains(&h)
+        self.live.contains_key(&h)
     }
 
     fn remove(&mut self, h: u64) -> bool {
-        self.set.remove(&h)
+        self.live.remove(&h).is_some()
     }
 
     fn insert(&mut self, h: u64) {
-        if self.set.insert(h) {
-            self.order.push_back(h);
+        if let std::collections::hash_map::Entry::Vacant(e) = self.live.entry(h) {
+            e.insert(self.next);
+            self.order.push_back((h, self.next));
+            self.next += 1;
         }
-        // `order` may hold hashes already removed: trim by both sizes.
-        while self.set.len() > self.capacity || self.order.len() > 2 * self.capacity {
+        while self.live.len() > self.capacity {
             match self.order.pop_front() {
-                Some(old) => {
-                    self.set.remove(&old);
+                Some((old, stamp)) if self.live.get(&old) == Some(&stamp) => {
+                    self.live.remove(&old);
                 }
+                Some(_) => {} // a removed or re-inserted hash's old entry
                 None => break,
             }
+        }
+        // Removals leave entries behind; drop them once they are half the queue.
+        if self.order.len() > 2 * self.capacity.max(1) {
+            let live = &self.live;
+            self.order.retain(|(h, s)| live.get(h) == Some(s));
         }
     }
 }
@@ -384,6 +397,29 @@ mod tests {
         // 65 first uses in a 64-entry memory: the oldest (100) is forgotten.
         assert_eq!(a.record(&id(100)), Deferred, "forgotten: a first use again");
         assert_eq!(a.record(&id(2)), Admit);
+    }
+
+    #[test]
+    fn a_hash_removed_and_inserted_again_is_forgotten_only_in_its_new_turn() {
+        let mut f = Fifo::new(3);
+        f.insert(1);
+        assert!(f.remove(1));
+        f.insert(2);
+        f.insert(3);
+        f.insert(1); // again: its first entry is still at the front
+        f.insert(4); // one over capacity: the oldest live one (2) goes
+        assert!(
+            f.contains(1),
+            "the re-inserted hash was forgotten by its old entry"
+        );
+        assert!(!f.contains(2));
+        assert!(f.contains(3) && f.contains(4));
+        // Many removals keep the queue bounded.
+        for i in 10..1000 {
+            f.insert(i);
+            f.remove(i);
+        }
+        assert!(f.order.len() <= 6, "{} entries queued", f.order.len());
     }
 
     #[test]
