@@ -84,7 +84,7 @@ def counters(http_addr: str) -> dict[str, float]:
     c.request("GET", "/metrics")
     out: dict[str, float] = {}
     for line in c.getresponse().read().decode().splitlines():
-        if line.startswith(("kvtier_object_put_", "kvtier_object_gets_total", "kvtier_object_get_bytes")):
+        if line.startswith(("kvtier_object_put_", "kvtier_object_gets_total")):
             name, value = line.rsplit(" ", 1)
             out[name] = float(value)
     return out
