@@ -25,7 +25,9 @@ from conftest import TOL
 SCRIPT = REPO_ROOT / "scripts" / "bench-serving.py"
 
 
-def test_two_replicas_with_kvtier_beat_vllm_alone_on_the_same_trace(tmp_path):
+def test_two_replicas_with_kvtier_hit_more_than_vllm_alone_on_the_same_trace(tmp_path):
+    # TTFT is compared in the benchmark (notes/048), not here: on CI's two
+    # cores one quick run's p50 flipped order (102.6 vs 89.3 ms) at unchanged code.
     out = tmp_path / "serving.json"
     proc = subprocess.run(
         [sys.executable, str(SCRIPT), "--quick", "--out", str(out), "--workdir", str(tmp_path / "run"),
@@ -47,7 +49,6 @@ def test_two_replicas_with_kvtier_beat_vllm_alone_on_the_same_trace(tmp_path):
     assert kv["external_hit_rate"] > 0.1, kv
     assert kv["hit_rate"] > alone["hit_rate"] + 0.1, (kv["hit_rate"], alone["hit_rate"])
     assert kv["hit_rate"] >= 0.9 * bound, (kv["hit_rate"], bound)
-    assert kv["median_ttft_ms"] < alone["median_ttft_ms"], (kv["median_ttft_ms"], alone["median_ttft_ms"])
 
 
 def _complete(url: str, model: str, prompt: list[int], max_tokens: int) -> dict:
