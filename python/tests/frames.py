@@ -16,12 +16,16 @@ class Kind:
     READ = 1
     WRITE = 2
     HELLO = 3
-    READ_INTO = 4
-    WRITE_FROM = 5
+    MAP_READ = 6
+    RELEASE = 7
+    LEND = 8
+    WRITE_LENT = 9
     READ_REPLY = 0x81
     WRITE_REPLY = 0x82
     HELLO_REPLY = 0x83
-    READ_INTO_REPLY = 0x84
+    MAP_READ_REPLY = 0x86
+    RELEASE_REPLY = 0x87
+    LEND_REPLY = 0x88
     ERROR = 0xFF
 
 

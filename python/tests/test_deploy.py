@@ -69,7 +69,7 @@ def _check_statefulset(docs: dict[tuple[str, str], Any], name: str) -> tuple[dic
     return sts, c, ports
 
 
-@pytest.mark.parametrize("manifest", ["kvtier.yaml", "kvtier-cluster.yaml", "kvtier-node.yaml"])
+@pytest.mark.parametrize("manifest", sorted(p.name for p in (DEPLOY / "kubernetes").glob("*.yaml")))
 def test_kubernetes_manifests_validate_against_the_api_schema(manifest):
     r = subprocess.run([_tool("kubernetes-validate"), "--strict", "--quiet", "--no-warn",
                         str(DEPLOY / "kubernetes" / manifest)], capture_output=True, text=True, timeout=120)
@@ -198,24 +198,33 @@ def _header_example(text: str) -> str:
     return textwrap.dedent("\n".join(line[1:] for line in m.group(1).splitlines()))
 
 
-def _check_node_manifest(text: str, kvtier_bin, tmp_path: Path) -> None:
-    """kvtier-node.yaml (given as text, so a test can break it): one kvtier per
-    node, sharing its same-host socket with the engine pods through a hostPath
-    directory, the nodes one cluster over the object store."""
-    docs = _manifests("kvtier-node.yaml", text)
-    ds = docs[("DaemonSet", "kvtier-node")]
-    pod = ds["spec"]["template"]
-    spec, labels = pod["spec"], pod["metadata"]["labels"]
-    assert ds["spec"]["selector"]["matchLabels"].items() <= labels.items()
-    others = [_manifests(f)[("StatefulSet", n)]["spec"]["template"]["metadata"]["labels"]
-              for f, n in (("kvtier.yaml", "kvtier"), ("kvtier-cluster.yaml", "kvtier-cluster"))]
-    for svc in (d for (k, _), d in docs.items() if k == "Service"):
-        assert svc["spec"]["selector"].items() <= labels.items()
-        for other in others:
-            assert not svc["spec"]["selector"].items() <= other.items(), "selects another manifest's pods too"
-    rolling = ds["spec"]["updateStrategy"]["rollingUpdate"]
-    assert str(rolling.get("maxSurge", 0)) == "0", "two kvtiers on one node would contend for the socket"
-    c = spec["containers"][0]
+def _security(pod_spec: dict, container: dict) -> dict:
+    """A container's effective securityContext: the pod's, overridden by its own."""
+    return pod_spec.get("securityContext", {}) | container.get("securityContext", {})
+
+
+def _assert_unprivileged(pod_spec: dict, c: dict) -> dict:
+    """kvtier's container on the same-host path: no host namespace, no
+    capability, no privilege, not root, seccomp on. Returns its effective
+    securityContext."""
+    for host in ("hostPID", "hostIPC", "hostNetwork"):
+        assert not pod_spec.get(host), f"{host}: shared memory over the socket needs no host namespace"
+    sc = _security(pod_spec, c)
+    assert sc["capabilities"]["drop"] == ["ALL"] and not sc["capabilities"].get("add"), sc["capabilities"]
+    assert not sc.get("privileged") and sc["allowPrivilegeEscalation"] is False
+    assert sc["runAsNonRoot"] is True and sc["runAsUser"] not in (None, 0), "kvtier runs as non-root"
+    assert sc["readOnlyRootFilesystem"] is True and sc["seccompProfile"]["type"] == "RuntimeDefault"
+    assert not any(p.get("hostPort") for p in c["ports"]), "no host ports"
+    return sc
+
+
+def _check_kvtier_container(docs, pod: dict, c: dict, tmp_path: Path, kvtier_bin, prefix: str) -> dict:
+    """What the node and sidecar files share: probes, scraping, the config
+    kvtier accepts with the pod's environment (its IP 127.0.0.1, a DNS name
+    that resolves here), membership through the headless Service
+    `prefix`-headless, the cluster token, the memory bound. Returns the
+    effective config."""
+    spec = pod["spec"]
     ports = {p["name"]: p["containerPort"] for p in c["ports"]}
     for probe in ("readinessProbe", "livenessProbe", "startupProbe"):
         get = c[probe]["httpGet"]
@@ -223,23 +232,16 @@ def _check_node_manifest(text: str, kvtier_bin, tmp_path: Path) -> None:
     ann = pod["metadata"]["annotations"]
     assert ann["prometheus.io/scrape"] == "true" and int(ann["prometheus.io/port"]) == ports["http"]
     assert ann["prometheus.io/path"] == "/metrics"
-    # process_vm_writev into the engines' processes: see them, and hold
-    # SYS_PTRACE in the effective set, which capabilities.add grants only to UID 0.
-    assert spec.get("hostPID") is True, "the server must see the engines' processes"
-    sc = spec.get("securityContext", {}) | c.get("securityContext", {})
-    assert "SYS_PTRACE" in sc["capabilities"].get("add", []) and sc["capabilities"]["drop"] == ["ALL"]
-    assert sc.get("runAsUser") == 0, "a non-root user gets no effective capability from capabilities.add"
-    assert sc["allowPrivilegeEscalation"] is False and sc["readOnlyRootFilesystem"] is True
     res = c["resources"]
     assert {"cpu", "memory"} <= res["requests"].keys()
     assert _size(res["requests"]["memory"]) <= _size(res["limits"]["memory"])
-    # The config: kvtier accepts it with the pod's environment (its IP
-    # 127.0.0.1, a DNS name that resolves here).
     volumes = {v["name"]: v for v in spec["volumes"]}
-    toml_text = docs[("ConfigMap", volumes["config"]["configMap"]["name"])]["data"]["kvtier.toml"]
+    mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
+    toml_text = docs[("ConfigMap", volumes[mounts["/etc/kvtier"]]["configMap"]["name"])]["data"]["kvtier.toml"]
     pod_env = _pod_env(c, {"status.podIP": "127.0.0.1", "metadata.namespace": "test"})
-    headless = docs[("Service", "kvtier-node-headless")]
+    headless = docs[("Service", f"{prefix}-headless")]
     assert headless["spec"]["clusterIP"] == "None" and headless["spec"]["publishNotReadyAddresses"] is False
+    assert headless["spec"]["selector"].items() <= pod["metadata"]["labels"].items()
     dns_host, dns_port = pod_env["KVTIER_CLUSTER_DNS"].rsplit(":", 1)
     assert dns_host == f"{headless['metadata']['name']}.test.svc.cluster.local"
     assert int(dns_port) == ports["grpc"] and any(p["port"] == ports["grpc"] for p in headless["spec"]["ports"])
@@ -256,50 +258,196 @@ def _check_node_manifest(text: str, kvtier_bin, tmp_path: Path) -> None:
     assert effective["auth"]["public_health"] and effective["auth"]["public_metrics"], "probes carry no token"
     env = {e["name"]: e for e in c["env"]}
     assert env["KVTIER_CLUSTER_TOKEN"]["valueFrom"]["secretKeyRef"]["name"] == "kvtier-cluster-token"
-    # The socket: in a hostPath directory mounted where server.local_listen points.
+    tokens = Path(effective["auth"]["tokens_file"])
+    assert volumes[mounts[str(tokens.parent)]]["secret"]["secretName"] == "kvtier-tokens"
+    return effective
+
+
+def _check_socket(effective: dict, sc: dict, engine_spec: dict, engine: dict, text: str) -> Path:
+    """The socket's mode lets its group connect, and nobody else; the server
+    gives it that owner without CAP_CHOWN (its own UID, one of its groups);
+    the engine is in that group, names the socket's URL and kvtier's uid
+    (its client checks the listener's). Returns the socket's directory."""
     sock = Path(effective["server"]["local_listen"])
-    mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
-    assert str(sock.parent) in mounts, f"nothing is mounted at {sock.parent}"
-    host = volumes[mounts[str(sock.parent)]].get("hostPath")
-    assert host and host["type"] == "DirectoryOrCreate", "the socket's directory is the node's, shared with engines"
-    url = f"unix://{sock}"
-    assert url in _EXAMPLE.sub("", text.split("\napiVersion:", 1)[0]), f"the header tells engines the URL {url}"
-    # Its mode lets the socket's group connect, and nobody else; the server
-    # can give it that owner without CAP_CHOWN (its own UID, one of its groups).
     mode = int(effective["server"]["local_mode"], 8)
     assert mode & 0o060 == 0o060 and mode & 0o007 == 0, oct(mode)
     uid, gid = (int(x) for x in effective["server"]["local_owner"].split(":"))
     assert uid == sc["runAsUser"] and gid in [sc.get("runAsGroup"), *sc.get("supplementalGroups", [])]
-    # The disk tier and the tokens come from their volumes.
-    data = Path(effective["disk"]["dir"])
-    assert any(volumes[n].get("hostPath") for m, n in mounts.items() if data.is_relative_to(m)), "disk on the node"
-    tokens = Path(effective["auth"]["tokens_file"])
-    assert volumes[mounts[str(tokens.parent)]]["secret"]["secretName"] == "kvtier-tokens"
+    esc = _security(engine_spec, engine)
+    assert gid in [esc.get("runAsGroup"), *esc.get("supplementalGroups", [])], "the engine is in the socket's group"
+    url = f"unix://{sock}"
+    assert url in _EXAMPLE.sub("", text.split("\napiVersion:", 1)[0]), f"the header tells engines the URL {url}"
+    assert any(f'"url":"{url}"' in a for a in engine["args"])
+    env = {e["name"]: e for e in engine["env"]}
+    assert env["KVTIER_SERVER_UID"]["value"] == str(uid), "the engine's client must accept kvtier's uid"
+    assert env["KVTIER_TOKEN"]["valueFrom"]["secretKeyRef"]["key"] == "token"
+    engine_mounts = {m["mountPath"]: m for m in engine["volumeMounts"]}
+    assert engine_mounts[str(sock.parent)]["readOnly"] is True, "connecting writes nothing to the mount"
+    return sock.parent
+
+
+def _check_documented_secrets(text: str, *containers: dict) -> None:
+    """Every Secret the containers use is created in the header's instructions, with every key they read."""
     secrets = _documented_secrets(text)
     assert "tokens.toml" in secrets["kvtier-tokens"]
-    for e in c["env"]:
-        ref = e.get("valueFrom", {}).get("secretKeyRef")
-        if ref:
-            assert ref["key"] in secrets.get(ref["name"], set()), f"{e['name']}: {ref} is not in the header's commands"
+    for c in containers:
+        for e in c["env"]:
+            ref = e.get("valueFrom", {}).get("secretKeyRef")
+            if ref:
+                assert ref["key"] in secrets.get(ref["name"], set()), f"{e['name']}: {ref} is not in the header"
+
+
+def _flags(args: list[str]) -> dict[str, str]:
+    """Go-style `-name=value` arguments (SPIFFE's CSI driver, the registrar)."""
+    return dict(a.lstrip("-").split("=", 1) for a in args)
+
+
+def _check_node_manifest(text: str, kvtier_bin, tmp_path: Path) -> None:
+    """kvtier-node.yaml (given as text, so a test can break it): one kvtier per
+    node, unprivileged, its socket's host directory served to the engine pods
+    by a CSI driver (SPIFFE's), the nodes one cluster over the object store."""
+    docs = _manifests("kvtier-node.yaml", text)
+    ds = docs[("DaemonSet", "kvtier-node")]
+    pod = ds["spec"]["template"]
+    spec, labels = pod["spec"], pod["metadata"]["labels"]
+    assert ds["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    others = [_manifests(f)[("StatefulSet", n)]["spec"]["template"]["metadata"]["labels"]
+              for f, n in (("kvtier.yaml", "kvtier"), ("kvtier-cluster.yaml", "kvtier-cluster"))]
+    for svc in (d for (k, _), d in docs.items() if k == "Service"):
+        assert svc["spec"]["selector"].items() <= labels.items()
+        for other in others:
+            assert not svc["spec"]["selector"].items() <= other.items(), "selects another manifest's pods too"
+    rolling = ds["spec"]["updateStrategy"]["rollingUpdate"]
+    assert str(rolling.get("maxSurge", 0)) == "0", "two kvtiers on one node would contend for the socket"
+    c = next(c for c in spec["containers"] if c["name"] == "kvtier")
+    sc = _assert_unprivileged(spec, c)
+    effective = _check_kvtier_container(docs, pod, c, tmp_path, kvtier_bin, "kvtier-node")
+    # Host access: the socket's directory and the disk, nothing else.
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
+    sock_dir = str(Path(effective["server"]["local_listen"]).parent)
+    host = volumes[mounts[sock_dir]].get("hostPath")
+    assert host and host["type"] == "DirectoryOrCreate", "the socket's directory is the node's"
+    data = Path(effective["disk"]["dir"])
+    disk = [n for m, n in mounts.items() if data.is_relative_to(m) and volumes[n].get("hostPath")]
+    assert disk, "the disk tier is on the node's disk"
+    assert {n for n, v in volumes.items() if "hostPath" in v} == {mounts[sock_dir], *disk}
+    # An init container may hand the directories to kvtier's user: as root
+    # with CAP_CHOWN at most, mounting only those directories.
+    for init in spec.get("initContainers", []):
+        isc = _security(spec, init)
+        assert set(isc["capabilities"].get("add", [])) <= {"CHOWN"} and isc["capabilities"]["drop"] == ["ALL"]
+        assert not isc.get("privileged") and isc["allowPrivilegeEscalation"] is False
+        assert {m["name"] for m in init["volumeMounts"]} <= {mounts[sock_dir], *disk}
+    _check_documented_secrets(text, c)
+    # The CSI driver: SPIFFE's, serving that host directory under the
+    # CSIDriver's name, registered with the kubelet under the same name.
+    driver = next(d for (k, _), d in docs.items() if k == "CSIDriver")
+    name = driver["metadata"]["name"]
+    assert driver["spec"]["volumeLifecycleModes"] == ["Ephemeral"] and driver["spec"]["attachRequired"] is False
+    assert driver["spec"]["podInfoOnMount"] is True, "the driver refuses non-ephemeral volumes with it"
+    csi = docs[("DaemonSet", "kvtier-csi")]["spec"]["template"]["spec"]
+    assert csi["nodeSelector"] == spec["nodeSelector"], "a CSI plugin wherever kvtier runs"
+    assert not docs[("DaemonSet", "kvtier-csi")]["spec"]["template"]["metadata"]["labels"].items() >= {
+        "app.kubernetes.io/name": "kvtier"}.items(), "no kvtier Service selects the plugin"
+    csi_volumes = {v["name"]: v for v in csi["volumes"]}
+    plugin = next(p for p in csi["containers"] if "spiffe-csi-driver" in p["image"])
+    assert "csi" in plugin["name"] and plugin["securityContext"]["privileged"] is True
+    flags = _flags(plugin["args"])
+    assert flags["plugin-name"] == name
+    served = next(m for m in plugin["volumeMounts"] if m["mountPath"] == flags["workload-api-socket-dir"])
+    assert csi_volumes[served["name"]]["hostPath"]["path"] == host["path"], "it serves kvtier's socket directory"
+    assert any(m["mountPath"] == "/var/lib/kubelet/pods" and m["mountPropagation"] == "Bidirectional"
+               for m in plugin["volumeMounts"])
+    plugin_env = {e["name"]: e for e in plugin["env"]}
+    assert plugin_env["MY_NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+    registrar = next(p for p in csi["containers"] if "csi-node-driver-registrar" in p["image"])
+    rflags = _flags(registrar["args"])
+    assert rflags["csi-address"] == flags["csi-socket-path"]
+    socket_dir = {m["mountPath"]: m["name"] for m in plugin["volumeMounts"]}[str(Path(flags["csi-socket-path"]).parent)]
+    assert rflags["kubelet-registration-path"] == f"{csi_volumes[socket_dir]['hostPath']['path']}/csi.sock"
+    assert rflags["kubelet-registration-path"] == f"/var/lib/kubelet/plugins/{name}/csi.sock"
     # The header's example engine: a valid Deployment on the same nodes,
-    # mounting the same host directory at the same path, in the socket's
-    # group, its connector given the socket's URL.
+    # mounting the CSI volume where the socket is, in the socket's group.
     example = tmp_path / "engine.yaml"
     example.write_text(_header_example(text))
     r = subprocess.run([_tool("kubernetes-validate"), "--strict", "--quiet", "--no-warn", str(example)],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr
-    engine = yaml.safe_load(example.read_text())["spec"]["template"]["spec"]
-    assert spec["nodeSelector"].items() <= engine["nodeSelector"].items(), "engines land where kvtier runs"
-    assert gid in engine["securityContext"]["supplementalGroups"]
-    engine_mounts = {m["name"]: m["mountPath"] for m in engine["containers"][0]["volumeMounts"]}
-    shared = [v["name"] for v in engine["volumes"] if v.get("hostPath", {}).get("path") == host["path"]]
-    assert shared and engine_mounts[shared[0]] == str(sock.parent)
-    assert any(f'"url":"{url}"' in a for a in engine["containers"][0]["args"])
+    engine_spec = yaml.safe_load(example.read_text())["spec"]["template"]["spec"]
+    engine = engine_spec["containers"][0]
+    assert spec["nodeSelector"].items() <= engine_spec["nodeSelector"].items(), "engines land where kvtier runs"
+    sock_parent = _check_socket(effective, sc, engine_spec, engine, text)
+    engine_volumes = {v["name"]: v for v in engine_spec["volumes"]}
+    mount = next(m for m in engine["volumeMounts"] if m["mountPath"] == str(sock_parent))
+    assert engine_volumes[mount["name"]].get("csi") == {"driver": name, "readOnly": True}, "SPIFFE's driver wants readOnly"
+    assert not any("hostPath" in v for v in engine_volumes.values()), "the engine needs no hostPath"
+    header = text.split("\napiVersion:", 1)[0]
+    assert f"hostPath: {{path: {host['path']}" in _EXAMPLE.sub("", header), "the weaker choice is documented"
+    assert "LimitMEMLOCK" in header and "memlock" in header, "the memlock limit of GPU engines is documented"
 
 
 def test_kubernetes_node_daemonset_hangs_together(kvtier_bin, tmp_path):
     _check_node_manifest((DEPLOY / "kubernetes" / "kvtier-node.yaml").read_text(), kvtier_bin, tmp_path)
+
+
+def test_kubernetes_node_daemonset_refuses_the_old_privileges(kvtier_bin, tmp_path):
+    """The node check fails on what the process_vm path needed: hostPID, SYS_PTRACE, UID 0."""
+    text = (DEPLOY / "kubernetes" / "kvtier-node.yaml").read_text()
+    pod_level = "      automountServiceAccountToken: false\n      securityContext:\n        # The image"
+    caps = "          capabilities:\n              drop: [ALL]\n          volumeMounts:\n            - {name: config"
+    uid = "        runAsNonRoot: true\n        runAsUser: 10001\n"
+    for old, new, why in (
+            (pod_level, pod_level.replace("false\n", "false\n      hostPID: true\n"), "hostPID"),
+            (caps, caps.replace("[ALL]\n", "[ALL]\n              add: [SYS_PTRACE]\n"), "SYS_PTRACE"),
+            (uid, "        runAsNonRoot: false\n        runAsUser: 0\n", "non-root")):
+        assert text.count(old) == 1, old
+        with pytest.raises(AssertionError, match=why):
+            _check_node_manifest(text.replace(old, new), kvtier_bin, tmp_path)
+
+
+def test_kubernetes_sidecar_hangs_together(kvtier_bin, tmp_path):
+    """kvtier-sidecar.yaml: kvtier as a native sidecar of an engine pod, the
+    socket in an emptyDir both mount, the disk tier on bounded ephemeral
+    storage, the pods one cluster over the object store; no host access."""
+    text = (DEPLOY / "kubernetes" / "kvtier-sidecar.yaml").read_text()
+    docs = _manifests("kvtier-sidecar.yaml", text)
+    deploy = next(d for (k, _), d in docs.items() if k == "Deployment")
+    pod = deploy["spec"]["template"]
+    spec, labels = pod["spec"], pod["metadata"]["labels"]
+    assert deploy["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    for f in ("kvtier.yaml", "kvtier-cluster.yaml", "kvtier-node.yaml"):
+        for (kind, _), d in _manifests(f).items():
+            if kind == "Service":
+                assert not d["spec"]["selector"].items() <= labels.items(), f"{f} selects the engine pods"
+    others = [t["spec"]["template"]["metadata"]["labels"] for f in ("kvtier.yaml", "kvtier-cluster.yaml",
+              "kvtier-node.yaml") for (k, _), t in _manifests(f).items() if k in ("StatefulSet", "DaemonSet")]
+    for svc in (d for (k, _), d in docs.items() if k == "Service"):
+        assert svc["spec"]["selector"].items() <= labels.items()
+        assert not any(svc["spec"]["selector"].items() <= o.items() for o in others), "selects kvtier pods"
+    c = next(c for c in spec["initContainers"] if c["name"] == "kvtier")
+    assert c["restartPolicy"] == "Always", "a native sidecar"
+    assert "startupProbe" in c, "the engine starts once kvtier listens"
+    sc = _assert_unprivileged(spec, c)
+    effective = _check_kvtier_container(docs, pod, c, tmp_path, kvtier_bin, "vllm-kvtier")
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    assert not any("hostPath" in v for v in volumes.values()), "no host access"
+    mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
+    engine = spec["containers"][0]
+    sock_dir = _check_socket(effective, sc, spec, engine, text)
+    shared = mounts[str(sock_dir)]
+    assert "emptyDir" in volumes[shared], "the socket's directory is the pod's"
+    assert any(m["name"] == shared for m in engine["volumeMounts"])
+    esc = _security(spec, engine)
+    assert esc["runAsUser"] != sc["runAsUser"], "the engine is not kvtier's user"
+    data = Path(effective["disk"]["dir"])
+    disk = next(n for m, n in mounts.items() if data.is_relative_to(m))
+    assert not any(m["name"] == disk for m in engine["volumeMounts"]), "the disk tier is kvtier's alone"
+    limit = volumes[disk]["emptyDir"]["sizeLimit"]
+    assert _size(effective["disk"]["capacity"]) < _size(limit), "the kubelet evicts the pod past its sizeLimit"
+    assert _size(c["resources"]["requests"]["ephemeral-storage"]) >= _size(limit)
+    _check_documented_secrets(text, c, engine)
+    assert "LimitMEMLOCK" in text.split("\napiVersion:", 1)[0], "the memlock limit of GPU engines is documented"
 
 
 def test_systemd_unit_verifies(kvtier_bin, tmp_path):

@@ -23,10 +23,6 @@ use tonic::codec::{Codec, DecodeBuf, Decoder};
 /// Most keys (blocks, hashes) one request may name.
 pub const MAX_KEYS_PER_REQUEST: usize = 65_536;
 
-/// Most memory regions one same-host read may name: every block of a full
-/// request split over 16 parts (a layer each, say).
-pub const MAX_REGIONS_PER_REQUEST: usize = MAX_KEYS_PER_REQUEST * 16;
-
 /// Most tokens one Lookup may carry: [`MAX_KEYS_PER_REQUEST`] blocks of the
 /// seed service's 128 tokens. Longer prompts are looked up by keys (the
 /// clients hash tokens themselves) or in parts.
@@ -67,16 +63,7 @@ const WIRE_WRITE: &[(u32, Rule)] = &[
     (1, Rule::Nested(WRITE_V1)),
     (2, Rule::Varints("payload_lengths", MAX_KEYS_PER_REQUEST)),
 ];
-const WIRE_READ_INTO: &[(u32, Rule)] = &[
-    (1, Rule::Nested(WIRE_READ)),
-    (2, Rule::Count("dest", MAX_KEYS_PER_REQUEST)),
-    (3, Rule::Count("parts", MAX_REGIONS_PER_REQUEST)),
-    (4, Rule::Varints("part_counts", MAX_KEYS_PER_REQUEST)),
-];
-const WIRE_WRITE_FROM: &[(u32, Rule)] = &[
-    (1, Rule::Nested(WIRE_WRITE)),
-    (2, Rule::Varints("source", MAX_KEYS_PER_REQUEST)),
-];
+const WIRE_RELEASE: &[(u32, Rule)] = &[(1, Rule::Varints("leases", MAX_KEYS_PER_REQUEST))];
 
 /// The rules for message type `T`, if it has any.
 fn rules<T: 'static>() -> Option<&'static [(u32, Rule)]> {
@@ -92,8 +79,7 @@ fn rules<T: 'static>() -> Option<&'static [(u32, Rule)]> {
         (TypeId::of::<kvstore::PromptChunk>(), CHUNK_KVSTORE),
         (TypeId::of::<v1::WireReadRequest>(), WIRE_READ),
         (TypeId::of::<v1::WireWriteRequest>(), WIRE_WRITE),
-        (TypeId::of::<v1::WireReadIntoRequest>(), WIRE_READ_INTO),
-        (TypeId::of::<v1::WireWriteFromRequest>(), WIRE_WRITE_FROM),
+        (TypeId::of::<v1::WireRelease>(), WIRE_RELEASE),
     ]
     .into_iter()
     .find_map(|(id, r)| (id == t).then_some(r))

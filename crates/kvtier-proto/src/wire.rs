@@ -26,21 +26,28 @@ pub enum Kind {
     Write = 2,
     /// Client → server: `WireHello` (authentication, first on a connection).
     Hello = 3,
-    /// Client → server, same-host front only: `WireReadIntoRequest` (blocks
-    /// copied into the client's memory, docs/local.md).
-    ReadInto = 4,
-    /// Client → server, same-host front only: `WireWriteFromRequest`
-    /// (payloads copied out of the client's memory).
-    WriteFrom = 5,
+    /// Client → server, same-host front only: `WireReadRequest`, answered
+    /// with where each block is in shared memory (docs/local.md).
+    MapRead = 6,
+    /// Client → server, same-host front only: `WireRelease`.
+    Release = 7,
+    /// Client → server, same-host front only: `WireLend`.
+    Lend = 8,
+    /// Client → server, same-host front only: `WireWriteRequest` whose
+    /// payloads are in the connection's lent segment.
+    WriteLent = 9,
     /// Server → client: `WireReadReply` + payloads.
     ReadReply = 0x81,
     /// Server → client: `WriteResponse`.
     WriteReply = 0x82,
     /// Server → client: the Hello was accepted (empty metadata).
     HelloReply = 0x83,
-    /// Server → client: `WireReadReply` of a ReadInto (no data: the
-    /// payloads are already in the client's memory).
-    ReadIntoReply = 0x84,
+    /// Server → client: `WireMapReadReply` (+ the inline payloads, if any).
+    MapReadReply = 0x86,
+    /// Server → client: the leases were released (empty metadata).
+    ReleaseReply = 0x87,
+    /// Server → client: `WireLent`.
+    LendReply = 0x88,
     /// Server → client: `WireError`.
     Error = 0xff,
 }
@@ -52,12 +59,16 @@ impl Kind {
             1 => Kind::Read,
             2 => Kind::Write,
             3 => Kind::Hello,
-            4 => Kind::ReadInto,
-            5 => Kind::WriteFrom,
+            6 => Kind::MapRead,
+            7 => Kind::Release,
+            8 => Kind::Lend,
+            9 => Kind::WriteLent,
             0x81 => Kind::ReadReply,
             0x82 => Kind::WriteReply,
             0x83 => Kind::HelloReply,
-            0x84 => Kind::ReadIntoReply,
+            0x86 => Kind::MapReadReply,
+            0x87 => Kind::ReleaseReply,
+            0x88 => Kind::LendReply,
             0xff => Kind::Error,
             _ => return None,
         })
@@ -263,7 +274,7 @@ mod tests {
         bad[0] = b'X';
         assert!(Header::decode(&bad).unwrap_err().contains("magic"));
         let mut bad = h.encode();
-        bad[4] = 9;
+        bad[4] = 0x40;
         assert!(Header::decode(&bad).unwrap_err().contains("kind"));
         let parts = split_payloads(Bytes::from_static(b"abcdef"), &[2, 0, 4]).unwrap();
         assert_eq!(

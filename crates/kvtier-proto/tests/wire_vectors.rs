@@ -101,8 +101,14 @@ impl Meta {
             Kind::Read => Meta::Read(WireReadRequest::decode(raw).unwrap()),
             Kind::ReadReply => Meta::ReadReply(WireReadReply::decode(raw).unwrap()),
             Kind::Error => Meta::Error(WireError::decode(raw).unwrap()),
-            // The same-host kinds carry addresses, not bytes: no vectors.
-            Kind::ReadInto | Kind::WriteFrom | Kind::ReadIntoReply => {
+            // The same-host kinds come with descriptors: no vectors.
+            Kind::MapRead
+            | Kind::Release
+            | Kind::Lend
+            | Kind::WriteLent
+            | Kind::MapReadReply
+            | Kind::ReleaseReply
+            | Kind::LendReply => {
                 panic!("wire.json has no {kind:?} frame")
             }
         }
@@ -264,9 +270,13 @@ fn kind_name(kind: Kind) -> &'static str {
         Kind::WriteReply => "WriteReply",
         Kind::HelloReply => "HelloReply",
         Kind::Error => "Error",
-        Kind::ReadInto => "ReadInto",
-        Kind::WriteFrom => "WriteFrom",
-        Kind::ReadIntoReply => "ReadIntoReply",
+        Kind::MapRead => "MapRead",
+        Kind::Release => "Release",
+        Kind::Lend => "Lend",
+        Kind::WriteLent => "WriteLent",
+        Kind::MapReadReply => "MapReadReply",
+        Kind::ReleaseReply => "ReleaseReply",
+        Kind::LendReply => "LendReply",
     }
 }
 

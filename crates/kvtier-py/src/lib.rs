@@ -1,8 +1,9 @@
 //! `kvtier._native`: the Rust client core (`kvtier-client`) as a Python
 //! extension module, so Python moves KV bytes with the same code as Rust:
 //! the data plane's framing, striping, size continuation and write
-//! splitting, and the same-host socket where the server copies blocks
-//! straight into the caller's buffers (docs/local.md).
+//! splitting, and the same-host socket's shared memory, from which blocks
+//! are copied straight into the caller's buffers or left in place for a
+//! GPU to read (docs/local.md).
 //!
 //! `kvtier.Client` (python/kvtier/client.py) uses it for Read and Write;
 //! lookups, leases and the rest stay on its gRPC stubs. Every I/O call
@@ -10,13 +11,15 @@
 //! never copied into Python objects (`buffers`). Fork-safe: a child process
 //! gets its own runtime and connections (`runtime`, [`DataPlane`]).
 //!
-//! Layout: `lib.rs` the module and the `DataPlane` class; `buffers.rs`
+//! Layout: `lib.rs` the module and the `DataPlane` class; `mapped.rs` a
+//! read left in shared memory; `buffers.rs`
 //! Python buffers as byte slices (the crate's only unsafe code);
 //! `runtime.rs` the per-process Tokio runtime; `convert.rs` results and
 //! errors as Python values.
 
 mod buffers;
 mod convert;
+mod mapped;
 mod runtime;
 
 use buffers::Held;
@@ -208,8 +211,28 @@ impl DataPlane {
         self.settings.target.to_string()
     }
 
-    /// Whether payloads move by memory (the same-host socket, and the server
-    /// can copy into this process).
+    /// Reads `keys` in order and leaves the blocks in kvtier's shared
+    /// memory (the same-host socket only): a `MappedRead` whose `regions` a
+    /// GPU engine DMAs from, valid until its `release()`.
+    #[pyo3(signature = (namespace, keys, lease_id=0, timeout=10.0))]
+    fn map_read(
+        &self,
+        py: Python<'_>,
+        namespace: &str,
+        keys: Vec<Vec<u8>>,
+        lease_id: u64,
+        timeout: f64,
+    ) -> PyResult<mapped::MappedRead> {
+        let keys = keys_of(keys)?;
+        let deadline = Instant::now() + seconds(timeout, "timeout")?;
+        let m = self.run(py, async |w| {
+            w.map_read(namespace, &keys, lease_id, deadline).await
+        })?;
+        Ok(mapped::MappedRead::new(m))
+    }
+
+    /// Whether payloads move through shared memory (the same-host socket,
+    /// and the server can share memory with this process).
     #[getter]
     fn copies_by_memory(&self, py: Python<'_>) -> PyResult<bool> {
         Ok(self.pool(py)?.copies_by_memory())
@@ -359,6 +382,7 @@ impl DataPlane {
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<DataPlane>()?;
+    m.add_class::<mapped::MappedRead>()?;
     m.add("NativeError", m.py().get_type::<NativeError>())?;
     m.add("MAX_STRIPES", kvtier_client::wire::MAX_STRIPES)?;
     m.add("STRIPE_MIN_BLOCKS", kvtier_client::wire::STRIPE_MIN_BLOCKS)?;

@@ -43,12 +43,12 @@ pub mod messages;
 pub mod metrics;
 pub mod numa;
 pub mod object;
-pub mod peer;
 pub mod read;
 pub mod refusal;
 pub mod rx_stamp;
 pub mod same_host;
 mod share_metrics;
+pub mod shm;
 pub mod state;
 pub mod status;
 pub mod timing;
@@ -389,12 +389,14 @@ impl Fronts<'_> {
             router,
             shared,
             self.cfg.server.max_message_size.bytes(),
+            shm::Shm::new(spec.shared_memory),
             self.stop_rx.clone(),
         ));
         tracing::info!(
             path = %spec.path.display(),
             mode = format!("{:o}", spec.mode),
-            "same-host socket listening (gRPC + data plane; payloads copied by memory, docs/local.md)"
+            shared_memory = spec.shared_memory,
+            "same-host socket listening (gRPC + data plane; payloads through shared memory, docs/local.md)"
         );
         Ok(Some(spec.path))
     }

@@ -48,20 +48,23 @@ pub trait FrameStream: AsyncRead + AsyncWrite + Unpin + Send {
         async move { self.read_exact(raw).await.map(|_| None) }
     }
 
-    /// The process at the other end, pinned at accept, when it is on this
-    /// host (the same-host front): payloads may then be copied straight
-    /// between its memory and the store's (docs/local.md); or why they may
-    /// not. `None` off the same-host socket.
-    fn peer(&self) -> Option<Result<std::sync::Arc<crate::peer::Peer>, crate::peer::Refused>> {
+    /// The same-host front's shared memory, on that front only
+    /// (docs/local.md): MapRead, Release, Lend and WriteLent are served
+    /// where it is `Some`.
+    fn shm(&self) -> Option<std::sync::Arc<crate::shm::Shm>> {
         None
     }
 
-    /// A second descriptor of the connection, for work that writes into
-    /// the peer's memory: the connection closes only once both are dropped,
-    /// so the peer, waiting for the close, knows that work has ended
-    /// (docs/local.md, "Cancelled reads").
-    fn held_open(&self) -> Option<std::os::fd::OwnedFd> {
-        None
+    /// Sends as much of `bytes` as the socket takes now or after waiting
+    /// for room, with `fds` attached to the first byte (`SCM_RIGHTS`).
+    /// Only the same-host socket can.
+    fn send_fds<'a>(
+        &'a mut self,
+        bytes: &'a [u8],
+        fds: &'a [std::os::fd::BorrowedFd<'a>],
+    ) -> impl Future<Output = io::Result<usize>> + Send + 'a {
+        let _ = (bytes, fds);
+        async { Err(io::ErrorKind::Unsupported.into()) }
     }
 }
 

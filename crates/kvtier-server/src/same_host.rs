@@ -1,7 +1,7 @@
 //! The same-host front (docs/local.md): one Unix socket that serves both
 //! gRPC and the data plane to engines on this machine, where Read and Write
-//! payloads can move by memory (ReadInto/WriteFrom, `wire::memory_copy`)
-//! instead of through the socket.
+//! payloads move through shared memory (`crate::shm`, the data plane's
+//! `wire::shared_memory`) instead of through the socket.
 //!
 //! Each connection says what it is by its first bytes: a data-plane frame
 //! starts with the magic `KVW1`, anything else is handed to the gRPC server
@@ -22,23 +22,34 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::{mpsc, watch};
 
-use crate::peer;
-
 /// A data-plane connection on the same-host socket: the stream and the
 /// process at its other end, pinned at accept (or why it could not be).
 pub struct SameHostConn {
     sock: UnixStream,
-    peer: Result<std::sync::Arc<peer::Peer>, peer::Refused>,
+    shm: std::sync::Arc<crate::shm::Shm>,
 }
 
 impl FrameStream for SameHostConn {
-    fn peer(&self) -> Option<Result<std::sync::Arc<peer::Peer>, peer::Refused>> {
-        Some(self.peer.clone())
+    fn shm(&self) -> Option<std::sync::Arc<crate::shm::Shm>> {
+        Some(self.shm.clone())
     }
 
-    fn held_open(&self) -> Option<std::os::fd::OwnedFd> {
+    async fn send_fds(
+        &mut self,
+        bytes: &[u8],
+        fds: &[std::os::fd::BorrowedFd<'_>],
+    ) -> std::io::Result<usize> {
         use std::os::fd::AsFd;
-        self.sock.as_fd().try_clone_to_owned().ok()
+        loop {
+            self.sock.writable().await?;
+            let sent = self.sock.try_io(tokio::io::Interest::WRITABLE, || {
+                kvtier_shm::fdpass::send(self.sock.as_fd(), &[std::io::IoSlice::new(bytes)], fds)
+            });
+            match sent {
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+                r => return r,
+            }
+        }
     }
 }
 
@@ -158,6 +169,7 @@ pub async fn serve(
     router: GrpcRouter,
     shared: Shared,
     max_frame: u64,
+    shm: std::sync::Arc<crate::shm::Shm>,
     stop: watch::Receiver<bool>,
 ) -> anyhow::Result<()> {
     let (grpc_tx, grpc_rx) = mpsc::channel::<std::io::Result<UnixStream>>(64);
@@ -186,15 +198,12 @@ pub async fn serve(
                     }
                 };
                 let (shared, stop, grpc_tx) = (shared.clone(), stop.clone(), grpc_tx.clone());
+                let shm = shm.clone();
                 tokio::spawn(async move {
                     let wait = shared.limits.read_timeout;
                     match tokio::time::timeout(wait, is_data_plane(&sock)).await {
                         Ok(Ok(true)) => {
-                            let peer = peer::Peer::pin(&sock).map(std::sync::Arc::new);
-                            if let Err(why) = &peer {
-                                tracing::info!(reason = %why, "same-host socket: no memory copies for this connection");
-                            }
-                            let conn = SameHostConn { sock, peer };
+                            let conn = SameHostConn { sock, shm: shm.clone() };
                             if let Err(e) = crate::wire::connection(conn, shared, max_frame, stop, slot).await {
                                 tracing::debug!(error = %e, "same-host data-plane connection closed");
                             }

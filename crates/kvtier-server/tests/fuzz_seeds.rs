@@ -100,14 +100,6 @@ fn data_plane() -> Vec<(&'static str, Vec<u8>)> {
         &[],
     );
     let session = [hello.clone(), write.clone(), read.clone()].concat();
-    let read_into = v1::WireReadIntoRequest {
-        read: Some(v1::WireReadRequest::decode(&wire_read("fuzz", &[b"k1"])[..]).unwrap()),
-        dest: vec![v1::Region {
-            addr: 4096,
-            len: 128,
-        }],
-        ..Default::default()
-    };
     let mut oversized = frame(Kind::Write, 5, &wmeta, &[]);
     oversized[20..24].copy_from_slice(&u32::MAX.to_le_bytes());
     vec![
@@ -116,8 +108,8 @@ fn data_plane() -> Vec<(&'static str, Vec<u8>)> {
         ("read-miss", read),
         ("hello-write-read", session),
         (
-            "read-into",
-            frame(Kind::ReadInto, 4, &read_into.encode_to_vec(), &[]),
+            "map-read",
+            frame(Kind::MapRead, 4, &wire_read("fuzz", &[b"k1"]), &[]),
         ),
         ("write-truncated", write[..write.len() - 7].to_vec()),
         ("write-oversized", oversized),
@@ -326,9 +318,9 @@ fn seeds_reach_their_paths() {
         [HelloReply, WriteReply, ReadReply]
     );
     assert_eq!(
-        kinds("read-into"),
+        kinds("map-read"),
         [Error],
-        "ReadInto is for the same-host front only"
+        "MapRead is for the same-host front only"
     );
     assert_eq!(kinds("write-oversized"), [Error]);
     assert!(kinds("write-truncated").is_empty());

@@ -1,8 +1,10 @@
 //! The same-host socket (docs/local.md): gRPC and the data plane on one Unix
-//! socket, payloads copied by memory straight into and out of the caller's
-//! buffers; clients given the TCP address upgrade to it; tokens apply; the
-//! socket file is owner-only; bad regions and small buffers get clear
-//! errors; readers racing deletes and re-writes never see torn bytes.
+//! socket, payloads through shared memory the server creates, copied by the
+//! client straight into and out of the caller's buffers; clients given the
+//! TCP address upgrade to it; tokens apply; the socket file is owner-only;
+//! small buffers and bad saves get clear errors; readers racing deletes and
+//! re-writes never see torn bytes. The attacks on the shared memory itself
+//! are in `shared_memory.rs`.
 mod common;
 
 use bytes::Bytes;
@@ -70,7 +72,7 @@ async fn blocks_move_by_memory_into_the_callers_buffers() {
     let w = c.data_plane().expect("data plane");
     assert_eq!(w.addr(), &Target::Unix(path.clone().into()));
     assert!(w.copies_by_memory());
-    // 16 blocks of 4 MiB: striped over the pool, each copied by the server.
+    // 16 blocks of 4 MiB: striped over the pool, through shared memory.
     let blocks: Vec<WriteBlock> = (0..16).map(|i| blk(i, payload(i, 4 * MIB))).collect();
     let r = c.write("m", &blocks).await.unwrap();
     assert_eq!(r.stored, 16);
@@ -147,7 +149,7 @@ async fn a_socket_at_the_advertised_path_of_another_server_is_not_used() {
 }
 
 #[tokio::test]
-async fn bad_regions_and_small_buffers_get_clear_errors() {
+async fn small_buffers_and_bad_saves_get_clear_errors() {
     let dir = tempfile::tempdir().unwrap();
     let (_server, path) = server(&dir).await;
     let c = unix_client(&path, None).await;
@@ -158,34 +160,30 @@ async fn bad_regions_and_small_buffers_get_clear_errors() {
         .await
         .unwrap_err();
     assert_eq!(e.code(), Some(Code::InvalidArgument), "{e}");
-    assert!(e.to_string().contains("its destination holds"), "{e}");
-    // A WriteFrom naming memory this process does not have is refused and
+    assert!(e.to_string().contains("fewer bytes than its block"), "{e}");
+    // A WriteLent on a connection that was lent nothing is refused and
     // nothing is stored; the connection stays usable.
     use kvtier_proto::v1 as pb;
     use kvtier_proto::wire::{HEADER_LEN, Header, Kind};
     use prost::Message;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let p = payload(2, 4096);
-    let b = pb::Block {
-        key: key(2).bytes(),
-        token_count: 128,
-        crc32c: crc32c::crc32c(&p),
-        ..Default::default()
-    };
-    let req = pb::WireWriteFromRequest {
-        write: Some(pb::WireWriteRequest {
-            request: Some(pb::WriteRequest {
-                namespace: "e".into(),
-                blocks: vec![b],
-            }),
-            payload_lengths: vec![4096],
-            timeout_ms: 0,
+    let req = pb::WireWriteRequest {
+        request: Some(pb::WriteRequest {
+            namespace: "e".into(),
+            blocks: vec![pb::Block {
+                key: key(2).bytes(),
+                token_count: 128,
+                crc32c: crc32c::crc32c(&p),
+                ..Default::default()
+            }],
         }),
-        source: vec![8],
+        payload_lengths: vec![4096],
+        timeout_ms: 0,
     };
     let mut sock = tokio::net::UnixStream::connect(&path).await.unwrap();
     for _ in 0..2 {
-        let f = common::frame(Kind::WriteFrom, 9, &req.encode_to_vec(), &[]);
+        let f = common::frame(Kind::WriteLent, 9, &req.encode_to_vec(), &[]);
         sock.write_all(&f).await.unwrap();
         let mut raw = [0u8; HEADER_LEN];
         sock.read_exact(&mut raw).await.unwrap();
@@ -194,8 +192,8 @@ async fn bad_regions_and_small_buffers_get_clear_errors() {
         let mut meta = vec![0u8; h.meta_len as usize];
         sock.read_exact(&mut meta).await.unwrap();
         let e = pb::WireError::decode(&meta[..]).unwrap();
-        assert_eq!(e.code, Code::InvalidArgument as i32, "{}", e.message);
-        assert!(e.message.contains("not readable memory"), "{}", e.message);
+        assert_eq!(e.code, Code::FailedPrecondition as i32, "{}", e.message);
+        assert!(e.message.contains("WriteLent before Lend"), "{}", e.message);
     }
     assert_eq!(c.lookup("e", &[key(2)], None).await.unwrap().found, 0);
 }
@@ -314,8 +312,9 @@ async fn readers_racing_deletes_and_rewrites_never_see_torn_bytes() {
     assert!(seen > 0, "some reads found the block");
 }
 
-/// Only the server's "cannot copy into this process" reason turns copies
-/// off: a refusal of the request itself (an unknown lease) leaves them on.
+/// Only the server's "cannot share memory with this process" reason turns
+/// shared memory off: a refusal of the request itself (an unknown lease)
+/// leaves it on.
 #[tokio::test]
 async fn a_refused_lease_leaves_copies_on() {
     let dir = tempfile::tempdir().unwrap();

@@ -56,8 +56,19 @@ pub enum Conn {
     Plain(TcpStream),
     /// TLS over TCP.
     Tls(Box<tokio_rustls::client::TlsStream<TcpStream>>),
-    /// The same-host Unix socket.
-    Unix(UnixStream),
+    /// The same-host Unix socket, and the shared memory it brought.
+    Unix(Box<UnixConn>),
+}
+
+/// A same-host connection and the segments the server sent on it (the
+/// server sends each segment's descriptor once per connection, so the
+/// mappings live as long as the connection; docs/local.md).
+pub struct UnixConn {
+    pub(super) sock: UnixStream,
+    /// Read-only mappings of the tier's segments, by id.
+    pub(super) maps: std::collections::HashMap<u64, kvtier_shm::Mapping>,
+    /// The segment lent to this connection for saves: its id and mapping.
+    pub(super) lent: Option<(u64, kvtier_shm::Mapping)>,
 }
 
 impl Conn {
@@ -70,7 +81,7 @@ impl Conn {
         let fd = match &self {
             Conn::Plain(s) => s.as_raw_fd(),
             Conn::Tls(s) => s.get_ref().0.as_raw_fd(),
-            Conn::Unix(s) => s.as_raw_fd(),
+            Conn::Unix(s) => s.sock.as_raw_fd(),
         };
         let _ = nix::unistd::close(fd);
         std::mem::forget(self);
@@ -95,7 +106,7 @@ impl AsyncRead for Conn {
         match self.get_mut() {
             Conn::Plain(s) => Pin::new(s).poll_read(cx, buf),
             Conn::Tls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
-            Conn::Unix(s) => Pin::new(s).poll_read(cx, buf),
+            Conn::Unix(s) => Pin::new(&mut s.sock).poll_read(cx, buf),
         }
     }
 }
@@ -109,7 +120,7 @@ impl AsyncWrite for Conn {
         match self.get_mut() {
             Conn::Plain(s) => Pin::new(s).poll_write(cx, buf),
             Conn::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
-            Conn::Unix(s) => Pin::new(s).poll_write(cx, buf),
+            Conn::Unix(s) => Pin::new(&mut s.sock).poll_write(cx, buf),
         }
     }
     fn poll_write_vectored(
@@ -120,28 +131,28 @@ impl AsyncWrite for Conn {
         match self.get_mut() {
             Conn::Plain(s) => Pin::new(s).poll_write_vectored(cx, bufs),
             Conn::Tls(s) => Pin::new(s.as_mut()).poll_write_vectored(cx, bufs),
-            Conn::Unix(s) => Pin::new(s).poll_write_vectored(cx, bufs),
+            Conn::Unix(s) => Pin::new(&mut s.sock).poll_write_vectored(cx, bufs),
         }
     }
     fn is_write_vectored(&self) -> bool {
         match self {
             Conn::Plain(s) => s.is_write_vectored(),
             Conn::Tls(s) => s.is_write_vectored(),
-            Conn::Unix(s) => s.is_write_vectored(),
+            Conn::Unix(s) => s.sock.is_write_vectored(),
         }
     }
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
         match self.get_mut() {
             Conn::Plain(s) => Pin::new(s).poll_flush(cx),
             Conn::Tls(s) => Pin::new(s.as_mut()).poll_flush(cx),
-            Conn::Unix(s) => Pin::new(s).poll_flush(cx),
+            Conn::Unix(s) => Pin::new(&mut s.sock).poll_flush(cx),
         }
     }
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
         match self.get_mut() {
             Conn::Plain(s) => Pin::new(s).poll_shutdown(cx),
             Conn::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
-            Conn::Unix(s) => Pin::new(s).poll_shutdown(cx),
+            Conn::Unix(s) => Pin::new(&mut s.sock).poll_shutdown(cx),
         }
     }
 }
@@ -182,7 +193,11 @@ pub(super) async fn dial(
             // Whoever listens must be the server we mean before it gets the
             // Hello and its token (crate::listener).
             crate::listener::check(&s, &p.to_string_lossy(), server_uid)?;
-            Conn::Unix(s)
+            Conn::Unix(Box::new(UnixConn {
+                sock: s,
+                maps: Default::default(),
+                lent: None,
+            }))
         }
     };
     hello(s, addr, token).await

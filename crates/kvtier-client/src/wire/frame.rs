@@ -111,7 +111,7 @@ pub(super) async fn exchange<S: AsyncRead + AsyncWrite + Unpin>(
     // Into uninitialised buffers: no memset of the payload before the socket fills it.
     let m = read_exact_bytes(sock, h.meta_len as usize).await?;
     let read_reply = match h.kind {
-        Kind::ReadReply | Kind::ReadIntoReply => Some(
+        Kind::ReadReply => Some(
             pb::WireReadReply::decode(m.clone())
                 .map_err(|e| invalid(format!("bad read reply: {e}")))?,
         ),
@@ -121,17 +121,6 @@ pub(super) async fn exchange<S: AsyncRead + AsyncWrite + Unpin>(
     let lengths = read_reply
         .as_ref()
         .map_or(&whole[..], |r| &r.payload_lengths);
-    if h.kind == Kind::ReadIntoReply {
-        // The payloads are in the caller's memory already.
-        check_lengths(&[], h.data_len.into()).map_err(invalid)?;
-        return Ok(Frame {
-            header: h,
-            meta: m,
-            read_reply,
-            payloads: Vec::new(),
-            filled: Vec::new(),
-        });
-    }
     check_lengths(lengths, h.data_len.into()).map_err(invalid)?;
     let (payloads, filled) = match sink {
         Sink::Into(dests) if h.kind == Kind::ReadReply => {

@@ -1,13 +1,10 @@
 //! Reads into the caller's own buffers and writes from them: on the
-//! same-host socket by memory (ReadInto/WriteFrom: the server copies straight
-//! between its store and this process's buffers, docs/local.md), elsewhere
-//! received from the socket straight into the buffers, each payload
-//! checksummed as it arrives. Writes larger than the server accepts in one
+//! same-host socket through shared memory (`super::local`, docs/local.md),
+//! elsewhere received from the socket straight into the buffers, each
+//! payload checksummed as it arrives. Writes larger than the server accepts in one
 //! request are split to fit (`Stats.max_message_size`).
 use super::frame::Sink;
-use super::{
-    Frame, SIZE, WireClient, add_timing, expect, server_timeout_ms, stripe_bounds, transport,
-};
+use super::{SIZE, WireClient, add_timing, expect, server_timeout_ms, stripe_bounds, transport};
 use crate::{ClientError, Result, WriteBlock, WriteResult};
 use bytes::Bytes;
 use kvtier_core::Key;
@@ -15,7 +12,7 @@ use kvtier_proto::v1 as pb;
 use kvtier_proto::wire::Kind;
 use prost::Message;
 use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 /// A block read into the caller's buffer.
 #[derive(Debug, Clone)]
@@ -47,23 +44,15 @@ pub struct ReadIntoResult {
     pub timing: pb::ServerTiming,
 }
 
-/// How long past its deadline a read by memory waits for the server's
-/// answer before giving up: the server starts no copy after the deadline it
-/// was sent (90 % of ours), so the answer normally comes well within it, and
-/// the caller's buffers are not handed back while a copy may still land.
-const COPY_GRACE: Duration = Duration::from_secs(2);
-
 impl WireClient {
     /// Reads `keys` in order into `dests` (block `i` into `dests[i]`, which
     /// must hold it), stopping at the first missing block; long reads are
-    /// striped as [`WireClient::read`]. On the same-host socket the server
-    /// copies the blocks into the buffers itself; elsewhere they are received
-    /// into them, each checksum verified.
+    /// striped as [`WireClient::read`]. On the same-host socket the blocks
+    /// are copied out of the server's shared memory by this process;
+    /// elsewhere they are received into them, each checksum verified.
     ///
-    /// Cancellation: the buffers are written only while they are borrowed.
-    /// Dropping the future before it finishes (a timeout around it) blocks
-    /// until the server has stopped copying into them, milliseconds (see
-    /// `wire::inflight`, docs/local.md "Cancelled reads").
+    /// Cancellation: the buffers are written only inside this call's polls,
+    /// so a dropped future leaves nothing landing in them later.
     pub async fn read_into_by(
         &self,
         ns: &str,
@@ -195,35 +184,8 @@ impl WireClient {
             max_reply_bytes: super::MAX_REPLY,
         };
         if self.copies_by_memory() {
-            let region = |d: &mut &mut [u8]| pb::Region {
-                addr: d.as_mut_ptr() as u64,
-                len: d.len() as u64,
-            };
-            let mut req = pb::WireReadIntoRequest {
-                read: Some(read.clone()),
-                ..Default::default()
-            };
-            if dests.iter().all(|d| d.len() == 1) {
-                req.dest = dests.iter_mut().map(|d| region(&mut d[0])).collect();
-            } else {
-                req.part_counts = dests.iter().map(|d| d.len() as u32).collect();
-                req.parts = dests
-                    .iter_mut()
-                    .flat_map(|d| d.iter_mut().map(region))
-                    .collect();
-            }
-            // Waited for past the deadline (see COPY_GRACE): the server may
-            // be copying into `dests` until it answers.
-            let f = self
-                .call(
-                    Kind::ReadInto,
-                    req.encode_to_vec(),
-                    &[],
-                    deadline + COPY_GRACE,
-                )
-                .await?;
-            match expect(f.header.kind, Kind::ReadIntoReply, &f.meta) {
-                Ok(()) => return self.filled(f, None),
+            match self.read_mapped(read.clone(), dests, deadline).await {
+                Ok(reply) => return self.filled_reply(reply, None),
                 Err(e) if self.no_copies(&e) => {}
                 Err(e) => return Err(e),
             }
@@ -238,20 +200,19 @@ impl WireClient {
             )
             .await?;
         expect(f.header.kind, Kind::ReadReply, &f.meta)?;
-        let filled = f.filled.clone();
-        self.filled(f, Some(filled))
+        let reply = f
+            .read_reply
+            .ok_or_else(|| transport("read reply", &self.addr))?;
+        self.filled_reply(reply, Some(f.filled))
     }
 
     /// The result of a reply whose payloads are in the caller's buffers;
     /// `received` (over the socket) carries each one's length and CRC32C.
-    fn filled(
+    pub(super) fn filled_reply(
         &self,
-        f: Frame,
+        reply: pb::WireReadReply,
         received: Option<Vec<std::result::Result<(usize, u32), usize>>>,
     ) -> Result<ReadIntoResult> {
-        let reply = f
-            .read_reply
-            .ok_or_else(|| transport("read reply", &self.addr))?;
         let mut out = ReadIntoResult {
             blocks: Vec::with_capacity(reply.blocks.len()),
             partial: false,
@@ -264,8 +225,9 @@ impl WireClient {
                     transport("read reply has fewer lengths than blocks", &self.addr)
                 })? as usize;
             let crc = match received.as_ref().map(|r| r.get(i).copied()) {
-                // By memory: the server verified the block when it was
-                // stored and copied it from its own memory (docs/local.md).
+                // Shared memory: the server verified the block when it
+                // was stored, and nobody but the server can write its
+                // segments (docs/local.md).
                 None => None,
                 Some(Some(Ok((_, crc)))) => Some(crc),
                 Some(Some(Err(j))) => {
@@ -309,11 +271,11 @@ impl WireClient {
         Ok(out)
     }
 
-    /// Whether `e` says the server cannot copy into this process (its
-    /// reason `no_memory_copy`, and nothing else: an expired lease or a
+    /// Whether `e` says the server cannot share memory with this process
+    /// (its reason `no_memory_copy`, and nothing else: an expired lease or a
     /// conflicting block is the request's problem, not the transport's);
-    /// if so, copies are off for this pool from now on (logged once, naming
-    /// the reason) and the caller falls back to the socket.
+    /// if so, shared memory is off for this pool from now on (logged once,
+    /// naming the reason) and the caller falls back to the socket.
     fn no_copies(&self, e: &ClientError) -> bool {
         if !is_no_memory_copy(e) {
             return false;
@@ -322,7 +284,7 @@ impl WireClient {
             tracing::warn!(
                 target = %self.addr,
                 error = %e,
-                "kvtier: the server cannot copy into this process (no_memory_copy); \
+                "kvtier: the server cannot share memory with this process (no_memory_copy); \
                  payloads go through the socket"
             );
         }
@@ -402,29 +364,18 @@ impl WireClient {
             payload_lengths: blocks.iter().map(|b| b.payload.len() as u64).collect(),
             timeout_ms: server_timeout_ms(deadline),
         };
-        let f = if self.copies_by_memory() {
-            let req = pb::WireWriteFromRequest {
-                source: blocks.iter().map(|b| b.payload.as_ptr() as u64).collect(),
-                write: Some(write.clone()),
-            };
-            let f = self
-                .call(Kind::WriteFrom, req.encode_to_vec(), &[], deadline)
-                .await?;
-            match expect(f.header.kind, Kind::WriteReply, &f.meta) {
-                Err(e) if self.no_copies(&e) => None,
-                _ => Some(f),
+        if self.copies_by_memory() {
+            match self.write_lent(write.clone(), blocks, deadline).await {
+                Ok(Some(r)) => return Ok(r),
+                Ok(None) => {} // no shared memory to lend now: through the socket
+                Err(e) if self.no_copies(&e) => {}
+                Err(e) => return Err(e),
             }
-        } else {
-            None
-        };
-        let f = match f {
-            Some(f) => f,
-            None => {
-                let data: Vec<Bytes> = blocks.iter().map(|b| b.payload.clone()).collect();
-                self.call(Kind::Write, write.encode_to_vec(), &data, deadline)
-                    .await?
-            }
-        };
+        }
+        let data: Vec<Bytes> = blocks.iter().map(|b| b.payload.clone()).collect();
+        let f = self
+            .call(Kind::Write, write.encode_to_vec(), &data, deadline)
+            .await?;
         expect(f.header.kind, Kind::WriteReply, &f.meta)?;
         let r = pb::WriteResponse::decode(f.meta).map_err(|e| transport(e, &self.addr))?;
         Ok(WriteResult {
@@ -469,7 +420,7 @@ mod tests {
                 }
                 .encode_to_vec(),
             );
-            expect(Kind::Error, Kind::ReadIntoReply, &meta).unwrap_err()
+            expect(Kind::Error, Kind::MapReadReply, &meta).unwrap_err()
         };
         assert!(is_no_memory_copy(&refused("no_memory_copy")));
         assert!(!is_no_memory_copy(&refused("")));

@@ -3,7 +3,8 @@
 //! flight per connection. `Client` uses it automatically when the server
 //! advertises a data-plane address (`Stats.data_listen`) or a same-host
 //! socket (`Stats.local_listen`, docs/local.md) and `ClientConfig::data_plane`
-//! is on. On the same-host socket payloads move by memory (`into`).
+//! is on. On the same-host socket payloads move through shared memory
+//! (`local`).
 use crate::{ClientError, ReadResult, Result, WriteBlock, WriteResult, to_read_block_checked};
 use bytes::Bytes;
 use kvtier_core::Key;
@@ -18,14 +19,15 @@ use tokio::sync::Semaphore;
 
 mod conn;
 mod frame;
-mod inflight;
 mod into;
+mod local;
+mod mapped;
 
 use conn::dial_by;
 pub use conn::{Conn, Target, WireTls};
 use frame::{Frame, Sink, exchange};
-use inflight::InFlight;
 pub use into::{FilledBlock, ReadIntoResult};
+pub use mapped::MappedRead;
 
 /// A pool of data-plane connections. Cheap to clone.
 #[derive(Clone)]
@@ -221,11 +223,9 @@ impl WireClient {
                 }
             };
             let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-            // Dropped unanswered, it waits for the server to stop copying into our buffers.
-            let mut sock = InFlight::new(conn, kind);
-            match exchange(&mut *sock, kind, id, meta, data, sink).await {
+            let mut sock = conn;
+            match exchange(&mut sock, kind, id, meta, data, sink).await {
                 Ok(f) => {
-                    let sock = sock.answered(); // any reply comes after the last copy
                     if reusable(&f) {
                         self.idle.lock().push(sock);
                     }

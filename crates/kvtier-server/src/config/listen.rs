@@ -12,6 +12,8 @@ pub struct SameHostSocket {
     pub mode: u32,
     /// Its owner and group, when set (`None`: the server's).
     pub owner: Option<(u32, Option<u32>)>,
+    /// Bytes of shared memory (segments and lent segments together).
+    pub shared_memory: u64,
 }
 
 impl Config {
@@ -86,6 +88,20 @@ impl Config {
             "server.local_listen {:?}: a Unix socket path must be under 108 bytes",
             s.local_listen
         );
-        Ok(Some(SameHostSocket { path, mode, owner }))
+        // Default: the memory tier and an eighth more, for slots still
+        // leased to clients after the tier let go of their blocks.
+        let shared_memory = match s.local_shared_memory.bytes() {
+            0 => {
+                let m = self.engine.memory_capacity.bytes();
+                m.saturating_add(m / 8)
+            }
+            n => n,
+        };
+        Ok(Some(SameHostSocket {
+            path,
+            mode,
+            owner,
+            shared_memory,
+        }))
     }
 }

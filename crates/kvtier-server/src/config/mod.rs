@@ -140,6 +140,10 @@ pub struct ServerSection {
     pub local_mode: String,
     /// The socket file's owner, "UID" or "UID:GID"; "" keeps the server's.
     pub local_owner: String,
+    /// Shared memory the same-host socket may create: every namespace's
+    /// segments and the segments lent for saves together; 0 (the default)
+    /// = the memory tier's capacity and an eighth more (docs/local.md).
+    pub local_shared_memory: ByteSize,
     /// TCP congestion control of data-plane connections (set on the listener,
     /// inherited by every accepted connection); "" keeps the system default.
     /// Default "" (the system default), so kvtier's sockets run what every
@@ -227,6 +231,7 @@ impl Default for ServerSection {
             local_listen: String::new(),
             local_mode: "0600".into(),
             local_owner: String::new(),
+            local_shared_memory: ByteSize(0),
             data_tcp_congestion: String::new(),
             concurrency_limit: crate::admission::Mode::Static,
             max_inflight: 1024,

@@ -143,6 +143,7 @@ async fn read_inner(
         data,
         hold: None,
         charge,
+        fds: Vec::new(),
     })
 }
 
@@ -224,5 +225,6 @@ async fn write_inner(
         data: Vec::new(),
         hold: None,
         charge: None,
+        fds: Vec::new(),
     })
 }

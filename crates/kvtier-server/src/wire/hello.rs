@@ -72,6 +72,7 @@ pub(super) async fn gate<S: FrameStream>(
                 data: Vec::new(),
                 hold: None,
                 charge: None,
+                fds: Vec::new(),
             };
             write_reply(sock, write_timeout, header.request_id, reply).await?;
             Ok(Some(p))

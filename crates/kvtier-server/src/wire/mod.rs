@@ -29,14 +29,13 @@ use kvtier_proto::wire::{
 use prost::Message;
 use std::time::{Duration, Instant};
 use taken::Taken;
-use tokio::io::{AsyncWrite, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 
 mod handlers;
 mod hello;
 mod linger;
-mod memory_copy;
-mod no_copy;
 mod reply;
+mod shared_memory;
 mod taken;
 use handlers::{read, write, write_rejected};
 use reply::{Reply, error_reply, status_reply};
@@ -153,6 +152,9 @@ async fn requests<S: FrameStream>(
     // ends the connection and gives the request's admission and its
     // payloads back (docs/security.md, "Threats and their guards").
     let idle = shared.limits.write_timeout;
+    // What this connection holds of the same-host front's shared memory
+    // (mappings announced, leases, its lent segment): dropped with it.
+    let mut shm = sock.shm().map(shared_memory::ShmConn::new);
     loop {
         let mut raw = [0u8; HEADER_LEN];
         let stamp = tokio::select! {
@@ -264,7 +266,7 @@ async fn requests<S: FrameStream>(
         // socket longer than the front's limit allows (docs/operations.md).
         if matches!(
             header.kind,
-            Kind::Read | Kind::Write | Kind::ReadInto | Kind::WriteFrom
+            Kind::Read | Kind::Write | Kind::MapRead | Kind::WriteLent
         ) && shared.admission.too_late(waited)
         {
             within(by, discard(&mut sock, header.data_len.into())).await?;
@@ -308,42 +310,23 @@ async fn requests<S: FrameStream>(
                     write_rejected(&shared, arrived, status)
                 }
             },
-            // Payloads copied by memory: only where the peer is a process on
-            // this host (the same-host front, docs/local.md).
-            Kind::ReadInto | Kind::WriteFrom => {
+            // Payloads through shared memory: only on the same-host front
+            // (docs/local.md).
+            Kind::MapRead | Kind::Release | Kind::Lend | Kind::WriteLent => {
                 within(by, discard(&mut sock, header.data_len.into())).await?;
-                match sock.peer() {
-                    Some(Ok(peer)) => {
-                        let reply = if header.kind == Kind::ReadInto {
-                            match memory_copy::read_into(
-                                &shared, &who, meta, arrived, &peer, &mut sock,
-                            )
-                            .await
-                            {
-                                Some(reply) => reply,
-                                None => return Ok(()), // the client is gone: nothing to answer
-                            }
-                        } else {
-                            memory_copy::write_from(&shared, &who, meta, arrived, max_frame, &peer)
+                match shm.as_mut() {
+                    None => shared_memory::no_memory_copy(
+                        "shared memory is served only on the same-host socket (server.local_listen)",
+                    ),
+                    Some(conn) => match header.kind {
+                        Kind::MapRead => {
+                            shared_memory::map_read(&shared, &who, meta, arrived, max_frame, conn)
                                 .await
-                        };
-                        // A peer that is no longer the process that connected
-                        // gets its answer and loses the connection
-                        // (docs/security.md, "Threats and their guards").
-                        if let Err(why) = peer.check_quick() {
-                            tracing::warn!(reason = %why, "same-host socket: peer changed; connection closed");
-                            let r = no_copy::no_copy_reply(&why);
-                            write_reply(&mut sock, idle, header.request_id, r).await?;
-                            return Ok(());
                         }
-                        reply
-                    }
-                    Some(Err(why)) => no_copy::no_copy_reply(&why),
-                    None => no_copy::no_copy_reply(&crate::peer::Refused(
-                        "ReadInto/WriteFrom are served only on the same-host socket \
-                         (server.local_listen, docs/local.md); send Read/Write"
-                            .into(),
-                    )),
+                        Kind::Release => shared_memory::release(meta, conn),
+                        Kind::Lend => shared_memory::lend(meta, max_frame, conn),
+                        _ => shared_memory::write_lent(&shared, &who, meta, arrived, conn).await,
+                    },
                 }
             }
             other => {
@@ -377,7 +360,7 @@ async fn within<T>(
 /// connection is then closed, and the reply's admission and payloads given
 /// back with it): a client that stops reading holds nothing for longer than
 /// `server.write_timeout`, however slowly the one that reads takes a reply.
-async fn write_reply<S: AsyncWrite + Unpin>(
+async fn write_reply<S: FrameStream>(
     sock: &mut S,
     idle: Duration,
     request_id: u64,
@@ -392,8 +375,27 @@ async fn write_reply<S: AsyncWrite + Unpin>(
     }
     .encode();
     let mut parts: Vec<&[u8]> = Vec::with_capacity(2 + r.data.len());
-    parts.push(&header);
-    parts.push(&r.meta);
+    // Descriptors go with the frame's first bytes (header and metadata, in
+    // one message); the rest follows as usual.
+    let mut first = Vec::new();
+    if !r.fds.is_empty() {
+        first.extend_from_slice(&header);
+        first.extend_from_slice(&r.meta);
+        let shared: Vec<std::os::fd::OwnedFd> = r
+            .fds
+            .iter()
+            .map(|s| s.share())
+            .collect::<std::io::Result<_>>()?;
+        let fds: Vec<std::os::fd::BorrowedFd<'_>> =
+            shared.iter().map(std::os::fd::AsFd::as_fd).collect();
+        let sent = tokio::time::timeout(idle, sock.send_fds(&first, &fds))
+            .await
+            .unwrap_or_else(|_| Err(std::io::ErrorKind::TimedOut.into()))?;
+        parts.push(&first[sent..]);
+    } else {
+        parts.push(&header);
+        parts.push(&r.meta);
+    }
     parts.extend(r.data.iter().map(|b| &b[..]));
     let mut taken = Taken {
         io: sock,

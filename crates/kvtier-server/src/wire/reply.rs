@@ -18,6 +18,9 @@ pub(super) struct Reply {
     /// The reply's payload bytes in the reply budget (`server.reply_memory`),
     /// given back once the reply is written or dropped.
     pub(super) charge: Option<crate::limits::Reservation>,
+    /// Segments whose descriptors go with the frame's first byte (the
+    /// same-host front's MapRead and Lend, `super::shared_memory`).
+    pub(super) fds: Vec<std::sync::Arc<kvtier_shm::Segment>>,
 }
 
 pub(super) fn error_reply(kind: refusal::Kind, message: impl Into<String>) -> Reply {
@@ -31,6 +34,7 @@ fn error_frame(e: pb::WireError) -> Reply {
         data: Vec::new(),
         hold: None,
         charge: None,
+        fds: Vec::new(),
     }
 }
 

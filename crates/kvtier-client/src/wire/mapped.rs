@@ -1,0 +1,183 @@
+//! Loads that stay where they are: the blocks of a read, as addresses in the
+//! server's shared memory mapped into this process, for a caller that moves
+//! them itself (a GPU engine that registers the segments once with its
+//! driver and DMAs each block straight into its KV cache, with no copy on
+//! the CPU; docs/local.md, "Loads a GPU reads in place").
+//!
+//! The slots stay as they are until [`MappedRead::release`] (or the value
+//! is dropped, which closes its connection and so releases them too): no
+//! slot under lease is reused by the server, so the addresses stay valid
+//! and their bytes unchanged while the value lives.
+use super::conn::UnixConn;
+use super::local::{exchange, map_new};
+use super::{Conn, FilledBlock, WireClient, expect, server_timeout_ms, transport};
+use crate::{ClientError, Result};
+use bytes::Bytes;
+use kvtier_core::Key;
+use kvtier_proto::v1 as pb;
+use kvtier_proto::wire::Kind;
+use prost::Message;
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+/// The blocks of one read, in place in the server's shared memory.
+pub struct MappedRead {
+    /// Blocks found, in request order (a prefix of the request).
+    pub blocks: Vec<FilledBlock>,
+    /// True when fewer than requested were returned.
+    pub partial: bool,
+    /// `missing`, `deadline`, `size` or empty.
+    pub reason: String,
+    /// Each block's bytes: (address in this process, length).
+    regions: Vec<(usize, usize)>,
+    /// Blocks the server had no shared memory for came in the reply itself.
+    _inline: Bytes,
+    lease: u64,
+    conn: Option<Box<UnixConn>>,
+    pool: WireClient,
+}
+
+impl MappedRead {
+    /// Block `i`'s bytes (valid until release).
+    pub fn bytes(&self, i: usize) -> &[u8] {
+        let (addr, len) = self.regions[i];
+        self.conn
+            .as_ref()
+            .and_then(|c| {
+                c.maps.values().find_map(|m| {
+                    let off = addr.checked_sub(m.addr())?;
+                    m.get(off as u64, len as u64)
+                })
+            })
+            .unwrap_or_else(|| {
+                let off = addr - self._inline.as_ptr() as usize;
+                &self._inline[off..off + len]
+            })
+    }
+
+    /// Each block's (address, length) in this process, valid until release.
+    pub fn regions(&self) -> &[(usize, usize)] {
+        &self.regions
+    }
+
+    /// Every segment mapped on this read's connection, (address, length):
+    /// what a GPU engine registers with its driver (once per address; the
+    /// same segment keeps its address while the connection lives).
+    pub fn segments(&self) -> Vec<(usize, usize)> {
+        self.conn.as_ref().map_or_else(Vec::new, |c| {
+            c.maps.values().map(|m| (m.addr(), m.len())).collect()
+        })
+    }
+
+    /// Gives the slots back to the server; the connection returns to the pool.
+    pub async fn release(mut self) -> Result<()> {
+        let Some(mut c) = self.conn.take() else {
+            return Ok(());
+        };
+        if self.lease != 0 {
+            let rel = pb::WireRelease {
+                leases: vec![self.lease],
+            };
+            let id = self.pool.next_id.fetch_add(1, Ordering::Relaxed);
+            let done = exchange(&mut c, Kind::Release, id, &rel.encode_to_vec())
+                .await
+                .map_err(|e| transport(e, &self.pool.addr))?;
+            expect(done.header.kind, Kind::ReleaseReply, &done.meta)?;
+        }
+        self.pool.give_back(Conn::Unix(c));
+        Ok(())
+    }
+}
+
+impl WireClient {
+    /// Reads `keys` in order, stopping at the first missing block, and
+    /// leaves the blocks where they are in the server's shared memory (the
+    /// same-host socket only). One request: a reply cut short for size
+    /// (blocks the server had no shared memory for travel in the reply)
+    /// ends the result with reason `size`; read the rest with another call.
+    pub async fn map_read(
+        &self,
+        ns: &str,
+        keys: &[Key],
+        lease_id: u64,
+        deadline: Instant,
+    ) -> Result<MappedRead> {
+        if !matches!(self.addr, super::Target::Unix(_)) {
+            return Err(ClientError::Invalid(
+                "map_read needs the same-host socket (docs/local.md)".into(),
+            ));
+        }
+        let read = pb::WireReadRequest {
+            request: Some(pb::ReadRequest {
+                namespace: ns.to_string(),
+                keys: keys.iter().map(Key::bytes).collect(),
+                lease_id,
+            }),
+            timeout_ms: server_timeout_ms(deadline),
+            max_reply_bytes: super::MAX_REPLY,
+        };
+        let run = async {
+            let (_slot, conn) = self.checkout(deadline).await?;
+            let Conn::Unix(mut c) = conn else {
+                return Err(ClientError::Invalid(
+                    "map_read needs the same-host socket".into(),
+                ));
+            };
+            let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+            let r = exchange(&mut c, Kind::MapRead, id, &read.encode_to_vec())
+                .await
+                .map_err(|e| transport(e, &self.addr))?;
+            expect(r.header.kind, Kind::MapReadReply, &r.meta)?;
+            let m = pb::WireMapReadReply::decode(r.meta).map_err(|e| transport(e, &self.addr))?;
+            map_new(&mut c.maps, &m.segments, r.fds, false)
+                .map_err(|e| transport(e, &self.addr))?;
+            let reply = m.read.unwrap_or_default();
+            if reply.payload_lengths.len() != m.slots.len() {
+                return Err(transport(
+                    "a MapRead reply with mismatched lists",
+                    &self.addr,
+                ));
+            }
+            let mut regions = Vec::with_capacity(m.slots.len());
+            let mut inline = 0usize;
+            for (slot, &len) in m.slots.iter().zip(&reply.payload_lengths) {
+                let len = len as usize;
+                let at = if slot.segment == 0 {
+                    let s = r.data.get(inline..inline + len).ok_or_else(|| {
+                        transport("a MapRead reply shorter than its blocks", &self.addr)
+                    })?;
+                    inline += len;
+                    s.as_ptr() as usize
+                } else {
+                    c.maps
+                        .get(&slot.segment)
+                        .and_then(|map| map.get(slot.offset, len as u64))
+                        .ok_or_else(|| transport("a slot outside the segments sent", &self.addr))?
+                        .as_ptr() as usize
+                };
+                regions.push((at, len));
+            }
+            let filled = self.filled_reply(reply, None)?;
+            Ok(MappedRead {
+                blocks: filled.blocks,
+                partial: filled.partial,
+                reason: filled.reason,
+                regions,
+                _inline: r.data,
+                lease: m.lease,
+                conn: Some(c),
+                pool: self.clone(),
+            })
+        };
+        tokio::time::timeout_at(deadline.into(), run)
+            .await
+            .unwrap_or_else(|_| {
+                Err(ClientError::Status(tonic::Status::deadline_exceeded(
+                    format!(
+                        "data plane {}: no answer within {:?}",
+                        self.addr, self.timeout
+                    ),
+                )))
+            })
+    }
+}
