@@ -34,11 +34,12 @@ variant's count of native reads that return new ``bytes`` is recorded (a
 fast path must have none). Each figure is a median over the repeats; every
 sample is in the record.
 
-With ``--ab-binary B`` (a server built by ``scripts/build-no-peer-check.sh B``:
-the same code with the same-host peer checks taken out), a second server on
-its own socket holds the same prefix, and ``read_into`` and
-``read-into-sizes`` on it (``-nocheck``) alternate with the rest: what the
-pidfd checks cost a same-host load.
+With ``--ab-binary B`` (another build of the server: notes/060 used one
+with the pidfd peer checks of the copies the same-host socket had then
+taken out), a second server on its own socket holds the same prefix, and
+``read_into`` and ``read-into-sizes`` on it (``-nocheck``, the name kept
+for the records) alternate with the rest: what the difference costs a
+same-host load.
 
     .venv/bin/python scripts/bench-plugin-loads.py [--out notes/060-same-host-fixes.json] [--repeat 5] \
         [--ab-binary /tmp/kvtier-nocheck]
@@ -162,7 +163,7 @@ def main() -> int:
     ap.add_argument("--blocks", type=int, default=BLOCKS, help="blocks in the prefix (a dry run takes fewer)")
     ap.add_argument("--kvtier", default=None, help="the server binary (default: target/release/kvtier)")
     ap.add_argument("--ab-binary", default=None,
-                    help="a server without the peer checks (scripts/build-no-peer-check.sh), for the A/B")
+                    help="another server build to compare on the same prefix (the -nocheck rows), for an A/B")
     a = ap.parse_args()
     sizes = {k: SIZES[k] for k in a.sizes.split(",")}
     blocks = a.blocks

@@ -12,8 +12,12 @@ nothing downloaded; transformers' eager ``DynamicCache``) runs prompts of 4k,
    GPU, copied into pinned host memory in one transfer and written to kvtier
    under its chain key (``Client.keys_for``, parent to child), in writes of at
    most 128 MiB (the server takes messages up to 256 MiB);
-3. **cached**: a Lookup, one ``Client.read_into(...)`` straight into a
-   preallocated pinned buffer, one host-to-GPU copy on a side stream, the
+3. **cached**: a Lookup, then on the same-host socket (``--load mapped``, the
+   default there) ``Client.map_read(...)``: each kvtier segment pinned once
+   read-only and every block DMA'd by the GPU straight from kvtier's shared
+   memory on a side stream, no CPU copy (``perf/mapped_load.py``); or
+   (``--load staged``, and over TCP) one ``Client.read_into(...)`` into a
+   preallocated pinned buffer and one host-to-GPU copy; then the
    blocks viewed as the cache layout and put in a fresh ``DynamicCache``, then
    one forward over the uncached tail (``--tail``, default 1 token: a fully
    cached prompt still computes its last token, as vLLM does).
@@ -94,6 +98,7 @@ from kvtier.client import token_chain
 from kvtier.dataplane import available as native_available
 from perf import header as perf_header
 from perf import versions
+from perf.mapped_load import MappedLoads
 from perf.services import find_binary, kvtier_server
 
 NATIVE = native_available()
@@ -292,6 +297,8 @@ def run_length(model, client: kvtier.Client, n: int, a, dev: torch.device, shape
 
     pipeline = max(1, a.pipeline or (4 if dev.type == "cuda" else 1))
     res["load_pipeline"] = pipeline
+    mapped = MappedLoads(dev, stream) if a.load == "mapped" else None
+    res["load_path"] = a.load
     loads, worst, top1, equal, same_cache = [], 0.0, True, True, False
     values_at = heads * BLOCK * dim  # element index of layer 0's V in a payload
     for _ in range(a.repeats + 1):  # the first is a warm-up, recorded apart
@@ -305,14 +312,24 @@ def run_length(model, client: kvtier.Client, n: int, a, dev: torch.device, shape
         read = 0
         for start in range(0, hit.found, step):
             part = slice(start, min(start + step, hit.found))
-            got = client.read_into(ns, keys[part], rows[part], lease_id=hit.lease_id, timeout=BIG_TIMEOUT)
-            if a.corrupt_for_test and start <= nb // 2 < part.stop:
-                corrupt(load_host[nb // 2], values_at)
-            read += len(got.blocks)
-            if len(got.blocks) < part.stop - start:
+            if mapped is not None:
+                m = client.map_read(ns, keys[part], lease_id=hit.lease_id, timeout=BIG_TIMEOUT)
+                landed_n = mapped.start(m, dst, start)
+            else:
+                got = client.read_into(ns, keys[part], rows[part], lease_id=hit.lease_id, timeout=BIG_TIMEOUT)
+                landed_n = len(got.blocks)
+                if a.corrupt_for_test and start <= nb // 2 < part.stop:
+                    corrupt(load_host[nb // 2], values_at)
+            read += landed_n
+            if landed_n < part.stop - start:
                 break
-            h2d(part)
+            if mapped is None:
+                h2d(part)
         t2 = time.perf_counter()
+        if mapped is not None:
+            mapped.finish()
+            if a.corrupt_for_test:
+                corrupt(dst[nb // 2], values_at)
         h2d_wait()
         t3 = time.perf_counter()
         with torch.inference_mode():
@@ -325,7 +342,8 @@ def run_length(model, client: kvtier.Client, n: int, a, dev: torch.device, shape
         loads.append({"lookup_ms": (t1 - t0) * 1e3, "read_ms": (t2 - t1) * 1e3, "h2d_ms": (t3 - t2) * 1e3,
                       "build_ms": (t4 - t3) * 1e3, "forward_ms": (t5 - t4) * 1e3, "total_ms": (t5 - t0) * 1e3,
                       "found": hit.found, "read": read})
-        equal &= hit.found == nb and read == nb and torch.equal(load_host, save_host[:nb])
+        landed = load_host if mapped is None else dst[:nb].cpu()
+        equal &= hit.found == nb and read == nb and torch.equal(landed, save_host[:nb])
         diff = (logits - ref).abs().max().item()
         worst = diff if math.isnan(diff) or diff > worst else worst  # a NaN stays
         top1 &= int(logits.argmax()) == int(ref.argmax())
@@ -500,6 +518,9 @@ def main() -> int:
                          "(default 4 on cuda, 1 on cpu)")
     ap.add_argument("--connections", type=int, default=None,
                     help="client connections, and so read stripes (default 16 on cuda, 4 on cpu)")
+    ap.add_argument("--load", choices=("auto", "mapped", "staged"), default="auto",
+                    help="mapped: Client.map_read, the GPU DMAs from kvtier's shared memory (same-host socket); "
+                         "staged: read_into pinned memory, then one host-to-GPU copy; auto: mapped where local")
     ap.add_argument("--corrupt-for-test", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args()
     started = time.perf_counter()
@@ -535,6 +556,12 @@ def main() -> int:
         if client is None:
             print(f"gpu-ttft: no transport works: {rec.get('transport_notes')}", file=sys.stderr)
             return 2
+        if a.load == "auto":
+            a.load = "mapped" if rec["transport"] == "local" else "staged"
+        elif a.load == "mapped" and rec["transport"] != "local":
+            print("gpu-ttft: --load mapped needs the same-host socket", file=sys.stderr)
+            return 2
+        rec["config"]["load"] = a.load
         t0 = time.perf_counter()
         model = build_model(shape, dev, max(lengths))
         rec["config"]["attn_implementation"] = model.config._attn_implementation

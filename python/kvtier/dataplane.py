@@ -129,7 +129,7 @@ class DataPlane:
     @property
     @_errors
     def copies_by_memory(self) -> bool:
-        """Whether payloads move by memory (same-host socket, and the server may copy into this process)."""
+        """Whether payloads move through shared memory (same-host socket, and the server may share it)."""
         return bool(self._dp.copies_by_memory)
 
     @_errors
@@ -146,6 +146,11 @@ class DataPlane:
         return self._dp.read_into(namespace, list(keys), lease_id, list(buffers), timeout)
 
     @_errors
+    def map_read(self, namespace: str, keys: Sequence[bytes], lease_id: int, timeout: float) -> MappedRead:
+        """The blocks left in kvtier's shared memory (same-host socket only): see :class:`MappedRead`."""
+        return MappedRead(self._dp.map_read(namespace, list(keys), lease_id, timeout))
+
+    @_errors
     def write(self, namespace: str, blocks: Sequence[tuple[bytes, bytes | None, int, Any, int]], timeout: float):
         """Blocks as ``(key, parent, token_count, payload, ttl_ms)``: ``(stored, existing, timing)``."""
         return self._dp.write(namespace, list(blocks), timeout)
@@ -155,3 +160,59 @@ class DataPlane:
 
     def __repr__(self) -> str:
         return f"DataPlane({self.target}, connections={self.connections})"
+
+
+class MappedRead:
+    """A read's blocks left where they are in kvtier's shared memory
+    (docs/local.md, "Loads a GPU reads in place"): ``regions`` gives each
+    block's ``(address, length)`` in this process, ``segments`` every mapped
+    segment's ``(id, address, length)`` (what a GPU engine registers once per
+    id with its driver, read-only, and then DMAs each block from:
+    :class:`kvtier.pins.HostPins`). The addresses stay valid and their bytes
+    unchanged until :meth:`release` (or the end of a ``with`` block); the
+    server reuses no slot before."""
+
+    def __init__(self, native: Any) -> None:
+        self._m = native
+
+    @property
+    @_errors
+    def blocks(self) -> list[tuple[int, bytes, bytes | None, int, int, int]]:
+        """Blocks found, each ``(index, key, parent, token_count, length, tier)``."""
+        return list(self._m.blocks)
+
+    @property
+    @_errors
+    def partial(self) -> bool:
+        return bool(self._m.outcome[0])
+
+    @property
+    @_errors
+    def reason(self) -> str:
+        """``missing``, ``deadline``, ``size`` (read the rest with another call) or empty."""
+        return str(self._m.outcome[1])
+
+    @property
+    @_errors
+    def regions(self) -> list[tuple[int, int]]:
+        return list(self._m.regions)
+
+    @property
+    @_errors
+    def segments(self) -> list[tuple[int, int, int]]:
+        return list(self._m.segments)
+
+    @_errors
+    def copy_into(self, i: int, buffer: Any) -> int:
+        """Copies block ``i`` into a writable buffer; its length."""
+        return int(self._m.copy_into(i, buffer))
+
+    @_errors
+    def release(self) -> None:
+        self._m.release()
+
+    def __enter__(self) -> MappedRead:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()

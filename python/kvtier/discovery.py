@@ -104,7 +104,7 @@ class DataPlaneChoice:
         )
         if self.local is not None:
             pool: _dp.DataPlane | None = _dp.DataPlane(f"unix://{self.local}", **common)
-            _log.info("kvtier transport: same-host socket %s (given), payloads copied by memory", self.local)
+            _log.info("kvtier transport: same-host socket %s (given), payloads through shared memory", self.local)
             return pool
         if self.same_host and st.local_listen and os.path.exists(st.local_listen):
             upgraded = self._upgrade(st, common)
@@ -147,6 +147,6 @@ class DataPlaneChoice:
         except (grpc.RpcError, KvtierError) as e:
             _log.debug("kvtier: the same-host socket %s is not usable from here: %s", path, e)
             return None
-        _log.info("kvtier transport: same-host socket %s (advertised by %s), payloads copied by memory",
+        _log.info("kvtier transport: same-host socket %s (advertised by %s), payloads through shared memory",
                   path, self.target)
         return pool

@@ -403,6 +403,24 @@ class NodeClient:
         ]
         return ReadResult._of_native(blocks, len(ks), got, us)
 
+    def map_read(self, namespace: str, keys: Sequence[bytes], lease_id: int = 0,
+                 timeout: float | None = None) -> _dp.MappedRead:
+        """Reads ``keys`` in order and leaves the blocks in kvtier's shared
+        memory, for a caller that moves them itself: a GPU engine registers
+        ``segments`` once and DMAs each of ``regions`` into its KV cache, with
+        no copy on the CPU (docs/local.md). Same-host socket only
+        (``FAILED_PRECONDITION`` elsewhere). One request: a result with
+        reason ``size`` is continued by another call. Release it (or use it
+        in a ``with`` block) as soon as the bytes are moved: the server
+        holds its slots until then."""
+        ks = _keys.check_keys(keys)
+        pool = self.data_plane()
+        if pool is None or not pool.target.startswith("unix://"):
+            raise KvtierError(grpc.StatusCode.FAILED_PRECONDITION,
+                              "map_read needs the same-host socket (docs/local.md)")
+        t = self.timeout if timeout is None else timeout
+        return pool.map_read(namespace, ks, lease_id, t)
+
     def write(self, namespace: str, blocks: Iterable[Block], timeout: float | None = None) -> WriteResult:
         """Stores a batch of blocks (checksums computed here).
 

@@ -309,7 +309,34 @@ def test_the_same_host_socket_moves_blocks_by_memory(local_server, ns, caplog):
             assert b.payload.obj is bufs[b.index] and b.payload == blk.payload
         # Lookups go through the same socket (gRPC on it).
         assert c.lookup(ns, keys=[b.key for b in blocks]).found == 16
-    assert "same-host socket" in caplog.text and "copied by memory" in caplog.text, caplog.text
+    assert "same-host socket" in caplog.text and "through shared memory" in caplog.text, caplog.text
+
+
+def test_map_read_leaves_blocks_in_shared_memory_until_release(local_server, ns):
+    """``map_read`` gives each block's address in kvtier's shared memory (what
+    a GPU engine DMAs from): the bytes there are the block's, inside the
+    segments it lists, until release; elsewhere it is refused."""
+    import ctypes
+
+    blocks = chain_blocks(8, seed=11, size=4 << 20)
+    with Client(f"unix://{local_server.local}", connections=2) as c:
+        assert c.write(ns, blocks).stored == 8
+        with c.map_read(ns, [b.key for b in blocks] + [b"absent-key"]) as m:
+            assert (len(m.blocks), m.partial, m.reason) == (8, True, "missing")
+            segs = m.segments
+            for (addr, n), blk in zip(m.regions, blocks):
+                assert n == len(blk.payload)
+                assert ctypes.string_at(addr, n) == blk.payload
+                assert any(a <= addr and addr + n <= a + length for _, a, length in segs), "a region outside"
+            buf = bytearray(4 << 20)
+            assert m.copy_into(3, buf) == 4 << 20 and buf == blocks[3].payload
+        with pytest.raises(Exception, match="released"):
+            _ = m.regions
+        # The connection went back to the pool: reads go on.
+        assert c.read(ns, [blocks[0].key]).payloads == [blocks[0].payload]
+    with Client(local_server.grpc, connections=1, same_host=False) as c, pytest.raises(KvtierError) as e:
+        c.map_read(ns, [blocks[0].key])
+    assert e.value.code == grpc.StatusCode.FAILED_PRECONDITION
 
 
 def test_a_client_given_the_tcp_address_upgrades_to_the_socket(local_server, ns, caplog):

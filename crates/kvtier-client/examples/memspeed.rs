@@ -2,7 +2,9 @@
 //! caller allocated: `n` blocks of `size` bytes written from one buffer and
 //! read back into another, `repeat` times, over the data plane at `TARGET`
 //! (`host:port`, or `unix:///path` for the same-host socket, docs/local.md).
-//! Prints one JSON line per repeat: `{"op", "seconds", "bytes"}`.
+//! Prints one JSON line per repeat: `{"op", "seconds", "bytes"}`. Given the
+//! server's gRPC address too (`GRPC`), each repeat's blocks are deleted after
+//! it, so the runs leave the server as they found it.
 //! scripts/bench-memory-speed.py runs it beside the Python client and the floor.
 //!
 //! ```sh
@@ -17,10 +19,22 @@ use std::time::{Duration, Instant};
 #[tokio::main]
 async fn main() {
     let args: Vec<String> = std::env::args().collect();
-    if args.len() != 5 {
-        eprintln!("usage: memspeed TARGET BLOCKS SIZE REPEAT");
+    if !(5..=6).contains(&args.len()) {
+        eprintln!("usage: memspeed TARGET BLOCKS SIZE REPEAT [GRPC]");
         std::process::exit(2);
     }
+    let cleanup = match args.get(5) {
+        Some(g) => {
+            let mut cc = kvtier_client::ClientConfig::new(g.clone());
+            cc.data_plane = false;
+            Some(
+                kvtier_client::Client::connect(cc)
+                    .await
+                    .expect("gRPC connect"),
+            )
+        }
+        None => None,
+    };
     let target = match kvtier_client::transport::local_path(&args[1]) {
         Some(p) => Target::Unix(p.into()),
         None => Target::Tcp(args[1].parse().expect("TARGET: host:port or unix:///path")),
@@ -78,5 +92,8 @@ async fn main() {
             n * size
         );
         assert!(dst == src[..], "the loaded bytes are the saved ones");
+        if let Some(c) = &cleanup {
+            c.delete(&ns, &keys).await.expect("delete");
+        }
     }
 }

@@ -9,7 +9,7 @@
 //! * The key scheme, so callers can pass tokens instead of keys.
 //! * Reads and writes over the fastest transport the server offers, chosen
 //!   once at connect and logged ([`transport`]): the same-host socket, where
-//!   payloads move by memory (docs/local.md), else the TCP data plane
+//!   payloads move through shared memory (docs/local.md), else the TCP data plane
 //!   ([`wire`], docs/wire.md), else gRPC.
 //! * [`ClusterClient`]: one client per node of a cluster, each block sent to
 //!   a node that owns it ([`cluster`]).
@@ -347,7 +347,7 @@ impl Client {
 
     /// Reads `keys` in order into the caller's buffers (block `i` into
     /// `dests[i]`, which must hold it), stopping at the first missing
-    /// block: by memory on the same-host socket (docs/local.md), received
+    /// block: through shared memory on the same-host socket (docs/local.md), received
     /// into them over the TCP data plane, copied into them over gRPC.
     /// Dropping the future mid-read is safe: the buffers are written only
     /// while borrowed ([`wire::WireClient::read_into_by`]).

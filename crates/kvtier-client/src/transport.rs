@@ -166,7 +166,7 @@ fn log_choice(cfg: &ClientConfig, w: &WireClient, how: &str) {
         Target::Unix(p) => tracing::info!(
             endpoint = %cfg.endpoint,
             socket = %p.display(),
-            "kvtier transport: same-host socket ({how}), payloads copied by memory"
+            "kvtier transport: same-host socket ({how}), payloads through shared memory"
         ),
         Target::Tcp(a) => tracing::info!(
             endpoint = %cfg.endpoint,

@@ -77,10 +77,10 @@ impl MappedRead {
         self.with(|m| m.regions().to_vec())
     }
 
-    /// Every segment mapped on this read's connection, `(address, length)`:
-    /// what a GPU engine registers with its driver, once per address.
+    /// Every segment mapped on this read's connection, `(id, address,
+    /// length)`: what a GPU engine registers with its driver, once per id.
     #[getter]
-    fn segments(&self) -> PyResult<Vec<(usize, usize)>> {
+    fn segments(&self) -> PyResult<Vec<(u64, usize, usize)>> {
         self.with(|m| m.segments())
     }
 

@@ -32,6 +32,23 @@ impl Shm {
         &self.budget
     }
 
+    /// Retires every arena's empty segments (the budget ran out); the
+    /// bytes given back.
+    pub fn reclaim(&self) -> u64 {
+        let arenas: Vec<Arena> = self.arenas.lock().values().cloned().collect();
+        arenas.iter().map(Arena::reclaim).sum()
+    }
+
+    /// A slot of `len` bytes in `arena`; when the budget is out, every
+    /// arena's empty segments are retired and it is tried once more.
+    pub fn alloc(&self, arena: &Arena, len: usize) -> std::io::Result<Option<kvtier_shm::SlotMut>> {
+        match arena.try_alloc(len)? {
+            Some(s) => Ok(Some(s)),
+            None if self.reclaim() > 0 => arena.try_alloc(len),
+            None => Ok(None),
+        }
+    }
+
     /// The arena of namespace `ns`, made on first use.
     pub fn arena(&self, ns: &str) -> Arena {
         self.arenas

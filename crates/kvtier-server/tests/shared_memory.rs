@@ -396,3 +396,56 @@ async fn descriptors_a_client_sends_are_ignored() {
     .unwrap();
     assert_eq!(c.lookup("f", &[key(1)], None).await.unwrap().found, 1);
 }
+
+/// Segments are bounded by `server.local_shared_memory`: when it runs out,
+/// empty segments of any namespace are retired for the blocks that need
+/// room, and a connection that had mapped one is told to unmap it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retired_segments_are_named_to_the_connections_that_mapped_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("kvtier.sock");
+    let mut cfg = common::test_config();
+    cfg.server.local_listen = path.to_string_lossy().into();
+    cfg.server.local_shared_memory = kvtier_core::ByteSize::mib(8);
+    let _s = Server::start(cfg).await.unwrap();
+    let path = path.to_string_lossy().to_string();
+    let c = client(&path, None).await;
+    // Namespace "x" takes the whole budget (one 4 MiB segment, then 8 MiB
+    // would not fit: the second block goes to ordinary memory).
+    c.write("x", &[blk(1, filler(1, 3 * MIB))]).await.unwrap();
+    let p = path.clone();
+    let mut raw = tokio::task::spawn_blocking(move || {
+        let mut raw = Raw::connect(&p, None);
+        let m = raw.map_read("x", &[key(1)]).unwrap();
+        raw.release(m.lease);
+        raw
+    })
+    .await
+    .unwrap();
+    let seg = *raw.maps.keys().next().expect("x's segment was mapped");
+    c.delete("x", &[key(1)]).await.unwrap();
+    // "y" needs room: x's empty segment is retired for it.
+    c.write("y", &[blk(2, filler(2, 3 * MIB))]).await.unwrap();
+    let mut buf = vec![0u8; 3 * MIB];
+    assert_eq!(
+        c.read_into("y", &[key(2)], 0, &mut [&mut buf[..]])
+            .await
+            .unwrap()
+            .blocks
+            .len(),
+        1
+    );
+    assert_eq!(&buf[..], &filler(2, 3 * MIB)[..]);
+    let retired = tokio::task::spawn_blocking(move || {
+        let g = raw.call(Kind::MapRead, &Raw::read_req("x", &[key(1)]));
+        assert_eq!(g.kind, Kind::MapReadReply);
+        pb::WireMapReadReply::decode(&g.meta[..]).unwrap().retired
+    })
+    .await
+    .unwrap();
+    assert_eq!(
+        retired,
+        vec![seg],
+        "the retired segment is named to the connection that mapped it"
+    );
+}

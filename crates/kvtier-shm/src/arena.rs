@@ -8,11 +8,14 @@
 //! mapping) is such a `Bytes` held by the server for the client, so a slot
 //! under lease is never reused, whatever the tier does meanwhile.
 //!
-//! Segments are never returned while the server runs: a client may map any
-//! segment it was handed for as long as it likes, and memory it maps must
-//! keep holding only its namespace's bytes. Their total is bounded by a
-//! [`Budget`] shared by every arena; past it, [`Arena::alloc`] says no and
-//! the caller moves the bytes another way (docs/local.md, "Limits").
+//! A segment only ever holds its arena's bytes: it is never given to another
+//! arena, so a mapping a client keeps can never come to show another
+//! namespace's blocks. Empty segments stay, faulted in and mapped by the
+//! clients that read them, for the next blocks, until the budget runs out:
+//! then [`Arena::reclaim`] *retires* them (drops them: their budget given
+//! back, their memory freed once no client maps them any more). Their total is bounded by a [`Budget`] shared
+//! by every arena; past it, [`Arena::alloc`] says no and the caller
+//! reclaims or moves the bytes another way (docs/local.md).
 use crate::segment::{Segment, Sharing, page};
 use bytes::Bytes;
 use parking_lot::Mutex;
@@ -205,6 +208,24 @@ impl Arena {
             .map(|p| p.seg.clone())
     }
 
+    /// Retires every segment with no slot in use; the bytes given back.
+    pub fn reclaim(&self) -> u64 {
+        let mut parts = self.0.parts.lock();
+        let before = parts.len();
+        let mut freed = 0u64;
+        parts.retain(|p| {
+            let empty = p.free_bytes == p.seg.len();
+            if empty {
+                freed += p.seg.len() as u64;
+            }
+            !empty
+        });
+        if parts.len() < before {
+            self.0.budget.give(freed);
+        }
+        freed
+    }
+
     /// Bytes of its segments, and bytes free in them.
     pub fn usage(&self) -> (u64, u64) {
         let parts = self.0.parts.lock();
@@ -325,6 +346,29 @@ mod tests {
         let _y = b.alloc(4 << 20).unwrap();
         assert!(a.alloc(4096).is_none() && b.alloc(4096).is_none());
         assert_eq!(budget.used(), 8 << 20);
+    }
+
+    #[test]
+    fn reclaim_retires_empty_segments_only() {
+        let budget = Budget::new(64 << 20);
+        let a = Arena::new("t", 4 << 20, budget.clone());
+        let mut x: Vec<Bytes> = (0..3).map(|_| a.alloc(4 << 20).unwrap().freeze()).collect();
+        assert_eq!(budget.used(), 12 << 20);
+        let kept = x.pop().unwrap();
+        let ids: Vec<u64> = x.iter().map(|b| a.locate(b).unwrap().0.id()).collect();
+        drop(x);
+        assert_eq!(
+            a.usage(),
+            (12 << 20, 8 << 20),
+            "empty segments stay until reclaimed"
+        );
+        assert_eq!(a.reclaim(), 8 << 20);
+        assert!(ids.iter().all(|&id| a.segment(id).is_none()), "retired");
+        assert_eq!((a.usage(), budget.used()), ((4 << 20, 0), 4 << 20));
+        assert!(
+            a.locate(&kept).is_some(),
+            "a segment with a slot in use stays"
+        );
     }
 
     #[test]

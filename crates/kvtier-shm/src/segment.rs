@@ -20,9 +20,22 @@ use nix::sys::stat::Mode;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicU64, Ordering};
 
-/// Segment ids, unique in this process for its whole life (never reused,
-/// so a client's cache of mappings by id can never name the wrong one).
-static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+/// Segment ids, unique in this process for its whole life, and starting at
+/// a different place in each (the clock at the first segment, shifted), so
+/// that a client which keeps something per segment id (a GPU registration of
+/// its mapping) does not take a restarted server's segment for an old one.
+static NEXT_ID: std::sync::OnceLock<AtomicU64> = std::sync::OnceLock::new();
+
+fn next_id() -> u64 {
+    NEXT_ID
+        .get_or_init(|| {
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(1, |d| d.as_nanos() as u64);
+            AtomicU64::new((now << 16).max(1))
+        })
+        .fetch_add(1, Ordering::Relaxed)
+}
 
 /// Who may write a segment once it is shared.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -60,7 +73,7 @@ impl Segment {
         }
         fcntl(&fd, FcntlArg::F_ADD_SEALS(seals))?;
         Ok(Self {
-            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+            id: next_id(),
             fd,
             map,
             sharing,

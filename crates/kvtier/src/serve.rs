@@ -20,7 +20,7 @@ pub struct ServeArgs {
     /// Bulk data-plane address, "auto" (gRPC port + 1) or "" to disable [server.data_listen, default auto].
     #[arg(long)]
     data_listen: Option<String>,
-    /// Same-host Unix socket path (gRPC + data plane, payloads copied by memory; docs/local.md) [server.local_listen, default "" (off)].
+    /// Same-host Unix socket path (gRPC + data plane, payloads through shared memory; docs/local.md) [server.local_listen, default "" (off)].
     #[arg(long, value_name = "PATH")]
     local_listen: Option<String>,
     /// TCP congestion control of data-plane connections, "" = system default [server.data_tcp_congestion, default: the system default].

@@ -43,6 +43,12 @@ class ConnectorConfig:
     straight in vLLM's cache, a region per layer, with no staging copy:
     ``auto`` on kvtier's same-host socket only (over TCP, in place measured
     no faster inside the engine, notes/050), ``always``, or ``never``."""
+    load_mapped: str = "auto"
+    """On a GPU, reads on kvtier's same-host socket stay in kvtier's shared
+    memory (``Client.map_read``), which is pinned once and DMA'd from
+    straight into vLLM's cache, with no staging copy: ``auto`` (a CUDA cache
+    on the same-host socket), ``always`` (any device: on the CPU one copy
+    from the mapping) or ``never``."""
     lookup_timeout_ms: int = 500
     """Longest the scheduler waits for a Lookup; past it the request gets 0 external tokens."""
     load_timeout_ms: int = 10_000
@@ -106,6 +112,10 @@ class ConnectorConfig:
         if self.load_in_place not in ("auto", "always", "never"):
             raise ValueError(
                 f'kvtier connector: load_in_place must be "auto", "always" or "never", not {self.load_in_place!r}'
+            )
+        if self.load_mapped not in ("auto", "always", "never"):
+            raise ValueError(
+                f'kvtier connector: load_mapped must be "auto", "always" or "never", not {self.load_mapped!r}'
             )
         if self.load_failure_policy not in ("recompute", "fail"):
             raise ValueError(

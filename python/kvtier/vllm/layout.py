@@ -228,7 +228,13 @@ class PayloadLayout:
         # Asynchronous only where the stream is synchronized below (CUDA): on
         # other accelerators the copy blocks, so `host` may be freed after it.
         src = host.to(self.device, non_blocking=self.device.type == "cuda") if on_device else host
-        src = src.view(self._bits).view(self._payload_shape(n))
+        self._scatter_rows(block_ids, src)
+
+    def _scatter_rows(self, block_ids: list[int], rows: torch.Tensor) -> None:
+        """Writes ``rows`` (``[n, nbytes]`` on the device, or on the host for
+        a CPU cache) into vLLM's blocks ``block_ids``; returns once done."""
+        n = len(block_ids)
+        src = rows.view(self._bits).view(self._payload_shape(n))
         idx = self._kernel_index(block_ids)
         for layer, kv in enumerate(self.layers):
             # [n, H, k, N, C] -> [n, k, H, N, C] -> [n*k, H, N, C]
@@ -239,6 +245,22 @@ class PayloadLayout:
             # Loads may run on a loader thread and are reported done to the
             # scheduler afterwards: the blocks must be in place by then.
             torch.cuda.current_stream(self.device).synchronize()
+
+    def scatter_pinned(self, block_ids: list[int], payloads: list) -> None:
+        """:meth:`scatter_many` for payloads already in pinned host memory
+        (kvtier's shared memory, registered with the driver): on a CUDA
+        device each is DMA'd into one device buffer, with no packing copy on
+        the CPU, then written with one ``index_copy_`` per layer."""
+        if self.device.type != "cuda" or not self.batched or not payloads:
+            return self.scatter_many(block_ids, payloads)
+        if len(block_ids) != len(payloads):
+            raise LayoutError(f"{len(block_ids)} block ids for {len(payloads)} payloads")
+        for p in payloads:
+            self._check(p)
+        rows = torch.empty((len(payloads), self.nbytes), dtype=torch.uint8, device=self.device)
+        for i, p in enumerate(payloads):
+            rows[i].copy_(self._bytes(p), non_blocking=True)
+        self._scatter_rows(block_ids, rows)
 
     def scatter_layer(self, layer: int, block_id: int, payload) -> None:
         """Copies one layer of one payload into vLLM block ``block_id`` (layer-wise loading)."""

@@ -27,14 +27,17 @@ import queue
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
+from types import SimpleNamespace
 
 import grpc
 
 from ..client import Block
 from ..errors import KvtierError
+from ..pins import HostPins
 from .common import Breaker, LoadSpec, SaveSpec, StatsLog, is_outage, log
 from .config import ConnectorConfig
 from .layout import PayloadLayout
+from .mapped import MappedLoad
 
 __all__ = ["WorkerSide"]
 
@@ -76,6 +79,7 @@ class WorkerSide:
 
     def register(self, kv_caches) -> None:
         self.layout = PayloadLayout(kv_caches, self.layer_names, self.block_size)
+        self._pins = HostPins(self.layout.device.type == "cuda")
         log.info("kvtier connector: namespace %s, %d-byte payload per %d-token block (%s)",
                  self.namespace, self.layout.nbytes, self.block_size, self.layout.describe())
         self.stats("init", namespace=self.namespace, **self.layout.describe())
@@ -125,25 +129,31 @@ class WorkerSide:
                 # Inside the try: deciding asks the client which transport it
                 # has, which discovers the server on first use and may fail
                 # like the read itself (an outage, counted once).
-                if layout.loads_in_place and self._in_place():
-                    dests = layout.block_regions(spec.block_ids)
+                if self._mapped():
+                    # Left in kvtier's shared memory, DMA'd from (docs/vllm.md, load_mapped).
+                    m = self.client.map_read(self.namespace, spec.keys, lease_id=lease, timeout=timeout)
+                    host = MappedLoad(m, self._pins)
+                    r = SimpleNamespace(reason=host.reason, blocks=[
+                        SimpleNamespace(key=k, payload=p) for k, p in zip(host.keys, host.payloads)])
                 else:
-                    host = layout.staging_rows(len(spec.keys))
-                    dests = [host[i].numpy() for i in range(len(spec.keys))]
-                r = self.client.read_into(self.namespace, spec.keys, dests, lease_id=lease, timeout=timeout, **node)
+                    if layout.loads_in_place and self._in_place():
+                        dests = layout.block_regions(spec.block_ids)
+                    else:
+                        host = layout.staging_rows(len(spec.keys))
+                        dests = [host[i].numpy() for i in range(len(spec.keys))]
+                    r = self.client.read_into(self.namespace, spec.keys, dests, lease_id=lease, timeout=timeout,
+                                              **node)
                 self._say_transport()
             except KvtierError as e:
                 if e.code != grpc.StatusCode.INVALID_ARGUMENT:
                     raise
                 # A block larger than a row (not this model's KV): read as
                 # bytes to find it; it is deleted below.
-                if host is not None:
-                    layout.release_rows(host)
+                self._release_host(host)
                 host = None
                 r = self.client.read(self.namespace, spec.keys, lease_id=lease, timeout=timeout, **node)
         except Exception as e:  # noqa: BLE001 - every failure is a recompute
-            if host is not None:
-                layout.release_rows(host)
+            self._release_host(host)
             if is_outage(e):
                 self.breaker.failure(e)
             return [], str(e), None
@@ -173,11 +183,12 @@ class WorkerSide:
         # it filled) or all as bytes or staging rows, copied in now.
         in_place = bool(payloads) and isinstance(payloads[0], list)
         try:
-            if not in_place:
+            if isinstance(host, MappedLoad):
+                self._layout.scatter_pinned(spec.block_ids[:len(payloads)], payloads)
+            elif not in_place:
                 self._layout.scatter_many(spec.block_ids[:len(payloads)], payloads, host=host)
         finally:
-            if host is not None:
-                self._layout.release_rows(host)
+            self._release_host(host)
         t2 = time.perf_counter()
         self._fail(spec, len(payloads), why)
         self.counters["loaded_blocks"] += len(payloads)
@@ -238,8 +249,7 @@ class WorkerSide:
         all_layers = len(self._layers_done) == len(self.layer_names)
         for spec, fut in self._layerwise:
             payloads, why, read_us, host = fut.result()
-            if host is not None:  # every layer that will be copied in has been
-                self._layout.release_rows(host)
+            self._release_host(host)  # every layer that will be copied in has been
             if not all_layers and payloads:
                 payloads, why = [], f"{len(self.layer_names) - len(self._layers_done)} layers were not copied in time"
             self._fail(spec, len(payloads), why)
@@ -335,6 +345,21 @@ class WorkerSide:
         gRPC, or a cluster client, which has one per node."""
         return self.client.data_plane() if hasattr(self.client, "data_plane") else None
 
+    def _release_host(self, host) -> None:
+        """Gives back what a read landed in: staging rows, or a mapped read's slots."""
+        if isinstance(host, MappedLoad):
+            host.release()
+        elif host is not None:
+            self._layout.release_rows(host)
+
+    def _mapped(self) -> bool:
+        """Whether reads stay in kvtier's shared memory, DMA'd from (``load_mapped``)."""
+        if self.cfg.load_mapped != "auto":
+            return self.cfg.load_mapped == "always"
+        pool = self._pool()
+        return (self._layout.device.type == "cuda" and pool is not None and pool.transport == "unix"
+                and pool.copies_by_memory)
+
     def _in_place(self) -> bool:
         """Whether reads go straight into vLLM's cache (``load_in_place``)."""
         if self.cfg.load_in_place != "auto":
@@ -350,7 +375,8 @@ class WorkerSide:
             return
         pool = self._pool()
         self._transport = pool.transport if pool is not None else "grpc"
-        how = {"unix": "kvtier's same-host socket (kvtier copies blocks to and from this process's memory)",
+        how = {"unix": "kvtier's same-host socket (blocks through kvtier's shared memory"
+                       + (", DMA'd by the GPU from it)" if self._mapped() else ")"),
                "tcp": "kvtier's TCP data plane", "grpc": "gRPC (the server offers no data plane)"}
         log.info("kvtier connector (worker %s): blocks move over %s", self.namespace,
                  how.get(self._transport, self._transport))

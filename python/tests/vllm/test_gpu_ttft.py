@@ -54,6 +54,9 @@ def test_dry_run_records_every_length_and_passes(tmp_path, transport):
         assert rec["transport_notes"], rec
         assert ("failed its probe" in rec["transport_notes"][0]) == local_listen_supported(), rec
     assert rec["data_plane"]
+    # On the same-host socket the load is read in place (Client.map_read), else staged.
+    assert rec["config"]["load"] == ("mapped" if got == "local" else "staged"), rec["config"]
+    assert all(r["load_path"] == rec["config"]["load"] for r in rec["lengths"])
     assert rec["passed"] is True and all(c["ok"] for c in rec["checks"])
     assert [r["tokens"] for r in rec["lengths"]] == LENGTHS
     for r in rec["lengths"]:

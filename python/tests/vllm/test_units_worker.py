@@ -229,3 +229,42 @@ def test_an_async_load_without_a_usable_layout_is_still_reported_finished(server
     w.start_load([LoadSpec("q", keys, [1, 2], is_async=True)])
     assert w.get_finished() == {"q"}
     assert w.take_errors() == {1, 2}
+
+
+@pytest.mark.parametrize("mode", ["sync", "layerwise"])
+def test_mapped_loads_land_byte_exact_and_give_their_slots_back(kvtier_bin, tmp_path, mode):
+    """``load_mapped``: the worker reads with ``Client.map_read`` and copies
+    from kvtier's shared memory (on a GPU the copy is a DMA from the pinned
+    mapping; here, on the CPU, the same path with the CPU copying). Every
+    block lands byte-exact, sync and layer-wise."""
+    from kvtier.server import Server
+
+    sock = tmp_path / "kvtier.sock"
+    s = Server.start(binary=kvtier_bin, args=["--local-listen", str(sock), "--memory-capacity", "256MiB"])
+    try:
+        url = f"unix://{sock}"
+        src = make_caches(blocks=4)
+        keys = kvkeys.chain(list(range(3 * BS)), BS)
+        w = _worker(url, src)
+        w.save([SaveSpec("r", keys, [3, 0, 2], None)])
+        assert w.flush(30)
+        dst = {k: torch.zeros_like(v) for k, v in src.items()}
+        w2 = _worker(url, dst, load_mode=mode, load_mapped="always")
+        w2.namespace = w.namespace
+        assert w2._mapped()
+        spec = LoadSpec("r", keys, [1, 2, 3])
+        w2.start_load([spec])
+        if mode == "layerwise":
+            for name in w2.layer_names:
+                w2.wait_for_layer_load(name)
+            w2._finish_layerwise()
+        assert w2.take_errors() == set()
+        for k in src:
+            assert torch.equal(dst[k][1], src[k][3]) and torch.equal(dst[k][2], src[k][0])
+            assert torch.equal(dst[k][3], src[k][2])
+        assert w2.counters["loaded_blocks"] == 3
+        # "never" and "auto" on a CPU cache: not mapped.
+        assert not _worker(url, dst, load_mapped="never")._mapped()
+        assert not _worker(url, dst)._mapped()
+    finally:
+        assert s.stop() == 0

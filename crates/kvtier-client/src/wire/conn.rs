@@ -16,7 +16,7 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpStream, UnixStream};
 
 /// Where a data plane listens: a TCP address, or the same-host socket
-/// (`server.local_listen`, docs/local.md), where payloads can move by memory.
+/// (`server.local_listen`, docs/local.md), where payloads move through shared memory.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Target {
     /// The TCP data plane.
@@ -60,13 +60,11 @@ pub enum Conn {
     Unix(Box<UnixConn>),
 }
 
-/// A same-host connection and the segments the server sent on it (the
-/// server sends each segment's descriptor once per connection, so the
-/// mappings live as long as the connection; docs/local.md).
+/// A same-host connection, and the segment the server lent it for saves
+/// (the tier's segments are mapped once per client: `local::Maps`;
+/// docs/local.md).
 pub struct UnixConn {
     pub(super) sock: UnixStream,
-    /// Read-only mappings of the tier's segments, by id.
-    pub(super) maps: std::collections::HashMap<u64, kvtier_shm::Mapping>,
     /// The segment lent to this connection for saves: its id and mapping.
     pub(super) lent: Option<(u64, kvtier_shm::Mapping)>,
 }
@@ -195,7 +193,6 @@ pub(super) async fn dial(
             crate::listener::check(&s, &p.to_string_lossy(), server_uid)?;
             Conn::Unix(Box::new(UnixConn {
                 sock: s,
-                maps: Default::default(),
                 lent: None,
             }))
         }
@@ -320,6 +317,7 @@ mod open {
             .await?;
             let copies = matches!(addr, Target::Unix(_));
             Ok(Self {
+                maps: Default::default(),
                 addr,
                 copies: Arc::new(copies.into()),
                 owner: Arc::new(AtomicU64::new(std::process::id().into())),

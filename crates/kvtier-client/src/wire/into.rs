@@ -164,7 +164,7 @@ impl WireClient {
         Ok(out)
     }
 
-    /// One request: by memory where the server can copy into this process,
+    /// One request: through shared memory where the server offers it,
     /// else over the socket into the buffers.
     async fn read_into_once(
         &self,
@@ -292,7 +292,7 @@ impl WireClient {
     }
 
     /// Writes blocks, split into requests of at most `max_request` bytes
-    /// each; by memory on the same-host socket.
+    /// each; through shared memory on the same-host socket.
     pub(super) async fn write_split(
         &self,
         ns: &str,

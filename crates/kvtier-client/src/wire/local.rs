@@ -6,8 +6,8 @@
 //! lent this connection and sends WriteLent. The server never touches this
 //! process's memory, and this process copies only inside calls it is in:
 //! a dropped call leaves nothing landing in the caller's buffers later.
-use super::conn::UnixConn;
-use super::{Conn, WireClient, dial_by, expect, server_timeout_ms, transport};
+use super::conn::{UnixConn, dial_by};
+use super::{Conn, WireClient, expect, server_timeout_ms, transport};
 use crate::{ClientError, Result, WriteBlock, WriteResult};
 use bytes::Bytes;
 use kvtier_proto::v1 as pb;
@@ -15,6 +15,7 @@ use kvtier_proto::wire::{HEADER_LEN, Header, Kind, read_exact_bytes, write_all_v
 use kvtier_shm::Mapping;
 use prost::Message;
 use std::os::fd::{AsFd, OwnedFd};
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
@@ -83,13 +84,35 @@ pub(super) async fn exchange(
     })
 }
 
-/// Maps the segments a reply announced (their descriptors in order).
+/// This client's mappings of the server's segments, by id, shared by its
+/// connections (the server sends a segment's descriptor once per
+/// connection; a second one for a segment already mapped is closed): a
+/// segment keeps one address in this process while it is mapped, which a
+/// GPU engine registers once.
+pub(super) type Maps = parking_lot::Mutex<std::collections::HashMap<u64, Arc<Mapping>>>;
+
+/// Forgets the segments a reply says were retired and maps the ones it
+/// announced (their descriptors in order), read-only.
 pub(super) fn map_new(
-    maps: &mut std::collections::HashMap<u64, Mapping>,
+    maps: &Maps,
     segs: &[pb::WireSegment],
     fds: Vec<OwnedFd>,
-    writable: bool,
-) -> std::io::Result<Option<u64>> {
+    retired: &[u64],
+) -> std::io::Result<()> {
+    check_fds(segs, &fds)?;
+    let mut maps = maps.lock();
+    for id in retired {
+        maps.remove(id);
+    }
+    for (s, fd) in segs.iter().zip(fds) {
+        if !maps.contains_key(&s.id) {
+            maps.insert(s.id, Arc::new(Mapping::new(fd, s.len as usize, false)?));
+        }
+    }
+    Ok(())
+}
+
+fn check_fds(segs: &[pb::WireSegment], fds: &[OwnedFd]) -> std::io::Result<()> {
     if segs.len() != fds.len() {
         return Err(std::io::Error::new(
             std::io::ErrorKind::InvalidData,
@@ -100,12 +123,25 @@ pub(super) fn map_new(
             ),
         ));
     }
-    let mut last = None;
-    for (s, fd) in segs.iter().zip(fds) {
-        maps.insert(s.id, Mapping::new(fd, s.len as usize, writable)?);
-        last = Some(s.id);
-    }
-    Ok(last)
+    Ok(())
+}
+
+/// The mapping of each slot's segment (`None` for a block in the reply).
+pub(super) fn mappings_of(
+    maps: &Maps,
+    slots: &[pb::WireSlot],
+) -> Option<Vec<Option<Arc<Mapping>>>> {
+    let maps = maps.lock();
+    slots
+        .iter()
+        .map(|s| {
+            if s.segment == 0 {
+                Some(None)
+            } else {
+                maps.get(&s.segment).cloned().map(Some)
+            }
+        })
+        .collect()
 }
 
 /// Copies each `(source, destinations)` pair, the destinations filled in
@@ -144,6 +180,39 @@ fn copy_all(jobs: &mut [(&[u8], &mut Vec<&mut [u8]>)]) {
     });
 }
 
+/// Copies the payloads into the lent segment, one after another from its
+/// start; on several threads when there is enough to copy.
+fn fill(map: &Mapping, blocks: &[WriteBlock]) {
+    let mut at = 0usize;
+    let jobs: Vec<(usize, &[u8])> = blocks
+        .iter()
+        .map(|b| {
+            let off = at;
+            at += b.payload.len();
+            (off, &b.payload[..])
+        })
+        .collect();
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let threads = (at / PER_THREAD)
+        .clamp(1, MAX_THREADS)
+        .min(cores)
+        .min(jobs.len().max(1));
+    let run = |jobs: &[(usize, &[u8])]| {
+        for &(off, p) in jobs {
+            map.put(off, p);
+        }
+    };
+    if threads <= 1 {
+        return run(&jobs);
+    }
+    let per = jobs.len().div_ceil(threads);
+    std::thread::scope(|sc| {
+        for chunk in jobs.chunks(per) {
+            sc.spawn(move || run(chunk));
+        }
+    });
+}
+
 /// Runs `f` where blocking is allowed: on a multi-threaded runtime the
 /// worker hands its other tasks off first.
 fn blocking<T>(f: impl FnOnce() -> T) -> T {
@@ -159,8 +228,22 @@ impl WireClient {
         &self,
         deadline: Instant,
     ) -> Result<(tokio::sync::SemaphorePermit<'_>, Conn)> {
+        self.checkout_for(deadline, None).await
+    }
+
+    /// [`WireClient::checkout`]; for a save of `lent` bytes, an idle
+    /// connection already lent a segment that large comes first (a new
+    /// one costs a segment faulted in from fresh memory).
+    async fn checkout_for(
+        &self,
+        deadline: Instant,
+        lent: Option<u64>,
+    ) -> Result<(tokio::sync::SemaphorePermit<'_>, Conn)> {
         let slot = self.slots.acquire().await.expect("never closed");
-        let conn = match self.take_idle() {
+        let conn = match lent
+            .and_then(|want| self.take_idle_lent(want))
+            .or_else(|| self.take_idle())
+        {
             Some(c) => c,
             None => {
                 dial_by(
@@ -177,6 +260,19 @@ impl WireClient {
         Ok((slot, conn))
     }
 
+    /// An idle connection lent a segment of at least `want` bytes, if any
+    /// (never in a forked child: `take_idle` gives it its own).
+    fn take_idle_lent(&self, want: u64) -> Option<Conn> {
+        if self.owner.load(Ordering::Acquire) != u64::from(std::process::id()) {
+            return None;
+        }
+        let mut idle = self.idle.lock();
+        let at = idle.iter().rposition(|c| {
+            matches!(c, Conn::Unix(u) if u.lent.as_ref().is_some_and(|(_, m)| m.len() as u64 >= want))
+        })?;
+        Some(idle.swap_remove(at))
+    }
+
     /// Puts a connection back in the pool.
     pub(super) fn give_back(&self, c: Conn) {
         self.idle.lock().push(c);
@@ -190,11 +286,11 @@ impl WireClient {
         &self,
         kind: Kind,
         meta: Vec<u8>,
-        deadline: Instant,
+        (deadline, lent): (Instant, Option<u64>),
         then: impl AsyncFnOnce(&mut UnixConn, Reply) -> Result<T>,
     ) -> Result<T> {
         let r = tokio::time::timeout_at(deadline.into(), async {
-            let (_slot, conn) = self.checkout(deadline).await?;
+            let (_slot, conn) = self.checkout_for(deadline, lent).await?;
             let Conn::Unix(mut c) = conn else {
                 return Err(ClientError::Invalid(
                     "shared memory is only on the same-host socket".into(),
@@ -240,11 +336,14 @@ impl WireClient {
         self.on_local(
             Kind::MapRead,
             read.encode_to_vec(),
-            deadline,
+            (deadline, None),
             async |c, r| {
                 expect(r.header.kind, Kind::MapReadReply, &r.meta)?;
                 let m = pb::WireMapReadReply::decode(r.meta).map_err(|e| transport(e, &addr))?;
-                map_new(&mut c.maps, &m.segments, r.fds, false).map_err(|e| transport(e, &addr))?;
+                map_new(&self.maps, &m.segments, r.fds, &m.retired)
+                    .map_err(|e| transport(e, &addr))?;
+                let held = mappings_of(&self.maps, &m.slots)
+                    .ok_or_else(|| transport("a slot in a segment never sent", &addr))?;
                 let read = m.read.unwrap_or_default();
                 if read.blocks.len() != m.slots.len()
                     || read.payload_lengths.len() != m.slots.len()
@@ -254,11 +353,12 @@ impl WireClient {
                 }
                 let mut jobs: Vec<(&[u8], &mut Vec<&mut [u8]>)> = Vec::with_capacity(m.slots.len());
                 let mut inline = 0usize;
-                for ((slot, &len), d) in m
+                for (((slot, &len), d), map) in m
                     .slots
                     .iter()
                     .zip(&read.payload_lengths)
                     .zip(dests.iter_mut())
+                    .zip(&held)
                 {
                     let src: &[u8] = if slot.segment == 0 {
                         let s = r.data.get(inline..inline + len as usize).ok_or_else(|| {
@@ -267,8 +367,7 @@ impl WireClient {
                         inline += len as usize;
                         s
                     } else {
-                        c.maps
-                            .get(&slot.segment)
+                        map.as_ref()
                             .and_then(|map| map.get(slot.offset, len))
                             .ok_or_else(|| transport("a slot outside the segments sent", &addr))?
                     };
@@ -317,44 +416,45 @@ impl WireClient {
         let lend = pb::WireLend { len: total.max(1) };
         // Asked for on the connection the write goes on: the lent segment is
         // that connection's.
-        self.on_local(Kind::Lend, lend.encode_to_vec(), deadline, async |c, r| {
-            if let Err(e) = expect(r.header.kind, Kind::LendReply, &r.meta) {
-                if e.code() == Some(tonic::Code::ResourceExhausted) {
-                    return Ok(None);
+        self.on_local(
+            Kind::Lend,
+            lend.encode_to_vec(),
+            (deadline, Some(total)),
+            async |c, r| {
+                if let Err(e) = expect(r.header.kind, Kind::LendReply, &r.meta) {
+                    if e.code() == Some(tonic::Code::ResourceExhausted) {
+                        return Ok(None);
+                    }
+                    return Err(e);
                 }
-                return Err(e);
-            }
-            let lent = pb::WireLent::decode(r.meta).map_err(|e| transport(e, &addr))?;
-            let seg = lent.segment.unwrap_or_default();
-            let had_fds = !r.fds.is_empty();
-            if had_fds {
-                let mut fresh = std::collections::HashMap::new();
-                map_new(&mut fresh, std::slice::from_ref(&seg), r.fds, true)
+                let lent = pb::WireLent::decode(r.meta).map_err(|e| transport(e, &addr))?;
+                let seg = lent.segment.unwrap_or_default();
+                let had_fds = !r.fds.is_empty();
+                if had_fds {
+                    check_fds(std::slice::from_ref(&seg), &r.fds)
+                        .map_err(|e| transport(e, &addr))?;
+                    let fd = r.fds.into_iter().next().expect("checked");
+                    let map = Mapping::new(fd, seg.len as usize, true)
+                        .map_err(|e| transport(e, &addr))?;
+                    c.lent = Some((seg.id, map));
+                } else if c.lent.as_ref().is_none_or(|(id, _)| *id != seg.id) {
+                    return Err(transport("a lent segment without its descriptor", &addr));
+                }
+                let (_, map) = c.lent.as_ref().expect("checked above");
+                blocking(|| fill(map, blocks));
+                let f = exchange(c, Kind::WriteLent, write_id, &w.encode_to_vec())
+                    .await
                     .map_err(|e| transport(e, &addr))?;
-                c.lent = fresh.remove(&seg.id).map(|m| (seg.id, m));
-            } else if c.lent.as_ref().is_none_or(|(id, _)| *id != seg.id) {
-                return Err(transport("a lent segment without its descriptor", &addr));
-            }
-            let (_, map) = c.lent.as_ref().expect("checked above");
-            blocking(|| {
-                let mut at = 0usize;
-                for b in blocks {
-                    map.put(at, &b.payload);
-                    at += b.payload.len();
-                }
-            });
-            let f = exchange(c, Kind::WriteLent, write_id, &w.encode_to_vec())
-                .await
-                .map_err(|e| transport(e, &addr))?;
-            expect(f.header.kind, Kind::WriteReply, &f.meta)?;
-            let r = pb::WriteResponse::decode(f.meta).map_err(|e| transport(e, &addr))?;
-            Ok(Some(WriteResult {
-                stored: r.stored,
-                existing: r.existing,
-                deferred: r.deferred,
-                timing: r.timing.unwrap_or_default(),
-            }))
-        })
+                expect(f.header.kind, Kind::WriteReply, &f.meta)?;
+                let r = pb::WriteResponse::decode(f.meta).map_err(|e| transport(e, &addr))?;
+                Ok(Some(WriteResult {
+                    stored: r.stored,
+                    existing: r.existing,
+                    deferred: r.deferred,
+                    timing: r.timing.unwrap_or_default(),
+                }))
+            },
+        )
         .await
     }
 }

@@ -9,14 +9,16 @@
 //! slot under lease is reused by the server, so the addresses stay valid
 //! and their bytes unchanged while the value lives.
 use super::conn::UnixConn;
-use super::local::{exchange, map_new};
+use super::local::{exchange, map_new, mappings_of};
 use super::{Conn, FilledBlock, WireClient, expect, server_timeout_ms, transport};
 use crate::{ClientError, Result};
 use bytes::Bytes;
 use kvtier_core::Key;
 use kvtier_proto::v1 as pb;
 use kvtier_proto::wire::Kind;
+use kvtier_shm::Mapping;
 use prost::Message;
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
@@ -30,6 +32,9 @@ pub struct MappedRead {
     pub reason: String,
     /// Each block's bytes: (address in this process, length).
     regions: Vec<(usize, usize)>,
+    /// The mappings the blocks are in, by segment id (held: not unmapped
+    /// while this lives).
+    held: Vec<(u64, Arc<Mapping>)>,
     /// Blocks the server had no shared memory for came in the reply itself.
     _inline: Bytes,
     lease: u64,
@@ -41,13 +46,11 @@ impl MappedRead {
     /// Block `i`'s bytes (valid until release).
     pub fn bytes(&self, i: usize) -> &[u8] {
         let (addr, len) = self.regions[i];
-        self.conn
-            .as_ref()
-            .and_then(|c| {
-                c.maps.values().find_map(|m| {
-                    let off = addr.checked_sub(m.addr())?;
-                    m.get(off as u64, len as u64)
-                })
+        self.held
+            .iter()
+            .find_map(|(_, m)| {
+                let off = addr.checked_sub(m.addr())?;
+                m.get(off as u64, len as u64)
             })
             .unwrap_or_else(|| {
                 let off = addr - self._inline.as_ptr() as usize;
@@ -60,13 +63,16 @@ impl MappedRead {
         &self.regions
     }
 
-    /// Every segment mapped on this read's connection, (address, length):
-    /// what a GPU engine registers with its driver (once per address; the
-    /// same segment keeps its address while the connection lives).
-    pub fn segments(&self) -> Vec<(usize, usize)> {
-        self.conn.as_ref().map_or_else(Vec::new, |c| {
-            c.maps.values().map(|m| (m.addr(), m.len())).collect()
-        })
+    /// The segments this read's blocks are in, (segment id, address,
+    /// length): what a GPU engine registers with its driver, once per id (a
+    /// segment keeps its address while it is mapped; a new id at an address
+    /// seen before is another mapping, whose old registration must go
+    /// first).
+    pub fn segments(&self) -> Vec<(u64, usize, usize)> {
+        self.held
+            .iter()
+            .map(|(id, m)| (*id, m.addr(), m.len()))
+            .collect()
     }
 
     /// Gives the slots back to the server; the connection returns to the pool.
@@ -129,8 +135,10 @@ impl WireClient {
                 .map_err(|e| transport(e, &self.addr))?;
             expect(r.header.kind, Kind::MapReadReply, &r.meta)?;
             let m = pb::WireMapReadReply::decode(r.meta).map_err(|e| transport(e, &self.addr))?;
-            map_new(&mut c.maps, &m.segments, r.fds, false)
+            map_new(&self.maps, &m.segments, r.fds, &m.retired)
                 .map_err(|e| transport(e, &self.addr))?;
+            let maps = mappings_of(&self.maps, &m.slots)
+                .ok_or_else(|| transport("a slot in a segment never sent", &self.addr))?;
             let reply = m.read.unwrap_or_default();
             if reply.payload_lengths.len() != m.slots.len() {
                 return Err(transport(
@@ -140,7 +148,8 @@ impl WireClient {
             }
             let mut regions = Vec::with_capacity(m.slots.len());
             let mut inline = 0usize;
-            for (slot, &len) in m.slots.iter().zip(&reply.payload_lengths) {
+            let mut held: Vec<(u64, Arc<Mapping>)> = Vec::new();
+            for ((slot, &len), map) in m.slots.iter().zip(&reply.payload_lengths).zip(maps) {
                 let len = len as usize;
                 let at = if slot.segment == 0 {
                     let s = r.data.get(inline..inline + len).ok_or_else(|| {
@@ -149,11 +158,15 @@ impl WireClient {
                     inline += len;
                     s.as_ptr() as usize
                 } else {
-                    c.maps
-                        .get(&slot.segment)
-                        .and_then(|map| map.get(slot.offset, len as u64))
+                    let map = map.expect("a slot in a segment");
+                    let at = map
+                        .get(slot.offset, len as u64)
                         .ok_or_else(|| transport("a slot outside the segments sent", &self.addr))?
-                        .as_ptr() as usize
+                        .as_ptr() as usize;
+                    if !held.iter().any(|(id, _)| *id == slot.segment) {
+                        held.push((slot.segment, map));
+                    }
+                    at
                 };
                 regions.push((at, len));
             }
@@ -163,6 +176,7 @@ impl WireClient {
                 partial: filled.partial,
                 reason: filled.reason,
                 regions,
+                held,
                 _inline: r.data,
                 lease: m.lease,
                 conn: Some(c),

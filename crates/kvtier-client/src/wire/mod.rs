@@ -23,7 +23,6 @@ mod into;
 mod local;
 mod mapped;
 
-use conn::dial_by;
 pub use conn::{Conn, Target, WireTls};
 use frame::{Frame, Sink, exchange};
 pub use into::{FilledBlock, ReadIntoResult};
@@ -33,12 +32,14 @@ pub use mapped::MappedRead;
 #[derive(Clone)]
 pub struct WireClient {
     addr: Target,
-    /// Whether payloads may move by memory (the same-host socket, until the
-    /// server says it cannot copy into this process).
+    /// The server's segments mapped in this process (same-host socket).
+    maps: Arc<local::Maps>,
+    /// Whether payloads may move through shared memory (the same-host socket, until the
+    /// server says it cannot share memory with this process).
     copies: Arc<std::sync::atomic::AtomicBool>,
     /// The process that opened the pool: a forked child must not use its
-    /// parent's connections (on the same-host socket the server would copy
-    /// into the parent's memory), so it dials its own.
+    /// parent's connections (their requests and replies would mix with the
+    /// parent's), so it dials its own.
     owner: Arc<AtomicU64>,
     idle: Arc<Mutex<Vec<Conn>>>,
     slots: Arc<Semaphore>,
@@ -165,8 +166,9 @@ impl WireClient {
         &self.addr
     }
 
-    /// Whether payloads move by memory (the same-host socket, and the server
-    /// can copy into this process) rather than through the socket.
+    /// Whether payloads move through shared memory (the same-host socket,
+    /// and the server can share it with this process) rather than through
+    /// the socket.
     pub fn copies_by_memory(&self) -> bool {
         self.copies.load(Ordering::Relaxed)
     }
@@ -207,23 +209,8 @@ impl WireClient {
         sink: &mut Sink<'_, '_>,
     ) -> Result<Frame> {
         let r = tokio::time::timeout_at(deadline.into(), async {
-            let _slot = self.slots.acquire().await.expect("never closed");
-            let conn = match self.take_idle() {
-                Some(s) => s,
-                None => {
-                    dial_by(
-                        deadline.min(Instant::now() + self.connect_timeout),
-                        &self.addr,
-                        self.congestion.as_deref(),
-                        self.token.as_deref(),
-                        self.tls.as_ref(),
-                        self.server_uid,
-                    )
-                    .await?
-                }
-            };
+            let (_slot, mut sock) = self.checkout(deadline).await?;
             let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-            let mut sock = conn;
             match exchange(&mut sock, kind, id, meta, data, sink).await {
                 Ok(f) => {
                     if reusable(&f) {

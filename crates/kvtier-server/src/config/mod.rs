@@ -134,7 +134,7 @@ pub struct ServerSection {
     /// that listener's port is 0) or "" to disable it.
     pub data_listen: String,
     /// Same-host Unix socket (docs/local.md): gRPC and the data plane, with
-    /// payloads copied by memory; "" (the default) disables it.
+    /// payloads through shared memory; "" (the default) disables it.
     pub local_listen: String,
     /// The socket file's mode, octal (default "0600": its owner only).
     pub local_mode: String,

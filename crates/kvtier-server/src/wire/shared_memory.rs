@@ -30,8 +30,8 @@ use kvtier_proto::v1 as pb;
 use kvtier_proto::wire::{Kind, check_lengths};
 use kvtier_shm::{Arena, Segment, Sharing, arena::Charge};
 use prost::Message;
-use std::collections::{HashMap, HashSet};
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 const API: &str = "local";
@@ -50,8 +50,9 @@ const CHUNK: usize = 1 << 20;
 /// What a connection holds of the front's shared memory.
 pub(super) struct ShmConn {
     shm: Arc<Shm>,
-    /// Segments whose descriptors this connection was sent.
-    sent: HashSet<u64>,
+    /// Segments whose descriptors this connection was sent (a dead one has
+    /// been retired: the client is told, and unmaps it).
+    sent: HashMap<u64, Weak<Segment>>,
     /// Slots under lease, by lease id.
     leases: HashMap<u64, Vec<Bytes>>,
     next_lease: u64,
@@ -63,7 +64,7 @@ impl ShmConn {
     pub(super) fn new(shm: Arc<Shm>) -> Self {
         Self {
             shm,
-            sent: HashSet::new(),
+            sent: HashMap::new(),
             leases: HashMap::new(),
             next_lease: 1,
             lent: None,
@@ -75,11 +76,25 @@ impl ShmConn {
     fn announce(&mut self, segs: impl IntoIterator<Item = Arc<Segment>>) -> Vec<Arc<Segment>> {
         let mut out = Vec::new();
         for s in segs {
-            if self.sent.insert(s.id()) {
+            if self.sent.insert(s.id(), Arc::downgrade(&s)).is_none() {
                 out.push(s);
             }
         }
         out
+    }
+
+    /// Segments this connection was sent that have been retired since.
+    fn retired(&mut self) -> Vec<u64> {
+        let gone: Vec<u64> = self
+            .sent
+            .iter()
+            .filter(|(_, w)| w.strong_count() == 0)
+            .map(|(&id, _)| id)
+            .collect();
+        for id in &gone {
+            self.sent.remove(id);
+        }
+        gone
     }
 }
 
@@ -144,14 +159,14 @@ enum Placed {
 
 /// Each payload in `arena`: where it already is, or copied into a new slot
 /// there, or inline when the arena has no room.
-fn place(arena: &Arena, payloads: Vec<Bytes>) -> Vec<Placed> {
+fn place(shm: &Shm, arena: &Arena, payloads: Vec<Bytes>) -> Vec<Placed> {
     payloads
         .into_iter()
         .map(|p| {
             if let Some((seg, off)) = arena.locate(&p) {
                 return Placed::Slot(seg, off, p);
             }
-            match arena.try_alloc(p.len()) {
+            match shm.alloc(arena, p.len()) {
                 Ok(Some(mut s)) => {
                     s.bytes_mut().copy_from_slice(&p);
                     let (seg, off) = (s.segment().clone(), s.offset());
@@ -204,7 +219,8 @@ async fn map_read_inner(
     }
     let mut out = reader.outcome();
     // Copies of blocks not yet in shared memory: off the runtime's threads.
-    let placed = tokio::task::spawn_blocking(move || place(&arena, payloads))
+    let shm = conn.shm.clone();
+    let placed = tokio::task::spawn_blocking(move || place(&shm, &arena, payloads))
         .await
         .map_err(|e| Refusal::new(refusal::Kind::Internal, format!("placing blocks: {e}")))?;
     // Inline bytes must fit one frame (and the client's limit); past that
@@ -249,6 +265,7 @@ async fn map_read_inner(
         id
     };
     segs.dedup_by_key(|s| s.id());
+    let retired = conn.retired();
     let fds = conn.announce(segs);
     shared
         .metrics
@@ -266,6 +283,7 @@ async fn map_read_inner(
                 len: s.len() as u64,
             })
             .collect(),
+        retired,
     };
     Ok(reply(Kind::MapReadReply, meta.encode_to_vec(), data, fds))
 }
@@ -364,7 +382,8 @@ pub(super) async fn write_lent(
     };
     let ns = w.request.as_ref().map_or("", |r| r.namespace.as_str());
     let arena = conn.shm.arena(ns);
-    let copied = tokio::task::spawn_blocking(move || copy_lent(&seg, &arena, &lengths)).await;
+    let shm = conn.shm.clone();
+    let copied = tokio::task::spawn_blocking(move || copy_lent(&shm, &seg, &arena, &lengths)).await;
     let payloads = match copied {
         Ok(p) => p,
         Err(e) => {
@@ -391,36 +410,74 @@ pub(super) async fn write_lent(
     write(shared, w, payloads, arrived).await
 }
 
+/// Where a saved payload is copied to: a slot of its namespace's arena,
+/// or ordinary memory when the arena has no room.
+enum Dest {
+    Slot(kvtier_shm::SlotMut),
+    Heap(BytesMut),
+}
+
+impl Dest {
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        match self {
+            Dest::Slot(s) => s.bytes_mut(),
+            Dest::Heap(b) => b,
+        }
+    }
+
+    fn freeze(self) -> Bytes {
+        match self {
+            Dest::Slot(s) => s.freeze(),
+            Dest::Heap(b) => b.freeze(),
+        }
+    }
+}
+
 /// Copies each payload out of the lent segment into a slot of `arena` (or
-/// fresh memory when it has no room), with the CRC32C of the copy.
-fn copy_lent(seg: &Segment, arena: &Arena, lengths: &[u64]) -> Vec<(Bytes, u32)> {
+/// fresh memory when it has no room), with the CRC32C of the copy; on as
+/// many threads as there are cores, up to 8, for large saves.
+fn copy_lent(shm: &Shm, seg: &Segment, arena: &Arena, lengths: &[u64]) -> Vec<(Bytes, u32)> {
     let mut at = 0usize;
-    lengths
+    let mut jobs: Vec<(usize, Dest)> = lengths
         .iter()
         .map(|&l| {
             let l = l as usize;
-            let crc = |dst: &mut [u8], at: usize| {
-                let mut crc = 0u32;
-                for (k, chunk) in dst.chunks_mut(CHUNK).enumerate() {
-                    seg.copy_out(at + k * CHUNK, chunk);
-                    crc = crc32c::crc32c_append(crc, chunk);
-                }
-                crc
-            };
-            let out = match arena.alloc(l) {
-                Some(mut s) => {
-                    let c = crc(s.bytes_mut(), at);
-                    (s.freeze(), c)
-                }
-                None => {
-                    let mut b = BytesMut::zeroed(l);
-                    let c = crc(&mut b, at);
-                    (b.freeze(), c)
-                }
-            };
+            let off = at;
             at += l;
-            out
+            let d = match shm.alloc(arena, l).ok().flatten() {
+                Some(s) => Dest::Slot(s),
+                None => Dest::Heap(BytesMut::zeroed(l)),
+            };
+            (off, d)
         })
+        .collect();
+    let copy = |(off, d): &mut (usize, Dest)| {
+        let mut crc = 0u32;
+        for (k, chunk) in d.bytes_mut().chunks_mut(CHUNK).enumerate() {
+            seg.copy_out(*off + k * CHUNK, chunk);
+            crc = crc32c::crc32c_append(crc, chunk);
+        }
+        crc
+    };
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let threads = (at >> 23).clamp(1, 8).min(cores).min(jobs.len().max(1));
+    let crcs: Vec<u32> = if threads <= 1 {
+        jobs.iter_mut().map(copy).collect()
+    } else {
+        let per = jobs.len().div_ceil(threads);
+        std::thread::scope(|sc| {
+            let hs: Vec<_> = jobs
+                .chunks_mut(per)
+                .map(|run| sc.spawn(move || run.iter_mut().map(copy).collect::<Vec<u32>>()))
+                .collect();
+            hs.into_iter()
+                .flat_map(|h| h.join().expect("a copy thread panicked"))
+                .collect()
+        })
+    };
+    jobs.into_iter()
+        .zip(crcs)
+        .map(|((_, d), c)| (d.freeze(), c))
         .collect()
 }
 
