@@ -43,8 +43,9 @@ def _ms(s: float) -> str:
 
 
 def engine_ttft() -> list[str]:
-    """notes/050: a cached 16k-token prompt from the memory tier over the same-host socket against recompute."""
-    rec = _load("050-vllm-in-place.json")
+    """notes/066: a cached 16k-token prompt from the memory tier over the same-host socket (shared memory)
+    against recompute."""
+    rec = _load("066-shared-memory.json")["parts"]["066-shared-memory/vllm.json"]
     row = next(r for r in rec["cached"]
                if (r["mode"], r["path"], r["tier"], r["prompt_tokens"]) == ("sync", "local", "memory", 16384))
     return ["vLLM time to first token, 16k-token prompt cached in kvtier's memory tier over the same-host socket "
@@ -52,7 +53,7 @@ def engine_ttft() -> list[str]:
             f"{_ms(row['recompute_ttft_s'])} recomputing it ({row['ratio']:.4f}×), {row['ratio_to_floor']:.2f}× its "
             "floor (one memcpy of the prefix + the one-token step); "
             + ("same first token" if row["first_token_equal"] else "a different first token"),
-            _link("050")]
+            _link("066")]
 
 
 def gpu_ttft() -> list[str]:
@@ -68,14 +69,15 @@ def gpu_ttft() -> list[str]:
 
 
 def memory_speed() -> list[str]:
-    """notes/051: a 512 MiB prefix loaded into a caller's buffer by the Python SDK on the same-host socket."""
-    rec = _load("051-memory-speed.json")
+    """notes/066: a 512 MiB prefix loaded into a caller's buffer by the Python SDK on the same-host socket
+    (shared memory, connections warm)."""
+    rec = _load("066-shared-memory.json")["parts"]["066-shared-memory/memory-speed.json"]
     row = rec["results"]["4MiB"]
     local, tcp, moon = row["py-local"]["load"], row["py-tcp"]["load"], row["mooncake"]["load"]
     return ["a 128 × 4 MiB prefix loaded into the caller's buffer by the Python SDK on the same-host socket "
             "(2-CPU machine)", f"{local['gbps_median']:.1f} GB/s ({local['vs_memcpy']:.2f}× memcpy)",
             f"one memcpy of the same bytes; TCP data plane {tcp['gbps_median']:.1f} GB/s, Mooncake Store's "
-            f"get_into {moon['gbps_median']:.1f} GB/s in the same run", _link("051")]
+            f"get_into {moon['gbps_median']:.1f} GB/s in the same run", _link("066")]
 
 
 def data_plane() -> list[str]:

@@ -12,8 +12,9 @@ transports:
 * the TCP data plane (``docs/wire.md``), every payload's CRC32C verified as
   it arrives;
 * the same-host socket (``unix:///path``, ``docs/local.md``), where the
-  server copies blocks straight into the caller's buffers and out of them:
-  no payload byte goes through the socket.
+  payloads move through shared memory the server creates (blocks copied
+  out of it into the caller's buffers, saves through a segment lent to the
+  connection): no payload byte goes through the socket.
 
 This module is the seam: it turns the extension's errors into
 :class:`~kvtier.errors.KvtierError` and says whether the extension is there.

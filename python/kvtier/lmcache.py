@@ -353,7 +353,8 @@ class KvtierRemoteConnector(RemoteConnector):
 
         The objects are allocated first, one full chunk each (a chunk is at
         most that), and named to one ``read_into``: on the same-host socket
-        the server copies each chunk into its object, over TCP it is
+        each chunk is copied into its object out of kvtier's shared memory,
+        over TCP it is
         received into it; no ``bytes`` in between (notes/060). A retried
         read fills the same objects again. Objects of chunks not loaded go
         back to LMCache's allocator."""

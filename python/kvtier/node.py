@@ -374,8 +374,9 @@ class NodeClient:
 
         Each block's ``payload`` is a memoryview of the filled bytes of its
         buffer (for a list of parts, a list of memoryviews of each part's
-        filled bytes). On the same-host socket the server copies the blocks into the
-        buffers itself (one copy, no bytes through the socket; docs/local.md);
+        filled bytes). On the same-host socket the blocks are copied into the
+        buffers straight out of kvtier's shared memory (one copy, no bytes
+        through the socket; docs/local.md);
         over the TCP data plane they are received straight into them, each
         checksum verified; over gRPC they are copied in. A buffer too small
         for its block raises ``KvtierError(INVALID_ARGUMENT)``; one that is

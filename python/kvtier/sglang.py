@@ -196,7 +196,7 @@ class KvtierHiCache(_Base):
         try:
             pages = self._segments(host_indices)
             self.stats["get_pages"] += len(keys)
-            # Straight into the pool's pages (the server copies them itself on
+            # Straight into the pool's pages (out of kvtier's shared memory on
             # the same-host socket): no bytes in between (notes/060).
             r = self.client.read_into(self.namespace, [self._key(k) for k in keys], pages)
             for b in r.blocks:

@@ -120,7 +120,8 @@ class WorkerSide:
         # The payloads land in vLLM's cache itself where each layer's tile is
         # one range of memory, else in host rows: pinned memory on a GPU
         # (notes/018: one copy fewer before the transfer). On the same-host
-        # socket kvtier copies them there itself (docs/local.md).
+        # socket they are copied there out of kvtier's shared memory, or on
+        # a GPU DMA'd from it (load_mapped; docs/local.md).
         layout = self._layout
         host = None
         timeout = self.cfg.load_timeout_ms / 1000
