@@ -105,8 +105,8 @@ pub(super) fn map_new(
         maps.remove(id);
     }
     for (s, fd) in segs.iter().zip(fds) {
-        if !maps.contains_key(&s.id) {
-            maps.insert(s.id, Arc::new(Mapping::new(fd, s.len as usize, false)?));
+        if let std::collections::hash_map::Entry::Vacant(e) = maps.entry(s.id) {
+            e.insert(Arc::new(Mapping::new(fd, s.len as usize, false)?));
         }
     }
     Ok(())
