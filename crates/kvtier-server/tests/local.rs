@@ -198,17 +198,7 @@ async fn small_buffers_and_bad_saves_get_clear_errors() {
     assert_eq!(c.lookup("e", &[key(2)], None).await.unwrap().found, 0);
 }
 
-const TOKENS: &str = r#"
-[[tokens]]
-token = "token-for-tenant-a-0001"
-namespaces = ["a/"]
-access = "read-write"
-
-[[tokens]]
-token = "token-for-tenant-b-0002"
-namespaces = ["b/"]
-access = "read-write"
-"#;
+const TOKENS: &str = common::TWO_TENANTS;
 
 #[tokio::test]
 async fn tokens_apply_on_the_socket_and_no_tenant_reads_anothers_blocks() {

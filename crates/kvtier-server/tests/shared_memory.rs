@@ -45,17 +45,7 @@ fn filler(i: u32, len: usize) -> Bytes {
     Bytes::from(vec![(i % 251) as u8 + 1; len])
 }
 
-const TOKENS: &str = r#"
-[[tokens]]
-token = "token-for-tenant-a-0001"
-namespaces = ["a/"]
-access = "read-write"
-
-[[tokens]]
-token = "token-for-tenant-b-0002"
-namespaces = ["b/"]
-access = "read-write"
-"#;
+const TOKENS: &str = common::TWO_TENANTS;
 
 async fn server(dir: &tempfile::TempDir, tokens: bool) -> (Server, String) {
     let path = dir.path().join("kvtier.sock");

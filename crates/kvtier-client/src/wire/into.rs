@@ -174,15 +174,7 @@ impl WireClient {
         dests: &mut [Vec<&mut [u8]>],
         deadline: Instant,
     ) -> Result<ReadIntoResult> {
-        let read = pb::WireReadRequest {
-            request: Some(pb::ReadRequest {
-                namespace: ns.to_string(),
-                keys: keys.iter().map(Key::bytes).collect(),
-                lease_id,
-            }),
-            timeout_ms: server_timeout_ms(deadline),
-            max_reply_bytes: super::MAX_REPLY,
-        };
+        let read = super::read_request(ns, keys, lease_id, deadline);
         if self.copies_by_memory() {
             match self.read_mapped(read.clone(), dests, deadline).await {
                 Ok(reply) => return self.filled_reply(reply, None),

@@ -10,7 +10,7 @@
 //! and their bytes unchanged while the value lives.
 use super::conn::UnixConn;
 use super::local::{exchange, map_new, mappings_of};
-use super::{Conn, FilledBlock, WireClient, expect, server_timeout_ms, transport};
+use super::{Conn, FilledBlock, WireClient, expect, transport};
 use crate::{ClientError, Result};
 use bytes::Bytes;
 use kvtier_core::Key;
@@ -113,15 +113,7 @@ impl WireClient {
                 "map_read needs the same-host socket (docs/local.md)".into(),
             ));
         }
-        let read = pb::WireReadRequest {
-            request: Some(pb::ReadRequest {
-                namespace: ns.to_string(),
-                keys: keys.iter().map(Key::bytes).collect(),
-                lease_id,
-            }),
-            timeout_ms: server_timeout_ms(deadline),
-            max_reply_bytes: super::MAX_REPLY,
-        };
+        let read = super::read_request(ns, keys, lease_id, deadline);
         let run = async {
             let (_slot, conn) = self.checkout(deadline).await?;
             let Conn::Unix(mut c) = conn else {

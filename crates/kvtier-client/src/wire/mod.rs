@@ -340,17 +340,7 @@ impl WireClient {
         lease_id: u64,
         deadline: Instant,
     ) -> Result<ReadResult> {
-        let req = pb::WireReadRequest {
-            request: Some(pb::ReadRequest {
-                namespace: ns.to_string(),
-                keys: keys.iter().map(Key::bytes).collect(),
-                lease_id,
-            }),
-            // The server stops at 90% of the time left so its partial answer
-            // arrives before we give up waiting.
-            timeout_ms: server_timeout_ms(deadline),
-            max_reply_bytes: MAX_REPLY,
-        };
+        let req = read_request(ns, keys, lease_id, deadline);
         let f = self
             .call(Kind::Read, req.encode_to_vec(), &[], deadline)
             .await?;
@@ -454,6 +444,20 @@ pub(crate) fn add_timing(a: &mut pb::ServerTiming, b: &pb::ServerTiming) {
     a.storage_object_us += b.storage_object_us;
     a.storage_peer_us += b.storage_peer_us;
     a.total_us += b.total_us;
+}
+
+/// A Read's metadata (Read, MapRead): the server stops at 90% of the time
+/// left so its partial answer arrives before the client gives up waiting.
+fn read_request(ns: &str, keys: &[Key], lease_id: u64, deadline: Instant) -> pb::WireReadRequest {
+    pb::WireReadRequest {
+        request: Some(pb::ReadRequest {
+            namespace: ns.to_string(),
+            keys: keys.iter().map(Key::bytes).collect(),
+            lease_id,
+        }),
+        timeout_ms: server_timeout_ms(deadline),
+        max_reply_bytes: MAX_REPLY,
+    }
 }
 
 /// The metadata key of an error frame's `reason` (docs/wire.md), when it has one.

@@ -65,3 +65,17 @@ pub async fn shed_total(server: &Server) -> f64 {
         .and_then(|v| v.parse().ok())
         .unwrap_or_else(|| panic!("no kvtier_shed_total in {m}"))
 }
+
+/// Two tenants' tokens (`a/` and `b/`, read-write), for tests that play one
+/// against the other.
+pub const TWO_TENANTS: &str = r#"
+[[tokens]]
+token = "token-for-tenant-a-0001"
+namespaces = ["a/"]
+access = "read-write"
+
+[[tokens]]
+token = "token-for-tenant-b-0002"
+namespaces = ["b/"]
+access = "read-write"
+"#;
