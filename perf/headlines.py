@@ -45,7 +45,7 @@ def _ms(s: float) -> str:
 def engine_ttft() -> list[str]:
     """notes/066: a cached 16k-token prompt from the memory tier over the same-host socket (shared memory)
     against recompute."""
-    rec = _load("066-shared-memory.json")["parts"]["066-shared-memory/vllm.json"]
+    rec = _load("066-shared-memory.json")["parts"]["066-shared-memory/vllm-unbound.json"]
     row = next(r for r in rec["cached"]
                if (r["mode"], r["path"], r["tier"], r["prompt_tokens"]) == ("sync", "local", "memory", 16384))
     return ["vLLM time to first token, 16k-token prompt cached in kvtier's memory tier over the same-host socket "

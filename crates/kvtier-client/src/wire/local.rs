@@ -144,6 +144,29 @@ pub(super) fn mappings_of(
         .collect()
 }
 
+/// CPUs this machine has online: not `available_parallelism`, which is the
+/// calling thread's affinity, and engines bind their threads to one core
+/// each (vLLM's CPU backend binds its OpenMP threads, the caller's among
+/// them).
+fn cores() -> usize {
+    nix::unistd::sysconf(nix::unistd::SysconfVar::_NPROCESSORS_ONLN)
+        .ok()
+        .flatten()
+        .map_or(1, |n| n.max(1) as usize)
+}
+
+/// Lets a copy thread run on every CPU this process may use (the kernel
+/// keeps it within the process's cpuset): a thread inherits its creator's
+/// affinity, which in an engine that binds its threads is one core, and
+/// every copy thread would share it.
+fn unbind() {
+    let mut all = nix::sched::CpuSet::new();
+    for i in 0..nix::sched::CpuSet::count() {
+        let _ = all.set(i);
+    }
+    let _ = nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &all);
+}
+
 /// Copies each `(source, destinations)` pair, the destinations filled in
 /// order; on several threads when there is enough to copy.
 fn copy_all(jobs: &mut [(&[u8], &mut Vec<&mut [u8]>)]) {
@@ -159,7 +182,7 @@ fn copy_all(jobs: &mut [(&[u8], &mut Vec<&mut [u8]>)]) {
         }
     }
     let bytes: usize = jobs.iter().map(|(s, _)| s.len()).sum();
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let cores = cores();
     let threads = (bytes / PER_THREAD)
         .clamp(1, MAX_THREADS)
         .min(cores)
@@ -175,7 +198,10 @@ fn copy_all(jobs: &mut [(&[u8], &mut Vec<&mut [u8]>)]) {
     let per = jobs.len().div_ceil(threads);
     std::thread::scope(|sc| {
         for chunk in jobs.chunks_mut(per) {
-            sc.spawn(move || run(chunk));
+            sc.spawn(move || {
+                unbind();
+                run(chunk)
+            });
         }
     });
 }
@@ -192,7 +218,7 @@ fn fill(map: &Mapping, blocks: &[WriteBlock]) {
             (off, &b.payload[..])
         })
         .collect();
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let cores = cores();
     let threads = (at / PER_THREAD)
         .clamp(1, MAX_THREADS)
         .min(cores)
@@ -208,7 +234,10 @@ fn fill(map: &Mapping, blocks: &[WriteBlock]) {
     let per = jobs.len().div_ceil(threads);
     std::thread::scope(|sc| {
         for chunk in jobs.chunks(per) {
-            sc.spawn(move || run(chunk));
+            sc.spawn(move || {
+                unbind();
+                run(chunk)
+            });
         }
     });
 }
@@ -456,5 +485,49 @@ impl WireClient {
             },
         )
         .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use nix::sched::{CpuSet, sched_getaffinity, sched_setaffinity};
+    use nix::unistd::Pid;
+
+    /// An engine that binds its threads to one core each must not get every
+    /// copy thread on that core: the copy counts the machine's CPUs, not
+    /// its caller's, and each copy thread widens its own affinity.
+    #[test]
+    fn copy_threads_leave_a_callers_one_core_binding() {
+        let online = cores();
+        std::thread::spawn(move || {
+            let mut one = CpuSet::new();
+            one.set(0).unwrap();
+            sched_setaffinity(Pid::from_raw(0), &one).unwrap();
+            assert_eq!(
+                cores(),
+                online,
+                "counted from the machine, not the bound caller"
+            );
+            let widened = std::thread::spawn(|| {
+                unbind();
+                let got = sched_getaffinity(Pid::from_raw(0)).unwrap();
+                (0..CpuSet::count())
+                    .filter(|&i| got.is_set(i).unwrap_or(false))
+                    .count()
+            })
+            .join()
+            .unwrap();
+            let allowed = std::thread::available_parallelism().map_or(1, |n| n.get());
+            assert_eq!(allowed, 1, "the caller stays bound");
+            if online > 1 {
+                assert!(
+                    widened > 1,
+                    "a copy thread of a one-core caller runs on {widened} CPU"
+                );
+            }
+        })
+        .join()
+        .unwrap();
     }
 }
