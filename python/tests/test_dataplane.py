@@ -330,6 +330,8 @@ def test_map_read_leaves_blocks_in_shared_memory_until_release(local_server, ns)
                 assert any(a <= addr and addr + n <= a + length for _, a, length in segs), "a region outside"
             buf = bytearray(4 << 20)
             assert m.copy_into(3, buf) == 4 << 20 and buf == blocks[3].payload
+            with pytest.raises(IndexError):
+                m.copy_into(8, buf)  # past the last block found: an error, not a crash
         with pytest.raises(Exception, match="released"):
             _ = m.regions
         # The connection went back to the pool: reads go on.

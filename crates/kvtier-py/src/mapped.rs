@@ -88,7 +88,12 @@ impl MappedRead {
     fn copy_into(&self, i: usize, buffer: &Bound<'_, PyAny>) -> PyResult<usize> {
         let mut held = crate::buffers::Held::of(buffer, true, "buffer")?;
         self.with(|m| {
-            let src = m.bytes(i);
+            let src = m.bytes(i).ok_or_else(|| {
+                pyo3::exceptions::PyIndexError::new_err(format!(
+                    "block {i} of a read of {} blocks",
+                    m.blocks.len()
+                ))
+            })?;
             let dst = held.bytes_mut();
             if dst.len() < src.len() {
                 return Err(pyo3::exceptions::PyValueError::new_err(format!(

@@ -182,20 +182,26 @@ fn copy_all(jobs: &mut [(&[u8], &mut Vec<&mut [u8]>)]) {
         }
     }
     let bytes: usize = jobs.iter().map(|(s, _)| s.len()).sum();
-    let cores = cores();
-    let threads = (bytes / PER_THREAD)
-        .clamp(1, MAX_THREADS)
-        .min(cores)
-        .min(jobs.len().max(1));
-    let run = |jobs: &mut [(&[u8], &mut Vec<&mut [u8]>)]| {
-        for (s, d) in jobs.iter_mut() {
+    on_threads(jobs, bytes, |run| {
+        for (s, d) in run.iter_mut() {
             one(s, d);
         }
-    };
+    });
+}
+
+/// Runs `run` over `jobs` cut into one run per thread: as many threads as
+/// `bytes` is worth (one per [`PER_THREAD`]), at most one per online CPU and
+/// [`MAX_THREADS`]; each thread first leaves its creator's binding.
+fn on_threads<T: Send>(jobs: &mut [T], bytes: usize, run: impl Fn(&mut [T]) + Sync) {
+    let threads = (bytes / PER_THREAD)
+        .clamp(1, MAX_THREADS)
+        .min(cores())
+        .min(jobs.len().max(1));
     if threads <= 1 {
         return run(jobs);
     }
     let per = jobs.len().div_ceil(threads);
+    let run = &run;
     std::thread::scope(|sc| {
         for chunk in jobs.chunks_mut(per) {
             sc.spawn(move || {
@@ -210,7 +216,7 @@ fn copy_all(jobs: &mut [(&[u8], &mut Vec<&mut [u8]>)]) {
 /// start; on several threads when there is enough to copy.
 fn fill(map: &Mapping, blocks: &[WriteBlock]) {
     let mut at = 0usize;
-    let jobs: Vec<(usize, &[u8])> = blocks
+    let mut jobs: Vec<(usize, &[u8])> = blocks
         .iter()
         .map(|b| {
             let off = at;
@@ -218,26 +224,9 @@ fn fill(map: &Mapping, blocks: &[WriteBlock]) {
             (off, &b.payload[..])
         })
         .collect();
-    let cores = cores();
-    let threads = (at / PER_THREAD)
-        .clamp(1, MAX_THREADS)
-        .min(cores)
-        .min(jobs.len().max(1));
-    let run = |jobs: &[(usize, &[u8])]| {
-        for &(off, p) in jobs {
+    on_threads(&mut jobs, at, |run| {
+        for &mut (off, p) in run {
             map.put(off, p);
-        }
-    };
-    if threads <= 1 {
-        return run(&jobs);
-    }
-    let per = jobs.len().div_ceil(threads);
-    std::thread::scope(|sc| {
-        for chunk in jobs.chunks(per) {
-            sc.spawn(move || {
-                unbind();
-                run(chunk)
-            });
         }
     });
 }

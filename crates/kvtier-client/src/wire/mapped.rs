@@ -43,18 +43,18 @@ pub struct MappedRead {
 }
 
 impl MappedRead {
-    /// Block `i`'s bytes (valid until release).
-    pub fn bytes(&self, i: usize) -> &[u8] {
-        let (addr, len) = self.regions[i];
+    /// Block `i`'s bytes (valid until release); `None` past the last block.
+    pub fn bytes(&self, i: usize) -> Option<&[u8]> {
+        let &(addr, len) = self.regions.get(i)?;
         self.held
             .iter()
             .find_map(|(_, m)| {
                 let off = addr.checked_sub(m.addr())?;
                 m.get(off as u64, len as u64)
             })
-            .unwrap_or_else(|| {
-                let off = addr - self._inline.as_ptr() as usize;
-                &self._inline[off..off + len]
+            .or_else(|| {
+                let off = addr.checked_sub(self._inline.as_ptr() as usize)?;
+                self._inline.get(off..off + len)
             })
     }
 
