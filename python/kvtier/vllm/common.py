@@ -49,6 +49,8 @@ class LoadSpec:
     #: only): the worker's own client never saw the Lookup.
     lease_nodes: dict[str, str] = field(default_factory=dict)
     is_async: bool = False
+    #: The KV-cache group whose blocks these are (hybrid models; docs/vllm.md).
+    group: int = 0
 
 
 @dataclass
@@ -59,6 +61,8 @@ class SaveSpec:
     keys: list[bytes]
     block_ids: list[int]
     parent: bytes | None
+    #: The KV-cache group whose blocks these are (hybrid models; docs/vllm.md).
+    group: int = 0
 
 
 def chain_keys(

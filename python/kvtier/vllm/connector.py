@@ -22,6 +22,8 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1,
     KVConnectorMetadata,
     KVConnectorRole,
+    KVConnectorTransferResults,
+    SupportsHMA,
 )
 
 from ..client import Client
@@ -61,8 +63,15 @@ def _client(cfg: ConnectorConfig, timeout_ms: int) -> Client:
     )
 
 
-class KvtierConnector(KVConnectorBase_V1):
-    """A vLLM KV connector that stores and loads full KV blocks in kvtier."""
+class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
+    """A vLLM KV connector that stores and loads full KV blocks in kvtier.
+
+    It supports vLLM's hybrid KV-cache manager (``SupportsHMA``), so vLLM
+    keeps it on: each KV-cache group (full attention, sliding window, chunked
+    local) is stored in a namespace of its own, a worker side per group moves
+    its blocks, and a model whose groups kvtier cannot cache (Mamba states)
+    runs with the connector off and HMA on (docs/vllm.md, "Hybrid models").
+    """
 
     @property
     def requires_kv_delivery(self) -> bool:
@@ -76,7 +85,12 @@ class KvtierConnector(KVConnectorBase_V1):
         self.cfg = ConnectorConfig.from_extra(ktc.kv_connector_extra_config)
         self.block_size = vllm_config.cache_config.block_size
         self._scheduler: SchedulerSide | None = None
-        self._worker: WorkerSide | None = None
+        self._workers: list[WorkerSide] = []
+        # Async loads of a hybrid model: a request is loaded once every
+        # group's worker side finished (groups left, per request), and
+        # failed if one failed (reported once finished).
+        self._recv_left: dict[str, int] = {}
+        self._recv_failed: set[str] = set()
         self.disabled = unsupported_reason(kv_cache_config) if kv_cache_config is not None else "no KV-cache config"
         if self.disabled:
             log.warning("kvtier connector disabled: %s; the engine runs without kvtier", self.disabled)
@@ -95,27 +109,36 @@ class KvtierConnector(KVConnectorBase_V1):
                 can_save=ktc.is_kv_producer,
                 block_size=self.block_size,
                 stats=stats,
+                specs=[g.kv_cache_spec for g in kv_cache_config.kv_cache_groups],
             )
             log.info("kvtier connector (scheduler): %s, namespaces %s, load_mode %s",
                      self.cfg.url, self._scheduler.namespaces, self.cfg.load_mode)
+            if self._scheduler.hybrid:
+                kinds = ", ".join(f"{g}: {k}" for g, k in enumerate(self._scheduler.kinds))
+                log.info("kvtier connector: hybrid model, %d KV-cache groups (%s), a namespace each; loads are "
+                         "async (vLLM takes a multi-group load failure only from an async load)",
+                         len(self._scheduler.kinds), kinds)
         else:
             from vllm.distributed.parallel_state import get_pp_group, get_tensor_model_parallel_rank
 
             if request_amx():
                 log.debug("kvtier connector: AMX tile state granted to this worker (docs/vllm.md)")
-            ns = self.identity.namespace(get_pp_group().rank_in_group, get_tensor_model_parallel_rank())
-            self._worker = WorkerSide(
-                self.cfg,
-                ns,
-                _client(self.cfg, self.cfg.load_timeout_ms),
-                list(kv_cache_config.kv_cache_groups[0].layer_names),
-                self.block_size,
-                stats,
-            )
+            rank = (get_pp_group().rank_in_group, get_tensor_model_parallel_rank())
+            client = _client(self.cfg, self.cfg.load_timeout_ms)  # one pool for every group
+            self._workers = [
+                WorkerSide(self.cfg, self.identity.namespace(*rank, g), client, list(group.layer_names),
+                           self.block_size, stats, log_transport=g == 0)
+                for g, group in enumerate(kv_cache_config.kv_cache_groups)
+            ]
+
+    @property
+    def _worker(self) -> WorkerSide | None:
+        """The first group's worker side (the only one of a model with one group)."""
+        return self._workers[0] if self._workers else None
 
     @property
     def namespace(self) -> str:
-        """This worker's namespace (the first rank's on the scheduler side)."""
+        """This worker's namespace of the first group (the first rank's on the scheduler side)."""
         if self._worker is not None:
             return self._worker.namespace
         return self.identity.namespace() if not self.disabled else ""
@@ -125,23 +148,31 @@ class KvtierConnector(KVConnectorBase_V1):
     # ==============================
 
     def register_kv_caches(self, kv_caches: dict[str, Any]) -> None:
-        if self._worker is not None:
+        for w in self._workers:
             try:
-                self._worker.register(kv_caches)
+                w.register(kv_caches)
             except ValueError as e:
-                log.warning("kvtier connector disabled on this worker: %s", e)
-                self._worker.layout = None
+                log.warning("kvtier connector disabled on this worker (%s): %s", w.namespace, e)
+                w.layout = None
 
     def start_load_kv(self, forward_context, **kwargs: Any) -> None:
-        if self._worker is None or not self.has_connector_metadata():
+        if not self._workers or not self.has_connector_metadata():
             return
         meta = self._get_connector_metadata()
-        if meta.loads:
-            self._worker.start_load(meta.loads)
+        if not meta.loads:
+            return
+        for g, w in enumerate(self._workers):
+            specs = [s for s in meta.loads if s.group == g]
+            if specs:
+                if len(self._workers) > 1:
+                    for spec in specs:
+                        if spec.is_async:
+                            self._recv_left[spec.req_id] = self._recv_left.get(spec.req_id, 0) + 1
+                w.start_load(specs)
 
     def wait_for_layer_load(self, layer_name: str) -> None:
-        if self._worker is not None:
-            self._worker.wait_for_layer_load(layer_name)
+        for w in self._workers:
+            w.wait_for_layer_load(layer_name)
 
     def save_kv_layer(self, layer_name: str, kv_layer, attn_metadata, **kwargs: Any) -> None:
         # Blocks are copied out once per step in wait_for_save (all layers in one
@@ -150,24 +181,49 @@ class KvtierConnector(KVConnectorBase_V1):
         return
 
     def wait_for_save(self) -> None:
-        if self._worker is None or not self.has_connector_metadata():
+        if not self._workers or not self.has_connector_metadata():
             return
         meta = self._get_connector_metadata()
-        self._worker.save(meta.saves, meta.forget)
+        for g, w in enumerate(self._workers):
+            w.save([s for s in meta.saves if s.group == g], meta.forget)
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
-        if self._worker is None:
-            return None, None
-        return None, self._worker.get_finished() or None
+        return None, self._finished_recving() or None
+
+    def _finished_recving(self) -> set[str]:
+        if len(self._workers) == 1:
+            return self._workers[0].get_finished()
+        done: set[str] = set()
+        for w in self._workers:
+            self._recv_failed |= w.take_failed()
+            for req_id in w.get_finished():
+                left = self._recv_left.get(req_id, 1) - 1
+                if left > 0:
+                    self._recv_left[req_id] = left
+                else:
+                    self._recv_left.pop(req_id, None)
+                    done.add(req_id)
+        return done
+
+    def get_transfer_results(self, finished_req_ids: set[str]) -> KVConnectorTransferResults:
+        done = self._finished_recving()
+        # A hybrid model's failed loads go to vLLM as failed requests: it
+        # cannot map a block id back to a request with several groups.
+        failed = self._recv_failed & done
+        self._recv_failed -= failed
+        return KVConnectorTransferResults(finished_recving=done, failed_recving=failed)
 
     def get_block_ids_with_load_errors(self) -> set[int]:
-        if self._worker is None:
+        if len(self._workers) != 1:
+            for w in self._workers:
+                w.take_errors()  # (reported as failed requests instead)
             return set()
-        return self._worker.take_errors()
+        self._workers[0].take_failed()  # (a single group reports blocks, below)
+        return self._workers[0].take_errors()
 
     def shutdown(self) -> None:
-        if self._worker is not None:
-            self._worker.shutdown()
+        for w in self._workers:
+            w.shutdown()
         if self._scheduler is not None:
             self._scheduler.shutdown()
 
@@ -198,10 +254,16 @@ class KvtierConnector(KVConnectorBase_V1):
     def update_connector_output(self, connector_output) -> None:
         if self._scheduler is not None:
             self._scheduler.update_connector_output(
-                connector_output.finished_recving, getattr(connector_output, "invalid_block_ids", None)
+                connector_output.finished_recving, getattr(connector_output, "invalid_block_ids", None),
+                getattr(connector_output, "failed_recving", None),
             )
 
     def request_finished(self, request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
         if self._scheduler is not None:
             return False, self._scheduler.request_finished(request)
         return False, None
+
+    def request_finished_all_groups(self, request, block_ids: tuple[list[int], ...]) -> tuple[bool, dict[str, Any] | None]:
+        # Saves copy blocks out at the end of their step, so no group's blocks
+        # need to outlive the request.
+        return self.request_finished(request, block_ids[0] if block_ids else [])

@@ -17,7 +17,11 @@ would load another's KV and produce wrong text with no error anywhere:
   pipeline parallelism, how the layers are split between stages instead);
 * **parallelism**: tensor- and pipeline-parallel size and this rank (each
   rank holds its own heads or layers);
-* **the payload format version** of this connector.
+* **the payload format version** of this connector;
+* **the KV-cache group** of a hybrid model (several groups: sliding-window
+  and global layers, docs/vllm.md "Hybrid models"): each group's layers, spec
+  and index, so two groups never share a key. A model with one group keeps
+  the namespace it always had.
 
 All of it is hashed (SHA-256, 80 bits kept) into a namespace such as
 ``vllm/small/3f9a0c1d2e4b5a6f7c8d`` (at most 128 characters), preceded by the
@@ -33,7 +37,8 @@ import re
 from pathlib import Path
 from typing import Any
 
-__all__ = ["PAYLOAD_FORMAT", "EngineIdentity", "weights_fingerprint", "unsupported_reason"]
+__all__ = ["PAYLOAD_FORMAT", "EngineIdentity", "weights_fingerprint", "unsupported_reason", "group_kind",
+           "skipped_tokens"]
 
 #: Version of the payload layout (docs/vllm.md); part of every namespace.
 PAYLOAD_FORMAT = "kvtier-vllm-payload-v1"
@@ -61,23 +66,60 @@ def weights_fingerprint(path: str | os.PathLike) -> str:
     return h.hexdigest()
 
 
+def group_kind(spec) -> str:
+    """What a prefix hit needs of a KV-cache group with ``spec`` (vLLM's
+    ``single_type_kv_cache_manager``): ``"full"``, every block before the hit
+    (full attention, MLA, and a sliding-window layer vLLM runs as full
+    attention when its hybrid manager is off); ``"window"``, only the blocks
+    vLLM keeps at the hit (sliding window, chunked local); ``""``, a kind
+    kvtier does not cache."""
+    from vllm.v1.kv_cache_interface import ChunkedLocalAttentionSpec, FullAttentionSpec, SlidingWindowSpec
+
+    if isinstance(spec, (SlidingWindowSpec, ChunkedLocalAttentionSpec)):
+        return "window"
+    if isinstance(spec, FullAttentionSpec):
+        return "full"
+    return ""
+
+
+def skipped_tokens(spec, computed: int) -> int:
+    """Leading tokens of a ``computed``-token prefix that a group with ``spec``
+    no longer attends to, so vLLM holds null blocks there: the same sums as
+    vLLM's ``SlidingWindowManager`` / ``ChunkedLocalAttentionManager``
+    ``get_num_skipped_tokens`` (a unit test compares them)."""
+    from vllm.v1.kv_cache_interface import ChunkedLocalAttentionSpec, SlidingWindowSpec
+
+    if isinstance(spec, SlidingWindowSpec):
+        return max(0, computed - spec.sliding_window + 1 - getattr(spec, "extra_retained_tokens", 0))
+    if isinstance(spec, ChunkedLocalAttentionSpec):
+        return computed // spec.attention_chunk_size * spec.attention_chunk_size
+    return 0
+
+
 def unsupported_reason(kv_cache_config) -> str:
     """Why this engine's KV cache cannot go through kvtier, or ``""``.
 
-    Supported: one KV-cache group of full attention (MLA included). Hybrid
-    models (sliding window, Mamba, several groups) would need per-group
-    payloads and are left out.
+    Supported: any number of KV-cache groups of full attention (MLA included),
+    sliding-window and chunked-local attention, all of one block size.
+    Mamba / linear-attention state groups are named and refused: kvtier does
+    not store recurrent states (docs/vllm.md, "Hybrid models").
     """
-    from vllm.v1.kv_cache_interface import FullAttentionSpec
-
     groups = kv_cache_config.kv_cache_groups
-    if len(groups) != 1:
-        return f"{len(groups)} KV-cache groups (hybrid model); only one full-attention group is supported"
-    spec = groups[0].kv_cache_spec
-    if not isinstance(spec, FullAttentionSpec):
-        return f"KV-cache spec {type(spec).__name__} is not full attention"
-    if spec.sliding_window is not None or spec.attention_chunk_size is not None:
-        return "sliding-window or chunked-local attention layers"
+    if not groups:
+        return "no KV-cache groups"
+    sizes = {g.kv_cache_spec.block_size for g in groups}
+    for i, g in enumerate(groups):
+        spec = g.kv_cache_spec
+        if not group_kind(spec):
+            what = type(spec).__name__
+            if "Mamba" in what:
+                return (f"KV-cache group {i} holds state-space (Mamba / linear-attention) layers ({what}); "
+                        "kvtier caches attention KV only")
+            return f"KV-cache group {i} has spec {what}, which kvtier does not cache"
+        if getattr(spec, "prefix_cacheable", True) is False:
+            return f"KV-cache group {i} is not prefix-cacheable ({type(spec).__name__})"
+    if len(sizes) != 1:
+        return f"KV-cache groups of different block sizes {sorted(sizes)}"
     return ""
 
 
@@ -93,7 +135,7 @@ class EngineIdentity:
     def __init__(self, vllm_config, kv_cache_config, model_id: str = "", prefix: str = ""):
         mc = vllm_config.model_config
         pc = vllm_config.parallel_config
-        group = kv_cache_config.kv_cache_groups[0]
+        groups = kv_cache_config.kv_cache_groups
         if model_id:
             model = {"model_id": model_id}
         else:
@@ -106,8 +148,15 @@ class EngineIdentity:
         # Private keys ("_name_or_path", "_attn_implementation...") are set at
         # run time and differ between entry points for the same model.
         hf = {k: v for k, v in hf.items() if not k.startswith("_") and k != "transformers_version"}
+        # Per group: its spec and layers (one namespace per group, below).
+        self._groups: list[dict[str, Any]] = []
+        for group in groups:
+            facts: dict[str, Any] = {"spec": repr(group.kv_cache_spec)}
+            if pc.pipeline_parallel_size == 1:
+                facts["layers"] = list(group.layer_names)
+            self._groups.append(facts)
         if pc.pipeline_parallel_size == 1:
-            layers: dict[str, Any] = {"layers": list(group.layer_names)}
+            layers: dict[str, Any] = {}
         else:
             # Each PP worker's config lists only its stage's layers, and the
             # scheduler gets a copy of worker 0's (vLLM's
@@ -125,7 +174,6 @@ class EngineIdentity:
             "hf_config": hf,
             "cache_dtype": vllm_config.cache_config.cache_dtype,
             "block_size": vllm_config.cache_config.block_size,
-            "spec": repr(group.kv_cache_spec),
             **layers,
             "device": vllm_config.device_config.device_type,
             "tp": pc.tensor_parallel_size,
@@ -136,12 +184,19 @@ class EngineIdentity:
         self.block_size = vllm_config.cache_config.block_size
         self.world = [(pp, tp) for pp in range(pc.pipeline_parallel_size) for tp in range(pc.tensor_parallel_size)]
 
-    def namespace(self, pp_rank: int = 0, tp_rank: int = 0) -> str:
-        """The namespace of rank (``pp_rank``, ``tp_rank``)."""
-        blob = json.dumps({**self.facts, "rank": [pp_rank, tp_rank]}, sort_keys=True, default=str)
+    @property
+    def num_groups(self) -> int:
+        return len(self._groups)
+
+    def namespace(self, pp_rank: int = 0, tp_rank: int = 0, group: int = 0) -> str:
+        """The namespace of KV-cache ``group`` on rank (``pp_rank``, ``tp_rank``)."""
+        facts = {**self.facts, **self._groups[group], "rank": [pp_rank, tp_rank]}
+        if len(self._groups) > 1:
+            facts["group"] = group
+        blob = json.dumps(facts, sort_keys=True, default=str)
         digest = hashlib.sha256(blob.encode()).hexdigest()[:20]
         return f"{self.prefix}vllm/{self.slug}/{digest}"
 
-    def namespaces(self) -> list[str]:
-        """Every rank's namespace (what the scheduler looks up)."""
-        return [self.namespace(pp, tp) for pp, tp in self.world]
+    def namespaces(self, group: int = 0) -> list[str]:
+        """Every rank's namespace of ``group`` (what the scheduler looks up)."""
+        return [self.namespace(pp, tp, group) for pp, tp in self.world]

@@ -8,6 +8,13 @@ kvtier or already handed to a worker for storing. Each step,
 workers, and keys to delete (blocks computed after a load that failed).
 Nothing here blocks for long: the Lookup has its own short deadline and a
 circuit breaker, and a failure means "0 external tokens".
+
+A hybrid model has several KV-cache groups, each in its own namespace
+(docs/vllm.md, "Hybrid models"). A hit of ``h`` tokens needs every block
+before ``h`` of a full-attention group, but of a sliding-window or
+chunked-local group only the blocks vLLM keeps at ``h`` (the window), so
+those are the only ones looked up and loaded: blocks that fell out of every
+window a hit uses are never read, and the memory tier's LRU evicts them first.
 """
 from __future__ import annotations
 
@@ -20,7 +27,7 @@ from typing import Any
 
 from .common import Breaker, LoadSpec, SaveSpec, StatsLog, chain_keys, is_outage, log
 from .config import ConnectorConfig
-from .identity import EngineIdentity
+from .identity import EngineIdentity, group_kind, skipped_tokens
 
 __all__ = ["SchedulerSide"]
 
@@ -62,6 +69,9 @@ class _Wait:
 #: How often a waiting consumer asks kvtier again (the scheduler calls back every step).
 _WAIT_PROBE_S = 0.005
 
+#: Times a hit is moved back to before a missing window block and checked again.
+_WINDOW_TRIES = 4
+
 
 def _transfer_params(request) -> dict[str, Any]:
     """The request's ``kv_transfer_params`` (client input: anything but a dict is ignored)."""
@@ -90,10 +100,20 @@ class SchedulerSide:
     """Scheduler-role logic of :class:`kvtier.vllm.KvtierConnector`."""
 
     def __init__(self, cfg: ConnectorConfig, identity: EngineIdentity, client, can_load: bool, can_save: bool,
-                 block_size: int, stats: StatsLog):
+                 block_size: int, stats: StatsLog, specs: list | None = None):
         self.cfg = cfg
         self.identity = identity
-        self.namespaces = identity.namespaces()
+        #: The KV-cache groups' specs (None: one full-attention group), their
+        #: kinds (identity.group_kind) and every rank's namespace of each.
+        self.specs = specs or [None]
+        self.kinds = [group_kind(sp) if sp is not None else "full" for sp in self.specs]
+        self.group_ns = [identity.namespaces(g) if len(self.specs) > 1 else identity.namespaces()
+                         for g in range(len(self.specs))]
+        self.namespaces = [ns for group in self.group_ns for ns in group]
+        #: vLLM accepts load failures of a multi-group model only as failed
+        #: async loads (its scheduler's _handle_invalid_blocks raises), so
+        #: every load of a hybrid model is async whatever load_mode says.
+        self.hybrid = len(self.specs) > 1
         self.client = client
         self.can_load = can_load
         self.can_save = can_save
@@ -120,30 +140,73 @@ class SchedulerSide:
 
     # -- lookup -----------------------------------------------------------
 
+    def _ask(self, namespaces: list[str], keys: list[bytes], lease_ms: int, timeout: float,
+             leases: dict[str, int], nodes: dict[str, str], tiers: dict[str, int]) -> int:
+        """Leading ``keys`` present in every namespace of ``namespaces``
+        (leases and where they were granted added to ``leases``/``nodes``)."""
+        found = len(keys)
+        for ns in namespaces:
+            r = self.client.lookup(ns, keys=keys[:found], lease_ms=lease_ms, timeout=timeout)
+            found = min(found, r.found)
+            for t in r.tiers[:found]:
+                tiers[t.name.lower()] = tiers.get(t.name.lower(), 0) + 1
+            if r.lease_id:
+                leases[ns] = r.lease_id
+                if r.lease_node:
+                    nodes[ns] = r.lease_node
+            if found == 0:
+                break
+        return found
+
+    def _hit_blocks(self, request, keys: list[bytes], lease_ms: int, timeout: float,
+                    leases: dict[str, int], nodes: dict[str, str], tiers: dict[str, int]) -> int:
+        """Leading blocks of ``keys`` every group can serve (the model's hit).
+
+        Full-attention groups need every block before the hit; window groups
+        (sliding window, chunked local) only the blocks vLLM keeps at it. A
+        window with a missing block moves the hit back to before that block
+        and is checked again, up to ``_WINDOW_TRIES`` times."""
+        found = len(keys)
+        for g, kind in enumerate(self.kinds):
+            if kind == "full" and found:
+                found = self._ask(self.group_ns[g], keys[:found], lease_ms, timeout, leases, nodes, tiers)
+        windows = [g for g, kind in enumerate(self.kinds) if kind == "window"]
+        if not windows:
+            return found
+        bs = self.block_size
+        for _ in range(_WINDOW_TRIES):
+            if not found:
+                return 0
+            hit = min(found * bs, request.num_tokens - 1)
+            end = -(-hit // bs)
+            attempt: dict[str, int] = {}
+            ok = True
+            for g in windows:
+                first = skipped_tokens(self.specs[g], hit) // bs
+                got = self._ask(self.group_ns[g], keys[first:end], lease_ms, timeout, attempt, nodes, tiers)
+                if got < end - first:
+                    found = first + got  # the hit must end before the missing block
+                    ok = False
+                    break
+            if ok:
+                leases.update(attempt)
+                return found
+            self._release(attempt)
+        return 0
+
     def _lookup(self, request, st: _State, want_lease: bool) -> None:
-        """One Lookup per rank namespace; ``st.found`` is the smallest count."""
+        """Looks up every group on every rank; ``st.found`` is the model's hit in blocks."""
         if not st.keys or not self.breaker.allow():
             st.found = 0
             return
         t0 = time.perf_counter()
         timeout = self.cfg.lookup_timeout_ms / 1000
         lease_ms = self.cfg.lease_ms if want_lease else 0
-        found = len(st.keys)
         leases: dict[str, int] = {}
         nodes: dict[str, str] = {}
         tiers: dict[str, int] = {}
         try:
-            for ns in self.namespaces:
-                r = self.client.lookup(ns, keys=st.keys[:found], lease_ms=lease_ms, timeout=timeout)
-                found = min(found, r.found)
-                for t in r.tiers[:found]:
-                    tiers[t.name.lower()] = tiers.get(t.name.lower(), 0) + 1
-                if r.lease_id:
-                    leases[ns] = r.lease_id
-                    if r.lease_node:
-                        nodes[ns] = r.lease_node
-                if found == 0:
-                    break
+            found = self._hit_blocks(request, st.keys, lease_ms, timeout, leases, nodes, tiers)
         except Exception as e:  # noqa: BLE001 - any failure is a miss
             if is_outage(e):
                 self.breaker.failure(e)
@@ -215,7 +278,7 @@ class SchedulerSide:
         if hit >= request.num_tokens:
             hit = request.num_tokens - 1  # vLLM must compute at least the last token
         ext = max(0, hit - num_computed_tokens)
-        return ext, ext > 0 and self.cfg.load_mode == "async"
+        return ext, ext > 0 and (self.cfg.load_mode == "async" or self.hybrid)
 
     def _still_waiting(self, request, st: _State) -> bool:
         """A consumer of a prefill engine (``kv_role: kv_consumer`` behind a
@@ -246,29 +309,44 @@ class SchedulerSide:
         self._requests.pop(req_id, None)
         return True
 
+    def _null_block(self) -> int:
+        """vLLM's null block id: what a group holds where it keeps no KV (before a window)."""
+        pool = getattr(self._kv_cache_manager, "block_pool", None)
+        return pool.null_block.block_id if pool is not None else 0
+
     def update_state_after_alloc(self, request, blocks, num_external_tokens: int) -> None:
         if num_external_tokens <= 0:
             return
         st = self._states[request.request_id]
-        block_ids = blocks.get_block_ids()[0]
         bs = self.block_size
         first = st.local // bs
         last = -(-(st.local + num_external_tokens) // bs)
-        spec = LoadSpec(
-            req_id=request.request_id,
-            keys=st.keys[first:last],
-            block_ids=list(block_ids[first:last]),
-            leases=dict(st.leases),
-            lease_nodes=dict(st.lease_nodes),
-            is_async=self.cfg.load_mode == "async",
-        )
-        st.leases = {}  # the worker releases them once read
+        is_async = self.cfg.load_mode == "async" or self.hybrid
+        null = self._null_block()
+        for g, group_ids in enumerate(blocks.get_block_ids()):
+            # A window group holds null blocks where it keeps no KV: those are
+            # not loaded (docs/vllm.md, "Hybrid models").
+            pairs = [(k, b) for k, b in zip(st.keys[first:last], group_ids[first:last])
+                     if b != null or self.kinds[g] == "full"]
+            if not pairs and not is_async:
+                continue  # (an async load reports every group done, even an empty one)
+            spec = LoadSpec(
+                req_id=request.request_id,
+                keys=[k for k, _ in pairs],
+                block_ids=[b for _, b in pairs],
+                leases=dict(st.leases),
+                lease_nodes=dict(st.lease_nodes),
+                is_async=is_async,
+                group=g,
+            )
+            if g == 0:
+                st.load_block_ids = spec.block_ids
+            self.hit_blocks += len(spec.keys)
+            self._loads.append(spec)
+        st.leases = {}  # the workers release them once read
         st.lease_nodes = {}
         st.loading = True
         st.load_first = first
-        st.load_block_ids = spec.block_ids
-        self.hit_blocks += len(spec.keys)
-        self._loads.append(spec)
 
     # -- per step ---------------------------------------------------------
 
@@ -311,16 +389,28 @@ class SchedulerSide:
                                       start=len(st.keys), prev=prev, key_salt=self._key_salt))
         if self._kv_cache_manager is None:
             return
-        block_ids = self._kv_cache_manager.get_block_ids(req_id)[0]
-        if len(block_ids) < full:
+        groups = self._kv_cache_manager.get_block_ids(req_id)
+        if any(len(ids) < full for ids in groups):
             return
         first = st.saved
-        saves.append(SaveSpec(
-            req_id=req_id,
-            keys=st.keys[first:full],
-            block_ids=list(block_ids[first:full]),
-            parent=st.keys[first - 1] if first else None,
-        ))
+        null = self._null_block()
+        for g, ids in enumerate(groups):
+            # Runs of real blocks: a window group may already hold null blocks
+            # where it keeps no KV (never the blocks computed this step).
+            run: list[int] = []
+            for i in range(first, full + 1):
+                if i < full and ids[i] != null:
+                    run.append(i)
+                    continue
+                if run:
+                    saves.append(SaveSpec(
+                        req_id=req_id,
+                        keys=st.keys[run[0]:run[-1] + 1],
+                        block_ids=[ids[j] for j in run],
+                        parent=st.keys[run[0] - 1] if run[0] else None,
+                        group=g,
+                    ))
+                    run = []
         st.saved = full
 
     def request_finished(self, request) -> dict[str, Any] | None:
@@ -339,7 +429,7 @@ class SchedulerSide:
             return None
         return {"kvtier_blocks": st.saved}
 
-    def update_connector_output(self, finished_recving, invalid_block_ids) -> None:
+    def update_connector_output(self, finished_recving, invalid_block_ids, failed_recving=()) -> None:
         """Worker results of the last step. Blocks that failed to load are
         recomputed by vLLM; storing restarts at the first of them, so kvtier
         gets the recomputed blocks (the worker deleted a bad one).
@@ -358,6 +448,13 @@ class SchedulerSide:
                         self._forget.extend(st.keys[end:st.saved])
                     st.saved = min(st.saved, st.load_first + bad[0])
                     st.found = min(st.found, st.load_first + bad[0])
+        for req_id in failed_recving or ():
+            # A hybrid model's failed load (async): vLLM recomputes the whole
+            # prompt, and asks again; kvtier's answer is a miss now, and every
+            # block is stored again (those present count as existing).
+            state = self._states.get(req_id)
+            if state is not None:
+                state.found = state.saved = 0
         for req_id in finished_recving or ():
             state = self._states.get(req_id)
             if state is not None:

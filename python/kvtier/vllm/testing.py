@@ -1,5 +1,6 @@
-"""Builds a small Llama-architecture model with random weights and a tokenizer,
-entirely offline, for tests and benchmarks of the vLLM connector.
+"""Builds a small model with random weights and a tokenizer, entirely offline,
+for tests and benchmarks of the vLLM connector: Llama (full attention) or one
+of the hybrid layouts of :data:`ARCHS` (sliding window, Mamba2).
 
 No model downloads exist on the machines kvtier is tested on, and a connector
 test needs a real model that vLLM loads the normal way. ``make_model`` writes a
@@ -20,7 +21,7 @@ import json
 import random
 from pathlib import Path
 
-__all__ = ["SIZES", "make_model", "prompt_tokens"]
+__all__ = ["ARCHS", "SIZES", "make_model", "prompt_tokens"]
 
 #: Named shapes. ``small`` loads in seconds (tests); ``base`` is 184.6M
 #: parameters, the size the TTFT benchmark uses (notes/*-vllm-ttft.md).
@@ -29,6 +30,45 @@ SIZES = {
     "small": dict(hidden_size=256, intermediate_size=512, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2),
     "base": dict(hidden_size=1024, intermediate_size=2816, num_hidden_layers=16, num_attention_heads=16, num_key_value_heads=4),
 }
+
+#: Architectures ``make_model`` builds, each the smallest model of a KV-cache
+#: layout people deploy (docs/vllm.md, "Hybrid models"):
+#:
+#: * ``llama``: full attention in every layer (one KV-cache group);
+#: * ``mistral-sw``: sliding window (``window`` tokens) in every layer, as
+#:   Mistral 7B v0.1;
+#: * ``gemma3``: five sliding-window layers per global one, as Gemma 3;
+#: * ``granite-hybrid``: Mamba2 layers around one attention layer, as Granite 4
+#:   (GraniteMoeHybrid; vLLM's CPU build runs it in float32).
+ARCHS = ("llama", "mistral-sw", "gemma3", "granite-hybrid")
+
+
+def _config(arch: str, size: str, window: int, common: dict):
+    """The Hugging Face config and model class of ``arch``."""
+    import transformers as tf
+
+    shape = dict(SIZES[size])
+    if arch == "llama":
+        return tf.LlamaConfig(**common, **shape), tf.LlamaForCausalLM
+    if arch == "mistral-sw":
+        return tf.MistralConfig(**common, **shape, sliding_window=window), tf.MistralForCausalLM
+    n = max(shape["num_hidden_layers"], 6)
+    shape["num_hidden_layers"] = n
+    if arch == "gemma3":
+        # Every sixth layer global, the rest local: Gemma 3's pattern.
+        types = ["full_attention" if (i + 1) % 6 == 0 else "sliding_attention" for i in range(n)]
+        head_dim = shape["hidden_size"] // shape["num_attention_heads"]
+        return tf.Gemma3TextConfig(**common, **shape, head_dim=head_dim, sliding_window=window,
+                                   layer_types=types), tf.Gemma3ForCausalLM
+    if arch == "granite-hybrid":
+        # One attention layer in the middle, Mamba2 everywhere else (Granite 4).
+        types = ["attention" if i == n // 2 else "mamba" for i in range(n)]
+        return tf.GraniteMoeHybridConfig(
+            **common, **shape, layer_types=types, num_local_experts=0, shared_intermediate_size=shape["intermediate_size"],
+            mamba_n_heads=8, mamba_d_head=shape["hidden_size"] * 2 // 8, mamba_d_state=16, mamba_n_groups=1,
+            mamba_chunk_size=64, position_embedding_type="rope"), tf.GraniteMoeHybridForCausalLM
+    raise ValueError(f"unknown arch {arch!r}; one of {', '.join(ARCHS)}")
+
 
 def _corpus(n_lines: int, seed: int) -> list[str]:
     """Lines of random letter strings: enough distinct pairs for BPE to learn
@@ -46,18 +86,24 @@ def make_model(
     vocab_size: int = 2048,
     max_position_embeddings: int = 20480,
     dtype: str = "float32",
+    arch: str = "llama",
+    window: int = 256,
 ) -> Path:
-    """Writes a random-weight Llama model and its tokenizer to ``path`` and returns it.
+    """Writes a random-weight model and its tokenizer to ``path`` and returns it.
 
-    ``seed`` picks the weights; ``size`` one of :data:`SIZES`. Idempotent: an
-    existing directory with the same parameters is reused.
+    ``seed`` picks the weights; ``size`` one of :data:`SIZES`; ``arch`` one of
+    :data:`ARCHS` (hybrid layouts get at least 6 layers), ``window`` the
+    sliding window of the ``-sw``/``gemma3`` ones. Idempotent: an existing
+    directory with the same parameters is reused.
     """
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+    from transformers import PreTrainedTokenizerFast
 
     path = Path(path)
     params = {"size": size, "seed": seed, "vocab_size": vocab_size, "max_pos": max_position_embeddings, "dtype": dtype}
+    if arch != "llama":  # (the stamp of a Llama model keeps its old form)
+        params.update(arch=arch, window=window)
     stamp = path / "kvtier-testmodel.json"
     if stamp.exists() and json.loads(stamp.read_text()) == params:
         return path
@@ -79,17 +125,16 @@ def make_model(
     fast.model_max_length = max_position_embeddings
     fast.save_pretrained(path)
 
-    cfg = LlamaConfig(
+    cfg, model_cls = _config(arch, size, window, dict(
         vocab_size=len(fast),
         max_position_embeddings=max_position_embeddings,
         bos_token_id=fast.bos_token_id,
         eos_token_id=fast.eos_token_id,
         torch_dtype=dtype,
         tie_word_embeddings=False,
-        **SIZES[size],
-    )
+    ))
     torch.manual_seed(seed)
-    model = LlamaForCausalLM(cfg).to(getattr(torch, dtype))
+    model = model_cls(cfg).to(getattr(torch, dtype))
     model.save_pretrained(path, safe_serialization=True)
     stamp.write_text(json.dumps(params))
     return path

@@ -46,8 +46,9 @@ class WorkerSide:
     """Worker-role logic of :class:`kvtier.vllm.KvtierConnector`."""
 
     def __init__(self, cfg: ConnectorConfig, namespace: str, client, layer_names: list[str], block_size: int,
-                 stats: StatsLog):
+                 stats: StatsLog, log_transport: bool = True):
         self.cfg = cfg
+        self.log_transport = log_transport  # (a hybrid model's other groups stay quiet: one line per worker)
         self.namespace = namespace
         self.client = client
         self.layer_names = layer_names
@@ -58,6 +59,7 @@ class WorkerSide:
         self.layout: PayloadLayout | None = None
         self._errors: set[int] = set()
         self._failed_reqs: set[str] = set()  # requests whose load failed this step (not async)
+        self._failed_async: set[str] = set()  # async loads that failed (failed_recving)
         self._lock = threading.Lock()
         # async loads
         self._loader = ThreadPoolExecutor(max_workers=2, thread_name_prefix="kvtier-load")
@@ -101,6 +103,8 @@ class WorkerSide:
             self._errors.update(bad)
             if not spec.is_async:
                 self._failed_reqs.add(spec.req_id)
+            else:
+                self._failed_async.add(spec.req_id)
         self.counters["failed_blocks"] += len(bad)
         log.warning("kvtier: %d of %d blocks of request %s not loaded (%s); vLLM recomputes them",
                     len(bad), len(spec.block_ids), spec.req_id, why)
@@ -206,7 +210,10 @@ class WorkerSide:
                         self._done_recving.add(spec.req_id)
             return
         for spec in loads:
-            if spec.is_async:
+            if spec.is_async and not spec.keys:
+                with self._lock:  # (a hybrid model's group with nothing to load at this hit)
+                    self._done_recving.add(spec.req_id)
+            elif spec.is_async:
                 self._async[spec.req_id] = self._loader.submit(self._load_async, spec)
             elif self.cfg.load_mode == "layerwise":
                 self._layerwise.append((spec, self._loader.submit(self._read_timed, spec)))
@@ -265,6 +272,13 @@ class WorkerSide:
         for req_id in done:
             self._async.pop(req_id, None)
         return done
+
+    def take_failed(self) -> set[str]:
+        """Requests whose async load failed since the last call (a subset of
+        what ``get_finished`` reported or reports next)."""
+        with self._lock:
+            failed, self._failed_async = self._failed_async, set()
+        return failed
 
     def take_errors(self) -> set[int]:
         with self._lock:
@@ -379,8 +393,9 @@ class WorkerSide:
         how = {"unix": "kvtier's same-host socket (blocks through kvtier's shared memory"
                        + (", DMA'd by the GPU from it)" if self._mapped() else ")"),
                "tcp": "kvtier's TCP data plane", "grpc": "gRPC (the server offers no data plane)"}
-        log.info("kvtier connector (worker %s): blocks move over %s", self.namespace,
-                 how.get(self._transport, self._transport))
+        if self.log_transport:
+            log.info("kvtier connector (worker %s): blocks move over %s", self.namespace,
+                     how.get(self._transport, self._transport))
         self.stats("transport", transport=self._transport)
 
     def _write(self, blocks: list[Block]) -> None:

@@ -124,7 +124,6 @@ def test_pipeline_stages_get_the_same_namespace_in_the_scheduler_and_their_worke
         assert sched == ranks and len(set(ranks)) == 2 * pp, pp
     # Without PP the facts, so the namespaces (and the blocks stored under them), are as before.
     vc, kv = _configs(tmp_path)
-    assert EngineIdentity(vc, kv).facts["layers"] == kv.kv_cache_groups[0].layer_names
     assert "pp_layer_partition" not in EngineIdentity(vc, kv).facts
     # Another split of the layers between stages is another namespace.
     even = engine(2)[0]
@@ -144,10 +143,76 @@ def test_weights_fingerprint_samples_head_and_tail(tmp_path):
     assert weights_fingerprint(tmp_path / "missing") == ""
 
 
+def test_single_group_namespaces_are_the_ones_stored_before_hybrid_support(tmp_path):
+    """Blocks stored by an engine with one KV-cache group stay reachable: its
+    namespaces are pinned (computed by the identity code before groups
+    entered it)."""
+    vc, kv = _configs(tmp_path / "nonexistent")
+    assert EngineIdentity(vc, kv, "org/model@rev1").namespaces() == ["vllm/model-rev1/203ff498251c8062b3b5"]
+    vc, kv = _configs(tmp_path / "nonexistent", tp=2)
+    assert EngineIdentity(vc, kv, "org/model@rev1").namespaces() == [
+        "vllm/model-rev1/2f9027d61c5a08de8b54", "vllm/model-rev1/b64b7fee84d383479798"]
+
+
+def _hybrid(tmp_path, specs):
+    vc, _ = _configs(tmp_path)
+    groups = [SimpleNamespace(kv_cache_spec=sp, layer_names=[f"model.layers.{i}.self_attn.attn"])
+              for i, sp in enumerate(specs)]
+    return vc, SimpleNamespace(kv_cache_groups=groups)
+
+
+def test_every_group_of_a_hybrid_model_gets_its_own_namespace(tmp_path):
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, SlidingWindowSpec
+
+    sw = SlidingWindowSpec(block_size=BS, num_kv_heads=2, head_size=64, dtype=torch.float32, sliding_window=256)
+    full = FullAttentionSpec(block_size=BS, num_kv_heads=2, head_size=64, dtype=torch.float32)
+    vc, kv = _hybrid(tmp_path, [sw, sw, full])
+    ident = EngineIdentity(vc, kv, "org/model@rev1")
+    names = [ident.namespace(0, 0, g) for g in range(3)]
+    assert len(set(names)) == 3, "two groups must never share a key"
+    assert ident.namespaces(1) == [names[1]]
+    assert names[0] != EngineIdentity(*_configs(tmp_path), "org/model@rev1").namespace()
+
+
 def test_unsupported_kv_caches_are_named(tmp_path):
+    from vllm.v1.kv_cache_interface import ChunkedLocalAttentionSpec, FullAttentionSpec, MambaSpec, SlidingWindowSpec
+
     assert unsupported_reason(_configs(tmp_path)[1]) == ""
-    assert "sliding-window" in unsupported_reason(_configs(tmp_path, window=64)[1])
-    assert "2 KV-cache groups" in unsupported_reason(_configs(tmp_path, groups=2)[1])
+    # A sliding-window layer vLLM runs as full attention (hybrid manager off) keeps every block.
+    assert unsupported_reason(_configs(tmp_path, window=64)[1]) == ""
+    assert unsupported_reason(_configs(tmp_path, groups=2)[1]) == ""
+    common = dict(num_kv_heads=2, head_size=64, dtype=torch.float32)
+    sw = SlidingWindowSpec(block_size=BS, sliding_window=256, **common)
+    local = ChunkedLocalAttentionSpec(block_size=BS, attention_chunk_size=512, **common)
+    full = FullAttentionSpec(block_size=BS, **common)
+    assert unsupported_reason(_hybrid(tmp_path, [sw, local, full])[1]) == ""
+    mamba = MambaSpec(block_size=BS, shapes=((3, 64),), dtypes=(torch.float32,))
+    why = unsupported_reason(_hybrid(tmp_path, [mamba, full])[1])
+    assert "group 0" in why and "state-space" in why and "MambaSpec" in why
+    why = unsupported_reason(_hybrid(tmp_path, [FullAttentionSpec(block_size=64, **common), full])[1])
+    assert "block sizes [64, 128]" in why
+
+
+def test_skipped_tokens_are_vllms_own():
+    """The window a hit needs is where vLLM's managers put null blocks."""
+    from types import SimpleNamespace as NS
+
+    from vllm.v1.core.single_type_kv_cache_manager import ChunkedLocalAttentionManager, SlidingWindowManager
+    from vllm.v1.kv_cache_interface import ChunkedLocalAttentionSpec, SlidingWindowSpec
+
+    from kvtier.vllm.identity import skipped_tokens
+
+    common = dict(block_size=16, num_kv_heads=2, head_size=64, dtype=torch.float32)
+    for window in (16, 100, 256):
+        sw = SlidingWindowSpec(sliding_window=window, **common)
+        for n in (0, 1, 15, 16, 17, 255, 256, 1000, 4097):
+            want = SlidingWindowManager.get_num_skipped_tokens(NS(sliding_window=window, extra_retained_tokens=0), n)
+            assert skipped_tokens(sw, n) == want, (window, n)
+    for chunk in (64, 512):
+        local = ChunkedLocalAttentionSpec(attention_chunk_size=chunk, **common)
+        for n in (0, 1, 63, 64, 65, 1000, 4097):
+            want = ChunkedLocalAttentionManager.get_num_skipped_tokens(NS(attention_chunk_size=chunk), n)
+            assert skipped_tokens(local, n) == want, (chunk, n)
 
 
 # -- keys -------------------------------------------------------------------
