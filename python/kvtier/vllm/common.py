@@ -63,6 +63,11 @@ class SaveSpec:
     parent: bytes | None
     #: The KV-cache group whose blocks these are (hybrid models; docs/vllm.md).
     group: int = 0
+    #: Whether each block names the one before it as its parent. A window
+    #: group's blocks are stored unlinked: kvtier evicts a chain from its
+    #: tail, which would drop the window (the blocks a hit reads) before
+    #: the head nobody reads; unlinked, each goes by its own last use.
+    chained: bool = True
 
 
 def chain_keys(

@@ -395,6 +395,7 @@ class SchedulerSide:
         first = st.saved
         null = self._null_block()
         for g, ids in enumerate(groups):
+            chained = self.kinds[g] == "full"
             # Runs of real blocks: a window group may already hold null blocks
             # where it keeps no KV (never the blocks computed this step).
             run: list[int] = []
@@ -407,8 +408,9 @@ class SchedulerSide:
                         req_id=req_id,
                         keys=st.keys[run[0]:run[-1] + 1],
                         block_ids=[ids[j] for j in run],
-                        parent=st.keys[run[0] - 1] if run[0] else None,
+                        parent=st.keys[run[0] - 1] if run[0] and chained else None,
                         group=g,
+                        chained=chained,
                     ))
                     run = []
         st.saved = full

@@ -43,11 +43,13 @@ SIZES = {
 ARCHS = ("llama", "mistral-sw", "gemma3", "granite-hybrid")
 
 
-def _config(arch: str, size: str, window: int, common: dict):
+def _config(arch: str, size: str, window: int, layers: int | None, common: dict):
     """The Hugging Face config and model class of ``arch``."""
     import transformers as tf
 
     shape = dict(SIZES[size])
+    if layers is not None:
+        shape["num_hidden_layers"] = layers
     if arch == "llama":
         return tf.LlamaConfig(**common, **shape), tf.LlamaForCausalLM
     if arch == "mistral-sw":
@@ -88,12 +90,14 @@ def make_model(
     dtype: str = "float32",
     arch: str = "llama",
     window: int = 256,
+    layers: int | None = None,
 ) -> Path:
     """Writes a random-weight model and its tokenizer to ``path`` and returns it.
 
     ``seed`` picks the weights; ``size`` one of :data:`SIZES`; ``arch`` one of
     :data:`ARCHS` (hybrid layouts get at least 6 layers), ``window`` the
-    sliding window of the ``-sw``/``gemma3`` ones. Idempotent: an existing
+    sliding window of the ``-sw``/``gemma3`` ones, ``layers`` a layer count
+    other than the size's. Idempotent: an existing
     directory with the same parameters is reused.
     """
     import torch
@@ -104,6 +108,8 @@ def make_model(
     params = {"size": size, "seed": seed, "vocab_size": vocab_size, "max_pos": max_position_embeddings, "dtype": dtype}
     if arch != "llama":  # (the stamp of a Llama model keeps its old form)
         params.update(arch=arch, window=window)
+    if layers is not None:
+        params["layers"] = layers
     stamp = path / "kvtier-testmodel.json"
     if stamp.exists() and json.loads(stamp.read_text()) == params:
         return path
@@ -125,7 +131,7 @@ def make_model(
     fast.model_max_length = max_position_embeddings
     fast.save_pretrained(path)
 
-    cfg, model_cls = _config(arch, size, window, dict(
+    cfg, model_cls = _config(arch, size, window, layers, dict(
         vocab_size=len(fast),
         max_position_embeddings=max_position_embeddings,
         bos_token_id=fast.bos_token_id,

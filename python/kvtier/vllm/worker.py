@@ -320,7 +320,7 @@ class WorkerSide:
         row = 0
         for s in saves:
             for i, key in enumerate(s.keys):
-                parent = s.keys[i - 1] if i else s.parent
+                parent = None if not s.chained else s.keys[i - 1] if i else s.parent
                 blocks.append(Block(key=key, payload=memoryview(data[row].numpy()), parent=parent,
                                     token_count=self.block_size))
                 row += 1

@@ -1,0 +1,152 @@
+"""Unit tests of the scheduler side with several KV-cache groups (a hybrid
+model, docs/vllm.md "Hybrid models"): what is looked up, loaded and stored
+per group, with vLLM's own spec objects and stand-ins for its requests,
+block tables and kvtier's client. The engine tests are in test_hybrid.py."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import torch
+
+from kvtier import keys as kvkeys
+from kvtier.vllm.common import StatsLog
+from kvtier.vllm.config import ConnectorConfig
+
+from conftest import BS, FakeRequest, sched_output
+
+WINDOW = 2 * BS  # a hit of h tokens keeps blocks from (h - WINDOW + 1) // BS on
+NULL = 0
+
+
+class Stores:
+    """kvtier stand-in: per namespace, the keys present; records every Lookup."""
+
+    def __init__(self):
+        self.keys: dict[str, set] = {}
+        self.lookups: list[tuple[str, list]] = []
+        self.released: list[int] = []
+
+    def lookup(self, ns, keys, lease_ms=0, timeout=None):
+        self.lookups.append((ns, list(keys)))
+        have = self.keys.get(ns, set())
+        n = 0
+        while n < len(keys) and keys[n] in have:
+            n += 1
+        return SimpleNamespace(found=n, lease_id=len(self.lookups) if (n and lease_ms) else 0, tiers=[],
+                               lease_node="")
+
+    def release(self, lease_id, timeout=None):
+        self.released.append(lease_id)
+
+
+class Manager:
+    def __init__(self):
+        self.blocks: dict[str, tuple] = {}
+
+    def get_block_ids(self, rid):
+        return self.blocks[rid]
+
+
+def _specs():
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, SlidingWindowSpec
+
+    common = dict(block_size=BS, num_kv_heads=2, head_size=64, dtype=torch.float32)
+    return [SlidingWindowSpec(sliding_window=WINDOW, **common), FullAttentionSpec(**common)]
+
+
+def _sched(client, **cfg):
+    from kvtier.vllm.scheduler import SchedulerSide
+
+    conf = ConnectorConfig.from_extra({"url": "x:1", **cfg})
+    ident = SimpleNamespace(namespaces=lambda g=0: [f"ns{g}"])
+    s = SchedulerSide(conf, ident, client, can_load=True, can_save=True, block_size=BS, stats=StatsLog("", "t"),
+                      specs=_specs())
+    s.bind_kv_cache_manager(Manager())
+    return s
+
+
+def test_a_hit_needs_the_full_groups_prefix_and_only_the_window_of_the_others():
+    toks = list(range(8 * BS + 5))
+    keys = kvkeys.chain(toks, BS)
+    c = Stores()
+    c.keys["ns1"] = set(keys)            # the global group holds all 8 blocks
+    c.keys["ns0"] = set(keys[6:8])       # the window group only blocks 6, 7: the window at 8 blocks
+    s = _sched(c)
+    assert s.get_num_new_matched_tokens(FakeRequest("a", toks), 0) == (8 * BS, True), "hybrid loads are async"
+    assert c.lookups == [("ns1", keys), ("ns0", keys[6:8])], "the window group is asked for its window only"
+
+
+def test_a_window_missing_a_block_moves_the_hit_before_it():
+    toks = list(range(8 * BS + 5))
+    keys = kvkeys.chain(toks, BS)
+    c = Stores()
+    c.keys["ns1"] = set(keys)
+    c.keys["ns0"] = set(keys[:7]) - {keys[3]}  # block 7 is missing, and block 3
+    s = _sched(c)
+    # Hit 8 needs 6, 7: 7 is missing -> hit 7 needs 5, 6: present.
+    assert s.get_num_new_matched_tokens(FakeRequest("a", toks), 0) == (7 * BS, True)
+    assert [k for _, k in c.lookups[1:]] == [keys[6:8], keys[5:7]]
+    s._releaser.shutdown(wait=True)
+    assert c.released == [2], "the failed attempt's lease is given back, the hit's kept"
+
+
+def test_no_hit_when_the_window_keeps_moving_back():
+    toks = list(range(8 * BS + 5))
+    keys = kvkeys.chain(toks, BS)
+    c = Stores()
+    c.keys["ns1"] = set(keys)
+    c.keys["ns0"] = set()
+    s = _sched(c)
+    assert s.get_num_new_matched_tokens(FakeRequest("a", toks), 0) == (0, False)
+
+
+def test_loads_skip_the_null_blocks_of_a_window_group_and_every_group_reports():
+    toks = list(range(8 * BS + 5))
+    keys = kvkeys.chain(toks, BS)
+    c = Stores()
+    c.keys["ns1"] = set(keys)
+    c.keys["ns0"] = set(keys)
+    s = _sched(c)
+    r = FakeRequest("a", toks)
+    assert s.get_num_new_matched_tokens(r, 2 * BS) == (6 * BS, True)
+    window = [NULL] * 6 + [16, 17, 18]   # vLLM's null block before the window
+    full = list(range(30, 39))
+    s.update_state_after_alloc(r, SimpleNamespace(get_block_ids=lambda: (window, full)), 6 * BS)
+    loads, _ = s.build(sched_output())
+    by_group = {spec.group: spec for spec in loads}
+    assert by_group[0].keys == keys[6:8] and by_group[0].block_ids == [16, 17]
+    assert by_group[1].keys == keys[2:8] and by_group[1].block_ids == full[2:8]
+    assert all(spec.is_async for spec in loads)
+
+
+def test_saves_go_per_group_and_window_blocks_are_stored_unlinked():
+    toks = list(range(3 * BS + 10))
+    keys = kvkeys.chain(toks, BS)
+    s = _sched(Stores())
+    r = FakeRequest("a", toks)
+    assert s.get_num_new_matched_tokens(r, 0) == (0, False)
+    s._kv_cache_manager.blocks["a"] = ([NULL, 5, 6, 7], [1, 2, 3, 4])  # block 0 of the window group already gone
+    _, saves = s.build(sched_output(new=[("a", 0)], scheduled={"a": 3 * BS + 10}))
+    by_group = {spec.group: spec for spec in saves}
+    assert by_group[1].keys == keys and by_group[1].block_ids == [1, 2, 3] and by_group[1].chained
+    assert by_group[0].keys == keys[1:] and by_group[0].block_ids == [5, 6]
+    assert not by_group[0].chained and by_group[0].parent is None
+
+
+def test_a_failed_hybrid_load_is_a_miss_next_time_and_stores_again():
+    toks = list(range(4 * BS + 5))
+    keys = kvkeys.chain(toks, BS)
+    c = Stores()
+    c.keys["ns1"] = set(keys)
+    c.keys["ns0"] = set(keys)
+    s = _sched(c)
+    r = FakeRequest("a", toks)
+    assert s.get_num_new_matched_tokens(r, 0)[0] == 4 * BS
+    s.update_state_after_alloc(r, SimpleNamespace(get_block_ids=lambda: ([1, 2, 3, 4, 5], [6, 7, 8, 9, 10])), 4 * BS)
+    s.build(sched_output())
+    s.update_connector_output({"a"}, None, {"a"})
+    # vLLM recomputes the prompt and asks again: a miss, not the same failing load.
+    assert s.get_num_new_matched_tokens(r, 0) == (0, False)
+    s._kv_cache_manager.blocks["a"] = ([1, 2, 3, 4, 5], [6, 7, 8, 9, 10])
+    _, saves = s.build(sched_output(new=[("a", 0)], scheduled={"a": 4 * BS + 5}))
+    assert sorted(len(spec.keys) for spec in saves) == [4, 4], "every block is stored again"
