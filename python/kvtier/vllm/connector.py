@@ -30,7 +30,7 @@ from ..client import Client
 from .amx import request_amx
 from .common import LoadSpec, SaveSpec, StatsLog, log, show_info_lines
 from .config import ConnectorConfig
-from .identity import EngineIdentity, unsupported_reason
+from .identity import EngineIdentity, group_kind, unsupported_reason
 from .scheduler import SchedulerSide
 from .worker import WorkerSide
 
@@ -127,7 +127,8 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
             client = _client(self.cfg, self.cfg.load_timeout_ms)  # one pool for every group
             self._workers = [
                 WorkerSide(self.cfg, self.identity.namespace(*rank, g), client, list(group.layer_names),
-                           self.block_size, stats, log_transport=g == 0)
+                           self.block_size, stats, log_transport=g == 0,
+                           state=group_kind(group.kv_cache_spec) == "state")
                 for g, group in enumerate(kv_cache_config.kv_cache_groups)
             ]
 

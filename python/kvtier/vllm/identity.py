@@ -71,24 +71,30 @@ def group_kind(spec) -> str:
     ``single_type_kv_cache_manager``): ``"full"``, every block before the hit
     (full attention, MLA, and a sliding-window layer vLLM runs as full
     attention when its hybrid manager is off); ``"window"``, only the blocks
-    vLLM keeps at the hit (sliding window, chunked local); ``""``, a kind
-    kvtier does not cache."""
-    from vllm.v1.kv_cache_interface import ChunkedLocalAttentionSpec, FullAttentionSpec, SlidingWindowSpec
+    vLLM keeps at the hit (sliding window, chunked local); ``"state"``, the
+    one block holding the recurrent state at the hit (Mamba / linear
+    attention in vLLM's "align" mode, where vLLM keeps states at block
+    boundaries); ``""``, a kind kvtier does not cache."""
+    from vllm.v1.kv_cache_interface import ChunkedLocalAttentionSpec, FullAttentionSpec, MambaSpec, SlidingWindowSpec
 
     if isinstance(spec, (SlidingWindowSpec, ChunkedLocalAttentionSpec)):
         return "window"
     if isinstance(spec, FullAttentionSpec):
         return "full"
+    if isinstance(spec, MambaSpec) and spec.mamba_cache_mode == "align" and not spec.num_speculative_blocks:
+        return "state"
     return ""
 
 
 def skipped_tokens(spec, computed: int) -> int:
     """Leading tokens of a ``computed``-token prefix that a group with ``spec``
     no longer attends to, so vLLM holds null blocks there: the same sums as
-    vLLM's ``SlidingWindowManager`` / ``ChunkedLocalAttentionManager``
-    ``get_num_skipped_tokens`` (a unit test compares them)."""
-    from vllm.v1.kv_cache_interface import ChunkedLocalAttentionSpec, SlidingWindowSpec
+    vLLM's ``SlidingWindowManager`` / ``ChunkedLocalAttentionManager`` /
+    ``MambaManager`` ``get_num_skipped_tokens`` (a unit test compares them)."""
+    from vllm.v1.kv_cache_interface import ChunkedLocalAttentionSpec, MambaSpec, SlidingWindowSpec
 
+    if isinstance(spec, MambaSpec):
+        return max(0, computed - 1)  # MambaManager: only the last state is needed
     if isinstance(spec, SlidingWindowSpec):
         return max(0, computed - spec.sliding_window + 1 - getattr(spec, "extra_retained_tokens", 0))
     if isinstance(spec, ChunkedLocalAttentionSpec):
@@ -100,9 +106,9 @@ def unsupported_reason(kv_cache_config) -> str:
     """Why this engine's KV cache cannot go through kvtier, or ``""``.
 
     Supported: any number of KV-cache groups of full attention (MLA included),
-    sliding-window and chunked-local attention, all of one block size.
-    Mamba / linear-attention state groups are named and refused: kvtier does
-    not store recurrent states (docs/vllm.md, "Hybrid models").
+    sliding-window and chunked-local attention, and Mamba / linear-attention
+    state groups in vLLM's "align" mode, all of one block size. The rest is
+    named and refused (docs/vllm.md, "Hybrid models").
     """
     groups = kv_cache_config.kv_cache_groups
     if not groups:
@@ -113,8 +119,13 @@ def unsupported_reason(kv_cache_config) -> str:
         if not group_kind(spec):
             what = type(spec).__name__
             if "Mamba" in what:
-                return (f"KV-cache group {i} holds state-space (Mamba / linear-attention) layers ({what}); "
-                        "kvtier caches attention KV only")
+                mode = getattr(spec, "mamba_cache_mode", None)
+                if mode != "align":
+                    return (f"KV-cache group {i} holds state-space (Mamba / linear-attention) layers with "
+                            f"mamba_cache_mode={mode!r}: vLLM keeps no state at block boundaries to store "
+                            "(turn vLLM's prefix caching on)")
+                return (f"KV-cache group {i} holds state-space layers with speculative state blocks "
+                        f"({spec.num_speculative_blocks}), which kvtier does not cache")
             return f"KV-cache group {i} has spec {what}, which kvtier does not cache"
         if getattr(spec, "prefix_cacheable", True) is False:
             return f"KV-cache group {i} is not prefix-cacheable ({type(spec).__name__})"

@@ -114,6 +114,9 @@ class SchedulerSide:
         #: async loads (its scheduler's _handle_invalid_blocks raises), so
         #: every load of a hybrid model is async whatever load_mode says.
         self.hybrid = len(self.specs) > 1
+        #: A state group holds states at block boundaries only: a hit must
+        #: end on one, so the last prompt block is recomputed whole.
+        self.aligned = "state" in self.kinds
         self.client = client
         self.can_load = can_load
         self.can_save = can_save
@@ -158,6 +161,12 @@ class SchedulerSide:
                 break
         return found
 
+    def _cap(self, request) -> int:
+        """The longest hit in tokens: vLLM computes at least the last token
+        itself; with a state group the hit also ends on a block boundary."""
+        cap = request.num_tokens - 1
+        return cap // self.block_size * self.block_size if self.aligned else cap
+
     def _hit_blocks(self, request, keys: list[bytes], lease_ms: int, timeout: float,
                     leases: dict[str, int], nodes: dict[str, str], tiers: dict[str, int]) -> int:
         """Leading blocks of ``keys`` every group can serve (the model's hit).
@@ -170,14 +179,14 @@ class SchedulerSide:
         for g, kind in enumerate(self.kinds):
             if kind == "full" and found:
                 found = self._ask(self.group_ns[g], keys[:found], lease_ms, timeout, leases, nodes, tiers)
-        windows = [g for g, kind in enumerate(self.kinds) if kind == "window"]
+        windows = [g for g, kind in enumerate(self.kinds) if kind in ("window", "state")]
         if not windows:
             return found
         bs = self.block_size
         for _ in range(_WINDOW_TRIES):
             if not found:
                 return 0
-            hit = min(found * bs, request.num_tokens - 1)
+            hit = min(found * bs, self._cap(request))
             end = -(-hit // bs)
             attempt: dict[str, int] = {}
             ok = True
@@ -274,9 +283,7 @@ class SchedulerSide:
         if not self.can_load or not st.found or getattr(request, "skip_reading_prefix_cache", False):
             # (prompt logprobs, some pooling requests: vLLM must compute every token)
             return 0, False
-        hit = st.found * self.block_size
-        if hit >= request.num_tokens:
-            hit = request.num_tokens - 1  # vLLM must compute at least the last token
+        hit = min(st.found * self.block_size, self._cap(request))  # vLLM must compute at least the last token
         ext = max(0, hit - num_computed_tokens)
         return ext, ext > 0 and (self.cfg.load_mode == "async" or self.hybrid)
 
@@ -328,6 +335,9 @@ class SchedulerSide:
             # not loaded (docs/vllm.md, "Hybrid models").
             pairs = [(k, b) for k, b in zip(st.keys[first:last], group_ids[first:last])
                      if b != null or self.kinds[g] == "full"]
+            if self.kinds[g] == "state":
+                # Only the state at the hit: vLLM puts its block last, nulls before.
+                pairs = [(k, b) for k, b in pairs if b == group_ids[last - 1]]
             if not pairs and not is_async:
                 continue  # (an async load reports every group done, even an empty one)
             spec = LoadSpec(
@@ -364,12 +374,50 @@ class SchedulerSide:
                 self._plan_save(saves, req_id, cached.num_computed_tokens[i],
                                 scheduler_output.num_scheduled_tokens.get(req_id, 0)
                                 - len(spec_tokens.get(req_id, ())))
+            if self.aligned:
+                self._plan_states(saves, scheduler_output)
         return loads, saves
 
     def take_forget(self) -> list[bytes]:
         """Keys the workers delete before this step's saves (``update_connector_output``)."""
         forget, self._forget = self._forget, []
         return forget
+
+    def _extend_keys(self, st: _State, tokens, blocks: int) -> None:
+        """Makes ``st.keys`` cover the first ``blocks`` blocks of ``tokens``."""
+        if blocks > len(st.keys):
+            prev = st.keys[-1] if st.keys else None
+            st.keys.extend(chain_keys(list(tokens[:blocks * self.block_size]), self.block_size, st.salt,
+                                      start=len(st.keys), prev=prev, key_salt=self._key_salt))
+
+    def _plan_states(self, saves: list[SaveSpec], scheduler_output) -> None:
+        """Stores the Mamba states vLLM hands over this step
+        (``kv_connector_block_state.boundary_state_offloads``: group, block,
+        boundary), each under the key of the block that ends at its
+        boundary. vLLM names the exact block: a state group's block table is
+        not positional (states move and blocks are freed as a request runs).
+        The worker copies them at the end of this step, after the forward
+        pass wrote them and before a later one can reuse the blocks; offers of
+        requests that finished or were preempted this step are dropped (their
+        blocks may already belong to another request)."""
+        state = getattr(scheduler_output, "kv_connector_block_state", None)
+        offers = getattr(state, "boundary_state_offloads", None) or {}
+        gone = set(getattr(scheduler_output, "finished_req_ids", ()) or ()) | set(
+            getattr(scheduler_output, "preempted_req_ids", ()) or ())
+        bs = self.block_size
+        for req_id, entries in offers.items():
+            st = self._states.get(req_id)
+            request = self._requests.get(req_id)
+            if st is None or request is None or not st.cacheable or req_id in gone:
+                continue
+            for group, block_id, boundary in entries:
+                if (group >= len(self.kinds) or self.kinds[group] != "state" or boundary <= 0 or boundary % bs
+                        or boundary > len(request.all_token_ids)):
+                    continue  # (a partial tail: kvtier stores whole blocks only)
+                i = boundary // bs - 1
+                self._extend_keys(st, request.all_token_ids, i + 1)
+                saves.append(SaveSpec(req_id=req_id, keys=[st.keys[i]], block_ids=[block_id], parent=None,
+                                      group=group, chained=False))
 
     def _plan_save(self, saves: list[SaveSpec], req_id: str, computed: int, scheduled: int) -> None:
         st = self._states.get(req_id)
@@ -383,10 +431,7 @@ class SchedulerSide:
         full = min(computed + max(0, scheduled), known) // self.block_size
         if full <= st.saved:
             return
-        if full > len(st.keys):
-            prev = st.keys[-1] if st.keys else None
-            st.keys.extend(chain_keys(list(tokens[:full * self.block_size]), self.block_size, st.salt,
-                                      start=len(st.keys), prev=prev, key_salt=self._key_salt))
+        self._extend_keys(st, tokens, full)
         if self._kv_cache_manager is None:
             return
         groups = self._kv_cache_manager.get_block_ids(req_id)
@@ -395,6 +440,8 @@ class SchedulerSide:
         first = st.saved
         null = self._null_block()
         for g, ids in enumerate(groups):
+            if self.kinds[g] == "state":
+                continue  # (states are stored from vLLM's boundary hand-offs, _plan_states)
             chained = self.kinds[g] == "full"
             # Runs of real blocks: a window group may already hold null blocks
             # where it keeps no KV (never the blocks computed this step).

@@ -46,8 +46,9 @@ class WorkerSide:
     """Worker-role logic of :class:`kvtier.vllm.KvtierConnector`."""
 
     def __init__(self, cfg: ConnectorConfig, namespace: str, client, layer_names: list[str], block_size: int,
-                 stats: StatsLog, log_transport: bool = True):
+                 stats: StatsLog, log_transport: bool = True, state: bool = False):
         self.cfg = cfg
+        self.state = state  # a Mamba / linear-attention state group (docs/vllm.md, "Hybrid models")
         self.log_transport = log_transport  # (a hybrid model's other groups stay quiet: one line per worker)
         self.namespace = namespace
         self.client = client
@@ -80,11 +81,15 @@ class WorkerSide:
         self.counters = {"loaded_blocks": 0, "failed_blocks": 0, "saved_blocks": 0, "dropped_blocks": 0}
 
     def register(self, kv_caches) -> None:
-        self.layout = PayloadLayout(kv_caches, self.layer_names, self.block_size)
+        # vLLM (0.32+) hands a Mamba / linear-attention layer over as a
+        # [B, 1, 1, state bytes] view: one "token" per block, the state at
+        # its boundary. Its payload is that one-token tile per layer.
+        tokens = kv_caches[self.layer_names[0]].shape[2] if self.state else self.block_size
+        self.layout = PayloadLayout(kv_caches, self.layer_names, tokens)
         self._pins = HostPins(self.layout.device.type == "cuda")
         log.info("kvtier connector: namespace %s, %d-byte payload per %d-token block (%s)",
                  self.namespace, self.layout.nbytes, self.block_size, self.layout.describe())
-        self.stats("init", namespace=self.namespace, **self.layout.describe())
+        self.stats("init", namespace=self.namespace, state=self.state, **self.layout.describe())
 
     @property
     def _layout(self) -> PayloadLayout:

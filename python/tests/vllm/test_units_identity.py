@@ -186,9 +186,11 @@ def test_unsupported_kv_caches_are_named(tmp_path):
     local = ChunkedLocalAttentionSpec(block_size=BS, attention_chunk_size=512, **common)
     full = FullAttentionSpec(block_size=BS, **common)
     assert unsupported_reason(_hybrid(tmp_path, [sw, local, full])[1]) == ""
-    mamba = MambaSpec(block_size=BS, shapes=((3, 64),), dtypes=(torch.float32,))
+    mamba = MambaSpec(block_size=BS, shapes=((3, 64),), dtypes=(torch.float32,), mamba_cache_mode="none")
     why = unsupported_reason(_hybrid(tmp_path, [mamba, full])[1])
-    assert "group 0" in why and "state-space" in why and "MambaSpec" in why
+    assert "group 0" in why and "state-space" in why and "mamba_cache_mode='none'" in why
+    align = MambaSpec(block_size=BS, shapes=((3, 64),), dtypes=(torch.float32,), mamba_cache_mode="align")
+    assert unsupported_reason(_hybrid(tmp_path, [align, full])[1]) == ""
     why = unsupported_reason(_hybrid(tmp_path, [FullAttentionSpec(block_size=64, **common), full])[1])
     assert "block sizes [64, 128]" in why
 
@@ -208,6 +210,12 @@ def test_skipped_tokens_are_vllms_own():
         for n in (0, 1, 15, 16, 17, 255, 256, 1000, 4097):
             want = SlidingWindowManager.get_num_skipped_tokens(NS(sliding_window=window, extra_retained_tokens=0), n)
             assert skipped_tokens(sw, n) == want, (window, n)
+    from vllm.v1.core.single_type_kv_cache_manager import MambaManager
+    from vllm.v1.kv_cache_interface import MambaSpec
+
+    mamba = MambaSpec(block_size=16, shapes=((3, 64),), dtypes=(torch.float32,), mamba_cache_mode="align")
+    for n in (1, 16, 17, 4096):
+        assert skipped_tokens(mamba, n) == MambaManager.get_num_skipped_tokens(NS(), n), n
     for chunk in (64, 512):
         local = ChunkedLocalAttentionSpec(attention_chunk_size=chunk, **common)
         for n in (0, 1, 63, 64, 65, 1000, 4097):
