@@ -68,7 +68,7 @@ def engine_main(spec_path: str) -> None:
             kv_connector_extra_config={"url": f"unix://{sock}", "stats_file": str(stats_path)})
     if spec.get("hma_off"):
         kw["disable_hybrid_kv_cache_manager"] = True
-    llm = LLM(model=spec["model"], dtype="float32", block_size=BS, max_model_len=max(spec["sizes"]) + 256,
+    llm = LLM(model=spec["model"], dtype="float32", block_size=BS, max_model_len=spec["max_model_len"],
               enforce_eager=True, seed=0, **kw)
     params = SamplingParams(max_tokens=1, temperature=0.0, logprobs=5)
 
@@ -164,7 +164,7 @@ def main() -> None:
     runs, memory = {}, {}
     for name, _arch, model, kvtier, hma_off in plan:
         spec = {"name": name, "model": str(model), "kvtier": kvtier, "hma_off": hma_off, "workdir": str(work),
-                "sizes": sizes if not hma_off else [], "repeats": args.repeats,
+                "sizes": sizes if not hma_off else [], "repeats": args.repeats, "max_model_len": max(sizes) + 256,
                 "kvtier_bin": str(ROOT / "target/release/kvtier"), "out": str(work / f"result-{name}.json")}
         sp = work / f"spec-{name}.json"
         sp.write_text(json.dumps(spec))
