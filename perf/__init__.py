@@ -12,6 +12,7 @@ from .header import (
     git_state,
     header,
     machine,
+    packages,
     record,
     stamp,
     stamp_file,
@@ -23,6 +24,6 @@ from .sample import Sampler, cpu_seconds, rss_mib
 
 __all__ = [
     "HEADER_KEYS", "ROOT", "Sampler", "Summary", "alternate", "command_line", "cpu_seconds", "git_state", "header",
-    "machine", "order", "ratio", "record", "rss_mib", "stamp", "stamp_file", "summarize", "tool_version",
+    "machine", "order", "packages", "ratio", "record", "rss_mib", "stamp", "stamp_file", "summarize", "tool_version",
     "versions", "write_record",
 ]

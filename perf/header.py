@@ -163,6 +163,19 @@ def versions(*tools: str, paths: Mapping[str, str | os.PathLike[str]] | None = N
     return out
 
 
+def packages(*names: str) -> dict[str, str | None]:
+    """``{package: version}`` of installed Python distributions (``None``: not installed)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    out: dict[str, str | None] = {}
+    for name in names:
+        try:
+            out[name] = version(name)
+        except PackageNotFoundError:
+            out[name] = None
+    return out
+
+
 def header(command: str | None = None, versions: Mapping[str, str | None] | None = None,
            env: Iterable[str] = ()) -> dict[str, Any]:
     """The six header keys, measured now. ``command``: what was executed, if

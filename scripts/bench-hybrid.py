@@ -38,7 +38,7 @@ from pathlib import Path
 
 from _perf import ROOT
 
-from perf import header, versions, write_record
+from perf import header, packages, versions, write_record
 
 ARCHS = ("gemma3", "llama")
 LAYERS = 6
@@ -125,7 +125,6 @@ def engine_main(spec_path: str) -> None:
 
 
 def med(xs):
-    xs = [x for x in xs if x is not None]
     return statistics.median(xs) if xs else None
 
 
@@ -151,7 +150,7 @@ def main() -> None:
 
     work = (ROOT / args.workdir).resolve()
     work.mkdir(parents=True, exist_ok=True)
-    head = header(versions=versions(known={"vllm": _version("vllm"), "torch": _version("torch")}))
+    head = header(versions=versions(known=packages("vllm", "torch")))
     subprocess.run(["cargo", "build", "--release", "-q", "-p", "kvtier"], cwd=ROOT, check=True)
     sizes = [int(s) for s in args.sizes.split(",")]
     plan = []
@@ -213,15 +212,6 @@ def main() -> None:
               f"{r['stored_bytes'] / 2**20:7.1f} MiB")
     for k, v in memory.items():
         print(f"{k:15} KV cache {v['kv_cache_tokens']} tokens, HMA turned off: {v['hma_turned_off']}")
-
-
-def _version(pkg: str) -> str | None:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version(pkg)
-    except PackageNotFoundError:
-        return None
 
 
 if __name__ == "__main__":

@@ -40,20 +40,8 @@ from pathlib import Path
 from _perf import ROOT
 
 from kvtier.server import free_port_pair
-from perf import HEADER_KEYS, header, versions, write_record
+from perf import HEADER_KEYS, header, packages, versions, write_record
 from perf.services import Azurite
-
-
-def _vllm_versions() -> dict:
-    from importlib.metadata import PackageNotFoundError, version
-
-    out: dict[str, str | None] = {}
-    for pkg in ("vllm", "torch"):
-        try:
-            out[pkg] = version(pkg)
-        except PackageNotFoundError:
-            out[pkg] = None
-    return out
 
 
 def kvtier_config(path: Path, disk: Path, azurite: Azurite) -> Path:
@@ -254,7 +242,7 @@ def main() -> None:
     work.mkdir(parents=True, exist_ok=True)
     if not only:
         # The run's header, taken at its start (a later --only or --from-results writes the record).
-        (work / "run.json").write_text(json.dumps(header(versions=versions(known=_vllm_versions()))))
+        (work / "run.json").write_text(json.dumps(header(versions=versions(known=packages("vllm", "torch")))))
     kvtier_bin = ROOT / "target/release/kvtier"
     subprocess.run(["cargo", "build", "--release", "-q", "-p", "kvtier"], cwd=ROOT, check=True)
     azurite = Azurite.start(work / "azurite")

@@ -54,6 +54,18 @@ def _specs():
     return [SlidingWindowSpec(sliding_window=WINDOW, **common), FullAttentionSpec(**common)]
 
 
+def _setup(tokens: int, window_keys=slice(None)):
+    """A prompt of ``tokens`` tokens, its keys, and a scheduler whose kvtier
+    holds every key of the global group (ns1) and ``window_keys`` of the
+    window group's (ns0)."""
+    toks = list(range(tokens))
+    keys = kvkeys.chain(toks, BS)
+    c = Stores()
+    c.keys["ns1"] = set(keys)
+    c.keys["ns0"] = set(keys[window_keys])
+    return toks, keys, c, _sched(c)
+
+
 def _sched(client, **cfg):
     from kvtier.vllm.scheduler import SchedulerSide
 
@@ -77,12 +89,8 @@ def test_a_hit_needs_the_full_groups_prefix_and_only_the_window_of_the_others():
 
 
 def test_a_window_missing_a_block_moves_the_hit_before_it():
-    toks = list(range(8 * BS + 5))
-    keys = kvkeys.chain(toks, BS)
-    c = Stores()
-    c.keys["ns1"] = set(keys)
-    c.keys["ns0"] = set(keys[:7]) - {keys[3]}  # block 7 is missing, and block 3
-    s = _sched(c)
+    toks, keys, c, s = _setup(8 * BS + 5, slice(0, 7))  # block 7 is missing
+    c.keys["ns0"].discard(keys[3])  # and block 3
     # Hit 8 needs 6, 7: 7 is missing -> hit 7 needs 5, 6: present.
     assert s.get_num_new_matched_tokens(FakeRequest("a", toks), 0) == (7 * BS, True)
     assert [k for _, k in c.lookups[1:]] == [keys[6:8], keys[5:7]]
@@ -91,22 +99,12 @@ def test_a_window_missing_a_block_moves_the_hit_before_it():
 
 
 def test_no_hit_when_the_window_keeps_moving_back():
-    toks = list(range(8 * BS + 5))
-    keys = kvkeys.chain(toks, BS)
-    c = Stores()
-    c.keys["ns1"] = set(keys)
-    c.keys["ns0"] = set()
-    s = _sched(c)
+    toks, _, _, s = _setup(8 * BS + 5, slice(0, 0))
     assert s.get_num_new_matched_tokens(FakeRequest("a", toks), 0) == (0, False)
 
 
 def test_loads_skip_the_null_blocks_of_a_window_group_and_every_group_reports():
-    toks = list(range(8 * BS + 5))
-    keys = kvkeys.chain(toks, BS)
-    c = Stores()
-    c.keys["ns1"] = set(keys)
-    c.keys["ns0"] = set(keys)
-    s = _sched(c)
+    toks, keys, _, s = _setup(8 * BS + 5)
     r = FakeRequest("a", toks)
     assert s.get_num_new_matched_tokens(r, 2 * BS) == (6 * BS, True)
     window = [NULL] * 6 + [16, 17, 18]   # vLLM's null block before the window
@@ -134,12 +132,7 @@ def test_saves_go_per_group_and_window_blocks_are_stored_unlinked():
 
 
 def test_a_failed_hybrid_load_is_a_miss_next_time_and_stores_again():
-    toks = list(range(4 * BS + 5))
-    keys = kvkeys.chain(toks, BS)
-    c = Stores()
-    c.keys["ns1"] = set(keys)
-    c.keys["ns0"] = set(keys)
-    s = _sched(c)
+    toks, keys, _, s = _setup(4 * BS + 5)
     r = FakeRequest("a", toks)
     assert s.get_num_new_matched_tokens(r, 0)[0] == 4 * BS
     s.update_state_after_alloc(r, SimpleNamespace(get_block_ids=lambda: ([1, 2, 3, 4, 5], [6, 7, 8, 9, 10])), 4 * BS)
@@ -150,3 +143,60 @@ def test_a_failed_hybrid_load_is_a_miss_next_time_and_stores_again():
     s._kv_cache_manager.blocks["a"] = ([1, 2, 3, 4, 5], [6, 7, 8, 9, 10])
     _, saves = s.build(sched_output(new=[("a", 0)], scheduled={"a": 4 * BS + 5}))
     assert sorted(len(spec.keys) for spec in saves) == [4, 4], "every block is stored again"
+
+
+def _state_sched(client):
+    """A scheduler for a Mamba hybrid: a state group (0) and a global group (1)."""
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, MambaSpec
+
+    from kvtier.vllm.scheduler import SchedulerSide
+
+    conf = ConnectorConfig.from_extra({"url": "x:1"})
+    ident = SimpleNamespace(namespaces=lambda g=0: [f"ns{g}"])
+    specs = [MambaSpec(block_size=BS, shapes=((3, 64),), dtypes=(torch.float32,), mamba_cache_mode="align"),
+             FullAttentionSpec(block_size=BS, num_kv_heads=2, head_size=64, dtype=torch.float32)]
+    s = SchedulerSide(conf, ident, client, can_load=True, can_save=True, block_size=BS, stats=StatsLog("", "t"),
+                      specs=specs)
+    s.bind_kv_cache_manager(Manager())
+    return s
+
+
+def test_a_state_hit_ends_on_a_block_boundary_and_loads_only_the_state_there():
+    toks = list(range(4 * BS))  # a block-aligned prompt: the last block must be recomputed whole
+    keys = kvkeys.chain(toks, BS)
+    c = Stores()
+    c.keys["ns1"] = set(keys)
+    c.keys["ns0"] = {keys[2]}  # vLLM kept the state after block 2 only
+    s = _state_sched(c)
+    r = FakeRequest("a", toks)
+    assert s.get_num_new_matched_tokens(r, 0) == (3 * BS, True)
+    assert c.lookups[-1] == ("ns0", [keys[2]]), "a state group is asked for the state at the hit only"
+    # vLLM: the hit's state block (21) after nulls or blocks it still holds
+    # (20: a checkpoint), then the running state's block.
+    state = [NULL, 20, 21, 22]
+    s.update_state_after_alloc(r, SimpleNamespace(get_block_ids=lambda: (state, [5, 6, 7, 8])), 3 * BS)
+    loads, _ = s.build(sched_output())
+    by_group = {spec.group: spec for spec in loads}
+    assert by_group[0].keys == [keys[2]] and by_group[0].block_ids == [21]
+    assert by_group[1].keys == keys[:3]
+
+
+def test_states_are_stored_from_vllms_hand_offs_only_for_live_requests_and_whole_blocks():
+    toks = list(range(3 * BS + 10))
+    keys = kvkeys.chain(toks, BS)
+    s = _state_sched(Stores())
+    for rid in ("a", "gone", "pre"):
+        assert s.get_num_new_matched_tokens(FakeRequest(rid, toks), 0) == (0, False)
+        s._kv_cache_manager.blocks[rid] = ([NULL, NULL, 9, NULL], [1, 2, 3, 4])
+    out = sched_output(new=[("a", 0), ("gone", 0), ("pre", 0)], scheduled={r: 3 * BS + 10 for r in ("a", "gone", "pre")})
+    out.finished_req_ids = {"gone"}
+    out.preempted_req_ids = {"pre"}
+    out.kv_connector_block_state = SimpleNamespace(boundary_state_offloads={
+        "a": [(0, 9, 3 * BS), (0, 8, 3 * BS + 10)],  # a whole block's state, and a partial tail's
+        "gone": [(0, 19, 3 * BS)], "pre": [(0, 29, 3 * BS)],
+    })
+    _, saves = s.build(out)
+    states = [spec for spec in saves if spec.group == 0]
+    assert [(sp.req_id, sp.keys, sp.block_ids, sp.chained) for sp in states] == [("a", [keys[2]], [9], False)]
+    # The state group's block table is never read positionally (9 is there, but only as an offer).
+    assert all(sp.group == 1 or sp.block_ids == [9] for sp in saves)
