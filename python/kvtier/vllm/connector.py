@@ -68,9 +68,10 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
 
     It supports vLLM's hybrid KV-cache manager (``SupportsHMA``), so vLLM
     keeps it on: each KV-cache group (full attention, sliding window, chunked
-    local) is stored in a namespace of its own, a worker side per group moves
-    its blocks, and a model whose groups kvtier cannot cache (Mamba states)
-    runs with the connector off and HMA on (docs/vllm.md, "Hybrid models").
+    local, Mamba states in vLLM's "align" mode) is stored in a namespace of
+    its own and a worker side per group moves its blocks; a model with a
+    group kvtier cannot cache runs with the connector off and HMA on
+    (docs/vllm.md, "Hybrid models").
     """
 
     @property
@@ -91,6 +92,10 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
         # failed if one failed (reported once finished).
         self._recv_left: dict[str, int] = {}
         self._recv_failed: set[str] = set()
+        #: Whether load failures go to vLLM per request (failed_recving)
+        #: rather than per block: several groups, or a window / state group
+        #: (scheduler.SchedulerSide.hybrid).
+        self._per_request = False
         self.disabled = unsupported_reason(kv_cache_config) if kv_cache_config is not None else "no KV-cache config"
         if self.disabled:
             log.warning("kvtier connector disabled: %s; the engine runs without kvtier", self.disabled)
@@ -123,6 +128,8 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
 
             if request_amx():
                 log.debug("kvtier connector: AMX tile state granted to this worker (docs/vllm.md)")
+            groups = kv_cache_config.kv_cache_groups
+            self._per_request = len(groups) > 1 or any(group_kind(g.kv_cache_spec) != "full" for g in groups)
             rank = (get_pp_group().rank_in_group, get_tensor_model_parallel_rank())
             client = _client(self.cfg, self.cfg.load_timeout_ms)  # one pool for every group
             self._workers = [
@@ -165,7 +172,7 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
         for g, w in enumerate(self._workers):
             specs = [s for s in meta.loads if s.group == g]
             if specs:
-                if len(self._workers) > 1:
+                if self._per_request:
                     for spec in specs:
                         if spec.is_async:
                             self._recv_left[spec.req_id] = self._recv_left.get(spec.req_id, 0) + 1
@@ -192,12 +199,16 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
         return None, self._finished_recving() or None
 
     def _finished_recving(self) -> set[str]:
-        if len(self._workers) == 1:
-            return self._workers[0].get_finished()
+        if not self._per_request:
+            return self._workers[0].get_finished() if self._workers else set()
         done: set[str] = set()
         for w in self._workers:
+            # Finished before failed: a load records its failure before it
+            # reports itself done, so every failure of a request in ``finished``
+            # is seen now or was seen earlier (never after its finish).
+            finished = w.get_finished()
             self._recv_failed |= w.take_failed()
-            for req_id in w.get_finished():
+            for req_id in finished:
                 left = self._recv_left.get(req_id, 1) - 1
                 if left > 0:
                     self._recv_left[req_id] = left
@@ -209,13 +220,15 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
     def get_transfer_results(self, finished_req_ids: set[str]) -> KVConnectorTransferResults:
         done = self._finished_recving()
         # A hybrid model's failed loads go to vLLM as failed requests: it
-        # cannot map a block id back to a request with several groups.
+        # cannot map a block id back to a request with several groups, and
+        # restarting a window or state group at a failed block would compute
+        # on the null blocks before it.
         failed = self._recv_failed & done
         self._recv_failed -= failed
         return KVConnectorTransferResults(finished_recving=done, failed_recving=failed)
 
     def get_block_ids_with_load_errors(self) -> set[int]:
-        if len(self._workers) != 1:
+        if self._per_request or not self._workers:
             for w in self._workers:
                 w.take_errors()  # (reported as failed requests instead)
             return set()

@@ -71,6 +71,10 @@ _WAIT_PROBE_S = 0.005
 
 #: Times a hit is moved back to before a missing window block and checked again.
 _WINDOW_TRIES = 4
+#: The same with a state group, which moves back one block a try: vLLM keeps
+#: states only at some boundaries (a prompt's last block), so a prefix that
+#: runs on past one (a reply) needs more tries to reach it. One Lookup each.
+_STATE_TRIES = 16
 
 
 def _transfer_params(request) -> dict[str, Any]:
@@ -111,9 +115,11 @@ class SchedulerSide:
                          for g in range(len(self.specs))]
         self.namespaces = [ns for group in self.group_ns for ns in group]
         #: vLLM accepts load failures of a multi-group model only as failed
-        #: async loads (its scheduler's _handle_invalid_blocks raises), so
-        #: every load of a hybrid model is async whatever load_mode says.
-        self.hybrid = len(self.specs) > 1
+        #: async loads (its scheduler's _handle_invalid_blocks raises), and a
+        #: window or state group cannot restart at a failed block (the tokens
+        #: after it would attend to the null blocks before it): every load of
+        #: such a model is async whatever load_mode says, and fails whole.
+        self.hybrid = len(self.specs) > 1 or any(kind != "full" for kind in self.kinds)
         #: A state group holds states at block boundaries only: a hit must
         #: end on one, so the last prompt block is recomputed whole.
         self.aligned = "state" in self.kinds
@@ -183,20 +189,25 @@ class SchedulerSide:
         if not windows:
             return found
         bs = self.block_size
-        for _ in range(_WINDOW_TRIES):
+        tries = _STATE_TRIES if self.aligned else _WINDOW_TRIES
+        for _ in range(tries):
             if not found:
                 return 0
             hit = min(found * bs, self._cap(request))
             end = -(-hit // bs)
             attempt: dict[str, int] = {}
             ok = True
-            for g in windows:
-                first = skipped_tokens(self.specs[g], hit) // bs
-                got = self._ask(self.group_ns[g], keys[first:end], lease_ms, timeout, attempt, nodes, tiers)
-                if got < end - first:
-                    found = first + got  # the hit must end before the missing block
-                    ok = False
-                    break
+            try:
+                for g in windows:
+                    first = skipped_tokens(self.specs[g], hit) // bs
+                    got = self._ask(self.group_ns[g], keys[first:end], lease_ms, timeout, attempt, nodes, tiers)
+                    if got < end - first:
+                        found = first + got  # the hit must end before the missing block
+                        ok = False
+                        break
+            except Exception:
+                self._release(attempt)
+                raise
             if ok:
                 leases.update(attempt)
                 return found
@@ -411,9 +422,10 @@ class SchedulerSide:
             if st is None or request is None or not st.cacheable or req_id in gone:
                 continue
             for group, block_id, boundary in entries:
+                known = len(request.all_token_ids) if self.cfg.save_decode_blocks else request.num_prompt_tokens
                 if (group >= len(self.kinds) or self.kinds[group] != "state" or boundary <= 0 or boundary % bs
-                        or boundary > len(request.all_token_ids)):
-                    continue  # (a partial tail: kvtier stores whole blocks only)
+                        or boundary > known):
+                    continue  # (a partial tail: kvtier stores whole blocks only; or past what is stored)
                 i = boundary // bs - 1
                 self._extend_keys(st, request.all_token_ids, i + 1)
                 saves.append(SaveSpec(req_id=req_id, keys=[st.keys[i]], block_ids=[block_id], parent=None,

@@ -216,7 +216,11 @@ class WorkerSide:
             return
         for spec in loads:
             if spec.is_async and not spec.keys:
-                with self._lock:  # (a hybrid model's group with nothing to load at this hit)
+                # (a hybrid model's group with nothing to load at this hit)
+                if spec.leases.get(self.namespace):
+                    node = {"lease_node": spec.lease_nodes[self.namespace]} if self.namespace in spec.lease_nodes else {}
+                    self._submit("release", (spec.leases[self.namespace], node))
+                with self._lock:
                     self._done_recving.add(spec.req_id)
             elif spec.is_async:
                 self._async[spec.req_id] = self._loader.submit(self._load_async, spec)

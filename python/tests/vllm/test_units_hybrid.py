@@ -200,3 +200,51 @@ def test_states_are_stored_from_vllms_hand_offs_only_for_live_requests_and_whole
     assert [(sp.req_id, sp.keys, sp.block_ids, sp.chained) for sp in states] == [("a", [keys[2]], [9], False)]
     # The state group's block table is never read positionally (9 is there, but only as an offer).
     assert all(sp.group == 1 or sp.block_ids == [9] for sp in saves)
+
+
+class _RacyWorker:
+    """A worker side whose load thread ends between two calls: it records the
+    failure and then reports the load done (worker.WorkerSide._load_async),
+    so both become visible at once when the connector asks."""
+
+    def __init__(self):
+        self.ended = False
+        self.reported = False
+
+    def get_finished(self):
+        self.ended = True  # the thread ran to its end just now
+        if self.reported:
+            return set()
+        self.reported = True
+        return {"a"}
+
+    def take_failed(self):
+        return {"a"} if self.ended else set()
+
+    def take_errors(self):
+        return {3, 4}
+
+
+def test_a_failed_hybrid_load_is_never_reported_as_loaded():
+    from kvtier.vllm.connector import KvtierConnector
+
+    c = object.__new__(KvtierConnector)  # (the worker-side aggregation only)
+    c._workers, c._per_request, c._recv_left, c._recv_failed = [_RacyWorker()], True, {"a": 1}, set()
+    r = c.get_transfer_results(set())
+    assert r.finished_recving == {"a"} and r.failed_recving == {"a"}
+    assert c._recv_failed == set() and c._recv_left == {}
+    # Per-request failures are never also reported as block ids (vLLM would
+    # restart a window or state group at a null block).
+    assert c.get_block_ids_with_load_errors() == set()
+
+
+def test_a_single_window_group_fails_loads_per_request_and_loads_async():
+    from vllm.v1.kv_cache_interface import SlidingWindowSpec
+
+    from kvtier.vllm.scheduler import SchedulerSide
+
+    conf = ConnectorConfig.from_extra({"url": "x:1", "load_mode": "sync"})
+    sw = SlidingWindowSpec(block_size=BS, num_kv_heads=2, head_size=64, dtype=torch.float32, sliding_window=WINDOW)
+    s = SchedulerSide(conf, SimpleNamespace(namespaces=lambda g=0: ["ns0"]), Stores(), can_load=True, can_save=True,
+                      block_size=BS, stats=StatsLog("", "t"), specs=[sw])
+    assert s.hybrid, "a window group cannot restart at a failed block: whole-request failures, async loads"
