@@ -7,14 +7,15 @@ this build, across a sweep of request rates (notes/*-serving).
 
     .tools/vllm/bin/python scripts/bench-serving.py [--out notes/NNN-serving.json]
         [--model-size base] [--rates 0.1,0.2,0.4,0.8] [--systems alone,kvtier,kvtier-disk[,kvtier-disk-reuse,kvtier-disk-tinylfu]]
-        [--topologies one,two,pd] [--users 5 --turns 5] [--quick]
+        [--topologies one,two,pd] [--users 5 --turns 5] [--quick] [--arch gemma3 --window 1024]
 
 Each (topology, system) deploys fresh engines, kvtier and the router
 (perf.serving.run) and replays, at each rate, a trace of its own seed (the
 same seeds for every system), so one rate's conversations never help the
 next. ``--quick`` is the minutes-long version ``make test`` runs
 (python/tests/vllm/test_serving.py): small model, two replicas, alone and
-kvtier, one rate.
+kvtier, one rate. ``--arch`` serves a hybrid model (sliding-window layers,
+vLLM's hybrid KV-cache manager on) instead of full attention.
 
 Needs: scripts/setup-vllm.sh (the venv this runs in), a release build of
 kvtier (cargo build --release -p kvtier; --kvtier-bin to use another).
@@ -78,6 +79,9 @@ def main() -> int:
     ap.add_argument("--out", default="out/serving/serving.json")
     ap.add_argument("--workdir", default="out/serving/run")
     ap.add_argument("--model-size", default="base")
+    ap.add_argument("--arch", default="llama", choices=("llama", "mistral-sw", "gemma3"),
+                    help="the model's layout (kvtier.vllm.testing.ARCHS): full attention, or a sliding-window hybrid")
+    ap.add_argument("--window", type=int, default=1024, help="the sliding window of a hybrid --arch (tokens)")
     ap.add_argument("--rates", default="0.1,0.2,0.4,0.8")
     ap.add_argument("--systems", default="alone,kvtier,kvtier-disk")
     ap.add_argument("--topologies", default="one,two,pd")
@@ -113,7 +117,9 @@ def main() -> int:
 
     work = ROOT / a.workdir
     shutil.rmtree(work, ignore_errors=True)
-    model = str(make_model(ROOT / "out" / "serving" / "models" / a.model_size, a.model_size, seed=0))
+    name = a.model_size if a.arch == "llama" else f"{a.model_size}-{a.arch}-{a.window}"
+    model = str(make_model(ROOT / "out" / "serving" / "models" / name, a.model_size, seed=0, arch=a.arch,
+                           window=a.window))
     tok = AutoTokenizer.from_pretrained(model)
     rates = [float(r) for r in a.rates.split(",")]
     traces = []
@@ -122,7 +128,13 @@ def main() -> int:
         turns = generate(tspec)
         path = write_trace(turns, work / f"trace-{i}.jsonl", tspec)
         traces.append((path, len(turns), token_counts(turns, lambda p: tok(p).input_ids, a.block_size)))
-    spec = ReplicaSpec(model=model, block_size=a.block_size, num_blocks=a.num_blocks,
+    # Under vLLM's hybrid KV-cache manager every KV-cache group takes its
+    # blocks from one pool (--num-gpu-blocks-override counts them all), and
+    # vLLM sizes a sliding-window group for whole prefill steps: the Gemma-3
+    # layout's six groups get six times the blocks, so the global group, the
+    # one whose blocks make a prefix hit, has --num-blocks as in full attention.
+    groups = 6 if a.arch == "gemma3" else 1
+    spec = ReplicaSpec(model=model, block_size=a.block_size, num_blocks=a.num_blocks * groups,
                        max_model_len=(a.num_blocks - 2) * a.block_size)  # vLLM keeps one block back
     cpus = [[int(c) for c in part.split(",")] for part in a.engine_cpus.split(";")] if a.engine_cpus else [None, None]
     topologies = a.topologies.split(",")
@@ -158,7 +170,8 @@ def main() -> int:
                     raise
     write_record(ROOT / a.out, {
         "what": "serving under load: vllm bench serve, multi-turn trace, rate sweep",
-        "model": {"size": a.model_size, "path": model, "dtype": spec.dtype},
+        "model": {"size": a.model_size, "arch": a.arch, "window": a.window if a.arch != "llama" else None,
+                  "path": model, "dtype": spec.dtype},
         "engine": {k: v for k, v in spec.__dict__.items() if k not in ("model", "env", "kv_transfer_config")},
         "rates": rates,
         "traces": [{"path": str(p.relative_to(ROOT) if p.is_relative_to(ROOT) else p), **c} for p, _, c in traces],
