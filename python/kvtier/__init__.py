@@ -29,6 +29,7 @@ _LAZY = {
     "ServerTiming": "results",
     "Block": "results",
     "LookupResult": "results",
+    "TierCount": "results",
     "ReadBlock": "results",
     "ReadResult": "results",
     "WriteResult": "results",

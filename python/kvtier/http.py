@@ -15,6 +15,8 @@ import json
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Sequence
+from typing import Any
 
 from .errors import Error
 
@@ -90,6 +92,32 @@ class HttpClient:
         if status == 404:
             return False
         raise self._error(status, body)
+
+    def lookup(self, ns: str, tokens: Sequence[int] | None = None, keys: Sequence[bytes] | None = None,
+               block_size: int = 0, hash: str = "", token: str | None = None) -> dict[str, Any]:
+        """``POST /v1/lookup``: how much of a prefix is stored, where (per node
+        and tier: ``tier_counts``; docs/events.md, "Per-tier lookup"). Give
+        ``tokens`` (hashed by the server with ``block_size`` and ``hash``, 0/""
+        = its defaults) or ``keys``; ``token`` is a bearer token."""
+        if (keys is None) == (tokens is None):
+            raise ValueError("give exactly one of keys or tokens")
+        doc: dict[str, Any] = {"namespace": ns}
+        if tokens is not None:
+            doc.update(tokens=[int(t) for t in tokens], block_size=block_size, hash=hash)
+        else:
+            assert keys is not None
+            doc["keys"] = [bytes(k).hex() for k in keys]
+        req = urllib.request.Request(f"{self.base}/v1/lookup", data=json.dumps(doc).encode(), method="POST")
+        req.add_header("Content-Type", "application/json")
+        if token:
+            req.add_header("Authorization", f"Bearer {token}")
+        try:
+            with urllib.request.urlopen(req, timeout=self.timeout) as r:
+                out: dict[str, Any] = json.loads(r.read())
+                return out
+        except urllib.error.HTTPError as e:
+            with e:
+                raise self._error(e.code, e.read()) from None
 
     def healthz(self) -> bool:
         status, _, _ = self._do("GET", f"{self.base}/healthz")

@@ -43,6 +43,7 @@ from .results import (
     ServerTiming,
     StatsResult,
     Tier,
+    TierCount,
     WriteResult,
     token_chain,
 )
@@ -278,6 +279,8 @@ class NodeClient:
             lease_id=r.lease_id,
             lease_expires_unix_ms=r.lease_expires_unix_ms,
             timing=ServerTiming._of(r, us),
+            nodes=list(r.nodes),
+            tier_counts=[TierCount(c.node, Tier.of(c.tier), c.blocks, c.leading) for c in r.tier_counts],
         )
 
     def read(

@@ -116,12 +116,13 @@ def copy_into(b: ReadBlock, into: Callable[[int, int], object]) -> ReadBlock:
     return ReadBlock(b.index, b.key, b.parent, b.token_count, filled, b.tier)
 
 
-def native_block(b: Block) -> tuple[bytes, bytes | None, int, Any, int]:
+def native_block(b: Block) -> tuple[bytes, bytes | None, int, Any, int, list[int]]:
     """A block as the native core takes it; a payload given as parts is joined (copied)."""
     if not isinstance(b, Block):
         raise TypeError(f"expected kvtier.Block, got {type(b).__name__}")
     payload = joined(b.payload) if isinstance(b.payload, (list, tuple)) else b.payload
-    return bytes(b.key), bytes(b.parent) if b.parent else None, b.token_count, payload, b.ttl_ms
+    return (bytes(b.key), bytes(b.parent) if b.parent else None, b.token_count, payload, b.ttl_ms,
+            list(b.token_ids))
 
 
 def pb_blocks(v1: Any, blocks: Iterable[Block]) -> list[Any]:
@@ -139,6 +140,7 @@ def pb_blocks(v1: Any, blocks: Iterable[Block]) -> list[Any]:
                 crc32c=crc_of(payload),
                 payload=payload,
                 ttl_ms=b.ttl_ms,
+                token_ids=list(b.token_ids),
             )
         )
     return out

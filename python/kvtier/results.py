@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Union
 
 __all__ = [
@@ -19,6 +19,7 @@ __all__ = [
     "ServerTiming",
     "Block",
     "LookupResult",
+    "TierCount",
     "ReadBlock",
     "ReadResult",
     "WriteResult",
@@ -121,6 +122,10 @@ class Block:
     parent: bytes | None = None
     token_count: int = 0
     ttl_ms: int = 0
+    token_ids: Sequence[int] = ()
+    """The block's token ids (none, or ``token_count`` of them): the
+    server's KV events carry them so routers can match blocks to prompts
+    (docs/events.md). Never stored with the block."""
 
 
 @dataclass(frozen=True)
@@ -139,6 +144,24 @@ class LookupResult:
     """The node that granted the lease (:class:`~kvtier.ClusterClient` only;
     empty for a single address): give it with the lease id to a cluster
     client that did not take the lease (another process) to read or release it."""
+    nodes: list[str] = field(default_factory=list)
+    """The node holding each found block ("" = the object store)."""
+    tier_counts: list[TierCount] = field(default_factory=list)
+    """Per node and tier: blocks of the found prefix there, and how many of
+    them lie in that node's leading run (docs/events.md, "Per-tier lookup")."""
+
+
+@dataclass(frozen=True)
+class TierCount:
+    """One entry of :attr:`LookupResult.tier_counts`."""
+
+    node: str
+    """The node ("" = the object store)."""
+    tier: Tier
+    blocks: int
+    """Blocks of the found prefix at this node and tier."""
+    leading: int
+    """Of those, the ones in the node's run from the first block."""
 
 
 @dataclass(frozen=True)

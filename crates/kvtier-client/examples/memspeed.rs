@@ -61,6 +61,7 @@ async fn main() {
             .iter()
             .enumerate()
             .map(|(i, k)| WriteBlock {
+                token_ids: Vec::new(),
                 key: k.clone(),
                 parent: None,
                 token_count: 128,

@@ -123,7 +123,7 @@ pub use config::{
     ClientConfig, ClientTls, MAX_PUSHBACK, backoff, connect_pool, endpoint, pushback, retry_pause,
 };
 pub(crate) use types::to_read_block_checked;
-pub use types::{Lookup, ReadBlock, ReadResult, WriteBlock, WriteResult};
+pub use types::{Lookup, ReadBlock, ReadResult, TierCount, WriteBlock, WriteResult};
 use types::{to_lookup, to_read_block};
 pub use wire::{FilledBlock, ReadIntoResult};
 
@@ -458,6 +458,7 @@ impl Client {
             .iter()
             .enumerate()
             .map(|(i, k)| WriteBlock {
+                token_ids: Vec::new(),
                 key: k.clone(),
                 parent: i.checked_sub(1).map(|p| keys[p].clone()),
                 token_count: self.cfg.block_size as u32,

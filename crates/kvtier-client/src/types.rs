@@ -16,6 +16,24 @@ pub struct Lookup {
     pub lease_id: u64,
     /// Server timing.
     pub timing: ServerTiming,
+    /// The node holding each found block ("" = the object store).
+    pub nodes: Vec<String>,
+    /// Per node and tier: blocks of the found prefix there, and how many of
+    /// them are in that node's leading run (docs/events.md, "Per-tier lookup").
+    pub tier_counts: Vec<TierCount>,
+}
+
+/// One entry of [`Lookup::tier_counts`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TierCount {
+    /// The node ("" = the object store).
+    pub node: String,
+    /// The tier.
+    pub tier: Tier,
+    /// Blocks of the found prefix at this node and tier.
+    pub blocks: u32,
+    /// Of those, the ones in the node's run from the first block.
+    pub leading: u32,
 }
 
 /// One block to write.
@@ -31,6 +49,9 @@ pub struct WriteBlock {
     pub payload: Bytes,
     /// TTL (0 = none).
     pub ttl_ms: u64,
+    /// The block's token ids, so the server's KV events can name them
+    /// (docs/events.md): empty, or one per token.
+    pub token_ids: Vec<u32>,
 }
 
 impl WriteBlock {
@@ -44,6 +65,7 @@ impl WriteBlock {
             crc32c: crc32c::crc32c(&self.payload),
             payload,
             ttl_ms: self.ttl_ms,
+            token_ids: self.token_ids.clone(),
         }
     }
 }
@@ -106,6 +128,17 @@ pub(crate) fn to_lookup(r: pb::LookupResponse, keys: Vec<Key>) -> Lookup {
         keys,
         lease_id: r.lease_id,
         timing: r.timing.unwrap_or_default(),
+        nodes: r.nodes,
+        tier_counts: r
+            .tier_counts
+            .into_iter()
+            .map(|c| TierCount {
+                node: c.node,
+                tier: Tier::try_from(c.tier).unwrap_or(Tier::Unspecified),
+                blocks: c.blocks,
+                leading: c.leading,
+            })
+            .collect(),
     }
 }
 

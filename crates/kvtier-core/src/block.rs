@@ -53,6 +53,11 @@ pub struct Block {
     pub meta: BlockMeta,
     /// The bytes (KV tensors for a cache block, the value for a key/value entry).
     pub payload: Bytes,
+    /// The token ids its writer gave, passed on to the other nodes of a
+    /// cluster so their KV events can name them (docs/events.md). Never
+    /// written below memory, never compared: a block read from disk or the
+    /// object store has none.
+    pub tokens: Option<std::sync::Arc<[u32]>>,
 }
 
 impl Block {
@@ -68,6 +73,7 @@ impl Block {
                 expires_unix_ms: None,
             },
             payload,
+            tokens: None,
         }
     }
 
@@ -109,6 +115,7 @@ impl Block {
                 expires_unix_ms: None,
             },
             payload,
+            tokens: None,
         })
     }
 

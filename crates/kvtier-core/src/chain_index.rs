@@ -108,7 +108,15 @@ pub(crate) struct ChainIndex<V, D> {
     bytes: u64,
     tick: u64,
     pub counters: Counters,
+    /// Told of every insert and removal (KV events, `docs/events.md`):
+    /// these two functions are the only places residency changes.
+    observer: Option<Observer>,
 }
+
+/// Called with `true` and the block's parent when a block becomes resident,
+/// `false` when it leaves. Runs under the tier's lock, so it must only hand
+/// the change on.
+pub(crate) type Observer = Arc<dyn Fn(bool, &BlockId, Option<&Key>) + Send + Sync>;
 
 impl<V, D> Default for ChainIndex<V, D> {
     fn default() -> Self {
@@ -128,11 +136,26 @@ impl<V, D> ChainIndex<V, D> {
             bytes: 0,
             tick: 0,
             counters: Counters::default(),
+            observer: None,
         }
+    }
+
+    /// Reports every later insert and removal to `o`.
+    pub fn observe(&mut self, o: Observer) {
+        self.observer = Some(o);
     }
 }
 
 impl<V: Node, D: Ord + Copy> ChainIndex<V, D> {
+    /// Every resident id with its parent (to announce what a tier held
+    /// before it was observed).
+    pub fn ids(&self) -> Vec<(BlockId, Option<Key>)> {
+        self.map
+            .iter()
+            .map(|(id, s)| (id.clone(), s.value.parent().cloned()))
+            .collect()
+    }
+
     /// Resident blocks.
     pub fn len(&self) -> usize {
         self.map.len()
@@ -215,6 +238,9 @@ impl<V: Node, D: Ord + Copy> ChainIndex<V, D> {
             self.groups.add_leaf(&slot.group, tick, id.clone());
         }
         self.bytes += slot.cost;
+        if let Some(o) = &self.observer {
+            o(true, &id, slot.value.parent());
+        }
         self.map.insert(id, slot);
     }
 
@@ -395,6 +421,9 @@ impl<V: Node, D: Ord + Copy> ChainIndex<V, D> {
                         self.orphans.remove(&pid);
                     }
                 }
+            }
+            if let Some(o) = &self.observer {
+                o(false, &cur, None);
             }
             out.push((cur, s.value));
         }

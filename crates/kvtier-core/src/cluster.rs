@@ -21,6 +21,7 @@ use crate::block::{Block, BlockId};
 use crate::error::Result;
 use crate::keys::{Key, Namespace};
 use crate::tier::Overwrite;
+use crate::tier::TierKind;
 use async_trait::async_trait;
 use sha2::{Digest, Sha256};
 
@@ -95,8 +96,13 @@ pub trait Peers: Send + Sync + 'static {
     /// Every live peer (deletes go to all of them: a chain's descendants may
     /// live anywhere).
     fn live(&self) -> Vec<PeerId>;
-    /// How many leading `keys` `peer` holds in its memory or disk.
-    async fn lookup(&self, peer: PeerId, ns: &Namespace, keys: &[Key]) -> Result<usize>;
+    /// The tier (memory or disk) of each leading key of `keys` that `peer`
+    /// holds; its length is how many it holds.
+    async fn lookup(&self, peer: PeerId, ns: &Namespace, keys: &[Key]) -> Result<Vec<TierKind>>;
+    /// The node's name as lookups report it (`--cluster-self`, no scheme).
+    fn name(&self, peer: PeerId) -> String {
+        format!("peer-{peer}")
+    }
     /// The block, if `peer` holds it in its memory or disk.
     async fn get(&self, peer: PeerId, id: &BlockId) -> Result<Option<Block>>;
     /// Stores a replica on `peer` (its memory and disk only).

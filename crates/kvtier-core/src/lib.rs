@@ -36,6 +36,7 @@ pub mod deadline;
 pub mod disk;
 pub mod engine;
 pub mod error;
+pub mod events;
 pub mod keys;
 pub mod lease;
 pub mod memory;

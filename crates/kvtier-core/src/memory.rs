@@ -73,6 +73,11 @@ impl MemoryTier {
         self.inner.lock().share_stats()
     }
 
+    /// Reports every later residency change to `o` (`crate::events`).
+    pub(crate) fn observe(&self, o: crate::chain_index::Observer) {
+        self.inner.lock().observe(o);
+    }
+
     /// The byte budget.
     pub fn capacity(&self) -> u64 {
         self.capacity

@@ -7,7 +7,7 @@ use async_trait::async_trait;
 use common::{chain_with, ns};
 use kvtier_core::cluster::{Owners, PeerId, Peers};
 use kvtier_core::error::Error;
-use kvtier_core::tier::Overwrite;
+use kvtier_core::tier::{Overwrite, TierKind};
 use kvtier_core::*;
 use std::sync::Arc;
 
@@ -32,11 +32,11 @@ impl Peers for Fake {
     fn live(&self) -> Vec<PeerId> {
         vec![1, 2]
     }
-    async fn lookup(&self, p: PeerId, ns: &Namespace, keys: &[Key]) -> Result<usize> {
+    async fn lookup(&self, p: PeerId, ns: &Namespace, keys: &[Key]) -> Result<Vec<TierKind>> {
         let l = self.nodes[p - 1]
             .lookup(ns, keys, None, &mut StorageTiming::default())
             .await?;
-        Ok(l.found)
+        Ok(l.tiers)
     }
     async fn get(&self, p: PeerId, id: &BlockId) -> Result<Option<Block>> {
         let r = self.nodes[p - 1]

@@ -76,6 +76,7 @@ pub fn decode_object_limited(
     let b = Block {
         meta: h.meta,
         payload,
+        tokens: None,
     };
     b.verify().map_err(|e| e.message)?;
     Ok(b)

@@ -38,6 +38,7 @@ fn lengths() -> Vec<u64> {
 
 fn block(i: usize, ttl_ms: u64) -> Block {
     Block {
+        token_ids: Vec::new(),
         key: Bytes::copy_from_slice(&KEYS[i]),
         parent_key: if i > 0 {
             Bytes::copy_from_slice(&KEYS[i - 1])

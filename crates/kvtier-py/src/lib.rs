@@ -33,8 +33,15 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 /// A block to write, as Python passes it: `(key, parent, token_count,
-/// payload buffer, ttl_ms)`.
-type BlockArg<'py> = (Vec<u8>, Option<Vec<u8>>, u32, Bound<'py, PyAny>, u64);
+/// payload buffer, ttl_ms, token_ids)`.
+type BlockArg<'py> = (
+    Vec<u8>,
+    Option<Vec<u8>>,
+    u32,
+    Bound<'py, PyAny>,
+    u64,
+    Vec<u32>,
+);
 
 /// How a [`DataPlane`] connects, kept to reconnect in a forked child.
 #[derive(Clone)]
@@ -327,7 +334,7 @@ impl DataPlane {
     }
 
     /// Writes blocks given as `(key, parent or None, token_count, payload,
-    /// ttl_ms)`, payloads any C-contiguous buffers (not copied; checksums
+    /// ttl_ms, token_ids)`, payloads any C-contiguous buffers (not copied; checksums
     /// computed here). Batches larger than the server takes at once are
     /// split. Returns `(stored, existing, deferred, timing)`.
     fn write<'py>(
@@ -339,7 +346,9 @@ impl DataPlane {
     ) -> PyResult<(u32, u32, u32, Bound<'py, PyDict>)> {
         let mut held = Vec::with_capacity(blocks.len());
         let mut wbs = Vec::with_capacity(blocks.len());
-        for (i, (key, parent, token_count, payload, ttl_ms)) in blocks.into_iter().enumerate() {
+        for (i, (key, parent, token_count, payload, ttl_ms, token_ids)) in
+            blocks.into_iter().enumerate()
+        {
             let h = Held::of(&payload, false, &format!("payload {i}"))?;
             wbs.push(WriteBlock {
                 key: Key::new(bytes::Bytes::from(key))
@@ -351,6 +360,7 @@ impl DataPlane {
                 token_count,
                 payload: h.shared(),
                 ttl_ms,
+                token_ids,
             });
             held.push(h);
         }

@@ -65,6 +65,7 @@ fn chain() -> Vec<WriteBlock> {
             })
             .collect();
         out.push(WriteBlock {
+            token_ids: Vec::new(),
             key,
             parent: out.last().map(|p| p.key.clone()),
             token_count: 128,

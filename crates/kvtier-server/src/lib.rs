@@ -35,6 +35,7 @@ mod admission_metrics;
 pub mod auth;
 pub mod cluster;
 pub mod config;
+pub mod events;
 pub mod fuzzing;
 pub mod grpc;
 pub mod http;
@@ -94,8 +95,10 @@ impl Server {
     pub async fn start(cfg: Config) -> anyhow::Result<Self> {
         cfg.validate()?;
         let peers = cluster::peers_for(&cfg.cluster, cfg.server.max_message_size.bytes())?;
-        let engine = Arc::new(build_engine_with(&cfg, peers.clone()).await?);
-        Self::start_inner(cfg, engine, peers).await
+        let events = events::hub_for(&cfg.events);
+        let hub = events.as_ref().map(|(h, _)| h.clone() as _);
+        let engine = Arc::new(build_engine_with(&cfg, peers.clone(), hub).await?);
+        Self::start_inner(cfg, engine, peers, events).await
     }
 
     /// Like [`Server::start`] with a caller-built engine (e.g. with more tiers).
@@ -104,13 +107,15 @@ impl Server {
             !cfg.cluster.enabled(),
             "a caller-built engine cannot join a cluster: use Server::start"
         );
-        Self::start_inner(cfg, engine, None).await
+        anyhow::ensure!(!cfg.events.enabled(), "[events] needs Server::start");
+        Self::start_inner(cfg, engine, None, None).await
     }
 
     async fn start_inner(
         cfg: Config,
         engine: Arc<Engine>,
         peers: Option<Arc<cluster::GrpcPeers>>,
+        events: Option<(Arc<events::EventHub>, events::HubReceiver)>,
     ) -> anyhow::Result<Self> {
         let auth = Arc::new(if cfg.auth.tokens_file.is_empty() {
             auth::Auth::disabled()
@@ -171,6 +176,19 @@ impl Server {
         .with_replies(cfg.server.reply_memory.bytes(), cfg.server.write_timeout);
         let (stop, stop_rx) = watch::channel(false);
         let mut tasks = JoinSet::new();
+        let ev = events::attach(
+            &cfg,
+            events,
+            peers.as_ref(),
+            engine.clone(),
+            stop_rx.clone(),
+            &mut tasks,
+        );
+        let (node, published) = ev.await?;
+        shared.node = node;
+        if let Some((hub, m)) = published {
+            (shared.events, shared.metrics) = (Some(hub), Arc::new(m));
+        }
         let fronts = Fronts {
             cfg: &cfg,
             shared: &shared,
@@ -406,23 +424,21 @@ impl Fronts<'_> {
 /// is set, plus the object store when `object_store` names one.
 /// With `[cluster]` set, the engine places blocks over the cluster's nodes.
 pub async fn build_engine(cfg: &Config) -> anyhow::Result<Engine> {
-    build_engine_with(
-        cfg,
-        cluster::peers_for(&cfg.cluster, cfg.server.max_message_size.bytes())?,
-    )
-    .await
+    let peers = cluster::peers_for(&cfg.cluster, cfg.server.max_message_size.bytes())?;
+    build_engine_with(cfg, peers, None).await
 }
 
 async fn build_engine_with(
     cfg: &Config,
     peers: Option<Arc<cluster::GrpcPeers>>,
+    events: Option<Arc<dyn kvtier_core::events::EventSink>>,
 ) -> anyhow::Result<Engine> {
     let mut engine_cfg = cfg.engine.engine_config();
     engine_cfg.shares = cfg.tenants.shares();
     let builder =
         Engine::builder(engine_cfg).admission(cfg.disk.admission()?, cfg.object_store.admission()?);
     let builder = with_disk(builder, cfg).await?;
-    let builder = object::attach(builder, cfg)?;
+    let builder = object::attach(builder, cfg)?.events(events);
     Ok(match peers {
         Some(p) => builder.peers(p).build(),
         None => builder.build(),

@@ -20,6 +20,43 @@ pub fn tier(k: TierKind) -> i32 {
     }
 }
 
+/// `LookupResponse.nodes` and `tier_counts` for a lookup's `places`
+/// (`this`: this node's name).
+pub fn placement(
+    places: &[(TierKind, Option<String>)],
+    this: &str,
+) -> (Vec<String>, Vec<pb::TierCount>) {
+    let nodes: Vec<String> = places
+        .iter()
+        .map(|(t, n)| match (t, n) {
+            (TierKind::Object, _) => String::new(),
+            (_, Some(n)) => n.clone(),
+            (_, None) => this.to_string(),
+        })
+        .collect();
+    let mut counts: Vec<pb::TierCount> = Vec::new();
+    for (i, ((t, _), node)) in places.iter().zip(&nodes).enumerate() {
+        let leading = nodes[..i].iter().all(|n| n == node);
+        let tier = self::tier(*t);
+        match counts
+            .iter_mut()
+            .find(|c| c.node == *node && c.tier == tier)
+        {
+            Some(c) => {
+                c.blocks += 1;
+                c.leading += leading as u32;
+            }
+            None => counts.push(pb::TierCount {
+                node: node.clone(),
+                tier,
+                blocks: 1,
+                leading: leading as u32,
+            }),
+        }
+    }
+    (nodes, counts)
+}
+
 /// Milliseconds left of `b`'s TTL; 0 when it has none (an expired block is
 /// never served, so at least 1 otherwise).
 pub fn ttl_left(b: &Block) -> u64 {
@@ -76,6 +113,13 @@ pub fn block_from_pb_checked(
     actual: u32,
 ) -> Result<Block, Refusal> {
     let at = format!("blocks[{i}]");
+    if !b.token_ids.is_empty() && b.token_ids.len() != b.token_count as usize {
+        return Err(Refusal::invalid(format!(
+            "{at}: {} token_ids for token_count {}; send none, or one per token",
+            b.token_ids.len(),
+            b.token_count
+        )));
+    }
     let key = Key::new(b.key).map_err(|e| Refusal::from(e.context(&at)))?;
     if b.payload.len() as u64 > max_size {
         return Err(Refusal::invalid(format!(
@@ -107,12 +151,47 @@ pub fn block_from_pb_checked(
     )
     .map_err(|e| Refusal::from(e.context(&at)))?;
     block.meta.expire_after_ms(b.ttl_ms);
+    if !b.token_ids.is_empty() {
+        block.tokens = Some(b.token_ids.into());
+    }
     Ok(block)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn placement_counts_blocks_and_each_nodes_leading_run() {
+        let b = |n: &str| Some(n.to_string());
+        let places = [
+            (TierKind::Memory, None),
+            (TierKind::Disk, None),
+            (TierKind::Memory, b("n2")),
+            (TierKind::Memory, None),
+            (TierKind::Object, None),
+        ];
+        let (nodes, counts) = placement(&places, "n1");
+        assert_eq!(nodes, ["n1", "n1", "n2", "n1", ""]);
+        let got: Vec<(String, i32, u32, u32)> = counts
+            .into_iter()
+            .map(|c| (c.node, c.tier, c.blocks, c.leading))
+            .collect();
+        let (m, d, o) = (
+            pb::Tier::Memory as i32,
+            pb::Tier::Disk as i32,
+            pb::Tier::Object as i32,
+        );
+        assert_eq!(
+            got,
+            vec![
+                ("n1".into(), m, 2, 1),
+                ("n1".into(), d, 1, 1),
+                ("n2".into(), m, 1, 0),
+                ("".into(), o, 1, 0),
+            ]
+        );
+    }
 
     /// Whether `part` points into `whole`'s bytes.
     fn within(part: &[u8], whole: &Bytes) -> bool {

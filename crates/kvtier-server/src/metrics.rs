@@ -73,7 +73,7 @@ pub struct DeniedLabels {
 
 /// All server metrics.
 pub struct Metrics {
-    registry: Registry,
+    pub(crate) registry: Registry,
     requests: Family<OutcomeLabels, Counter>,
     denied: Family<DeniedLabels, Counter>,
     latency: Family<OpLabels, Histogram>,

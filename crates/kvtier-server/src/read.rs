@@ -85,6 +85,7 @@ pub fn read_block(index: u32, b: &Block, tier: TierKind, payload: Bytes) -> pb::
             // What is left of its TTL (0: none), so a node of a cluster that
             // keeps a block it read from a peer keeps its expiry too.
             ttl_ms: crate::messages::ttl_left(b),
+            token_ids: Vec::new(),
         }),
         tier: crate::messages::tier(tier),
     }

@@ -42,6 +42,11 @@ pub struct Shared {
     /// apart from the clients', so a flood of client requests sheds client
     /// requests, not the peer calls other nodes' admitted requests depend on.
     pub(crate) peer_admission: Option<Arc<Limiter>>,
+    /// This node's name in lookups' `nodes` and in KV events: `[events]
+    /// node`, else `cluster_self`, else its first gRPC listener.
+    pub(crate) node: String,
+    /// KV events (docs/events.md), when `[events]` is on.
+    pub(crate) events: Option<Arc<crate::events::EventHub>>,
 }
 
 /// What Stats reports about the fronts and limits, so clients choose their
@@ -171,6 +176,8 @@ impl Shared {
             cluster_self: String::new(),
             cluster_authorization: None,
             peer_admission: None,
+            events: None,
+            node: String::new(),
         }
     }
 
@@ -221,6 +228,18 @@ impl Shared {
             gauge,
         ));
         s
+    }
+
+    /// Queues the token ids `blocks` carry for their KV events, before they
+    /// are stored (docs/events.md).
+    pub fn note_tokens(&self, blocks: &[kvtier_core::Block]) {
+        if let Some(h) = &self.events {
+            for b in blocks {
+                if let Some(t) = &b.tokens {
+                    h.tokens(&b.meta.id, t.clone());
+                }
+            }
+        }
     }
 
     /// The caller of a request, from its credential; refusals are counted.

@@ -100,6 +100,7 @@ fn blocks(n: usize, size: usize, seed: u8) -> (Vec<Key>, Vec<WriteBlock>) {
         .iter()
         .enumerate()
         .map(|(i, k)| WriteBlock {
+            token_ids: Vec::new(),
             key: k.clone(),
             parent: (i > 0).then(|| keys[i - 1].clone()),
             token_count: 128,
@@ -135,6 +136,7 @@ async fn v1_codes(
         blocks: wb
             .iter()
             .map(|b| pb::Block {
+                token_ids: Vec::new(),
                 key: b.key.bytes(),
                 parent_key: b.parent.as_ref().map_or_else(Bytes::new, Key::bytes),
                 token_count: b.token_count,

@@ -61,6 +61,7 @@ fn chain(n: usize, seed: u32) -> (Vec<Key>, Vec<WriteBlock>) {
         .iter()
         .enumerate()
         .map(|(i, k)| WriteBlock {
+            token_ids: Vec::new(),
             key: k.clone(),
             parent: (i > 0).then(|| keys[i - 1].clone()),
             token_count: 256,

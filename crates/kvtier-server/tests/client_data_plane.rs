@@ -98,6 +98,7 @@ async fn fake_server(data: std::net::SocketAddr) -> (String, Arc<AtomicUsize>) {
 
 fn block(k: &str, n: usize) -> WriteBlock {
     WriteBlock {
+        token_ids: Vec::new(),
         key: Key::new(k.as_bytes().to_vec()).unwrap(),
         parent: None,
         token_count: 0,

@@ -66,6 +66,7 @@ async fn read_returns_what_it_has_before_the_deadline() {
         "n",
         &[
             kvtier_client::WriteBlock {
+                token_ids: Vec::new(),
                 key: Key::new(&b"a"[..]).unwrap(),
                 parent: None,
                 token_count: 0,
@@ -73,6 +74,7 @@ async fn read_returns_what_it_has_before_the_deadline() {
                 ttl_ms: 0,
             },
             kvtier_client::WriteBlock {
+                token_ids: Vec::new(),
                 key: Key::new(&b"b"[..]).unwrap(),
                 parent: None,
                 token_count: 0,
@@ -163,6 +165,7 @@ async fn data_plane_read_returns_partial_before_the_client_deadline() {
     c.write(
         "n",
         &[kvtier_client::WriteBlock {
+            token_ids: Vec::new(),
             key: Key::new(&b"a"[..]).unwrap(),
             parent: None,
             token_count: 0,

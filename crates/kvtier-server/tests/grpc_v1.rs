@@ -360,6 +360,7 @@ async fn write_stream_delete_stats_and_health() {
     );
     // Parent links are returned on read.
     let w = WriteBlock {
+        token_ids: Vec::new(),
         key: Key::new(&b"child"[..]).unwrap(),
         parent: Some(keys[4].clone()),
         token_count: 4,

@@ -19,6 +19,7 @@ const MIB: usize = 1 << 20;
 
 fn blk(i: u32, payload: Bytes) -> WriteBlock {
     WriteBlock {
+        token_ids: Vec::new(),
         key: key(i),
         parent: None,
         token_count: 128,

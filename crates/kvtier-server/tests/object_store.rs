@@ -56,6 +56,7 @@ fn chain(tag: u8, n: usize, size: usize) -> Vec<WriteBlock> {
             })
             .collect();
         out.push(WriteBlock {
+            token_ids: Vec::new(),
             key,
             parent: out.last().map(|p| p.key.clone()),
             token_count: 128,

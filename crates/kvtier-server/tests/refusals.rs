@@ -88,6 +88,7 @@ async fn the_rust_client_surfaces_the_refusal_without_retrying() {
     cfg.engine.max_block_size = kvtier_core::ByteSize::mib(64);
     let (_s, client) = common::start(cfg).await;
     let b = kvtier_client::WriteBlock {
+        token_ids: Vec::new(),
         key: kvtier_core::Key::new(b"big".to_vec()).unwrap(),
         parent: None,
         token_count: 0,
@@ -301,6 +302,7 @@ async fn a_grpc_write_over_the_request_memory_is_refused_under_load() {
     cc.timeout = Duration::from_secs(20);
     let client = kvtier_client::Client::connect(cc).await.unwrap();
     let block = |k: &str, n: usize| kvtier_client::WriteBlock {
+        token_ids: Vec::new(),
         key: kvtier_core::Key::new(k.as_bytes().to_vec()).unwrap(),
         parent: None,
         token_count: 0,

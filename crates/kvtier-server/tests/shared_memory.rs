@@ -27,6 +27,7 @@ fn key(i: u32) -> Key {
 
 fn blk(i: u32, payload: Bytes) -> WriteBlock {
     WriteBlock {
+        token_ids: Vec::new(),
         key: key(i),
         parent: None,
         token_count: 128,

@@ -98,6 +98,7 @@ async fn round_trip(c: &Client) {
         .write(
             "tls",
             &[WriteBlock {
+                token_ids: Vec::new(),
                 key: key.clone(),
                 parent: None,
                 token_count: 0,

@@ -244,6 +244,7 @@ pub async fn put(a: PutArgs) -> anyhow::Result<()> {
         .transpose()?;
     let c = client(&a.common).await?;
     let block = WriteBlock {
+        token_ids: Vec::new(),
         key: key.clone(),
         parent,
         token_count: 0,
@@ -326,6 +327,14 @@ pub async fn lookup(a: LookupArgs) -> anyhow::Result<()> {
         "keys": keys.iter().map(Key::to_hex).collect::<Vec<_>>(),
         "lease_id": r.lease_id,
         "server_us": r.timing.total_us,
+        "nodes": r.nodes,
+        // Per node and tier (docs/events.md, "Per-tier lookup").
+        "tier_counts": r.tier_counts.iter().map(|c| serde_json::json!({
+            "node": c.node,
+            "tier": c.tier.as_str_name(),
+            "blocks": c.blocks,
+            "leading": c.leading,
+        })).collect::<Vec<_>>(),
     });
     print(format!("{}\n", serde_json::to_string_pretty(&out)?))?;
     Ok(())

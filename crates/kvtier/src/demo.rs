@@ -127,6 +127,7 @@ pub async fn run(a: DemoArgs) -> anyhow::Result<()> {
                     .map(|(j, k)| {
                         let i = l.found + j;
                         kvtier_client::WriteBlock {
+                            token_ids: Vec::new(),
                             key: k.clone(),
                             parent: i.checked_sub(1).map(|p| l.keys[p].clone()),
                             token_count: bs as u32,

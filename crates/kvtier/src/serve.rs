@@ -105,6 +105,19 @@ pub struct ServeArgs {
     /// `name:port` whose addresses are the nodes, instead of --cluster-nodes [cluster.dns].
     #[arg(long, env = "KVTIER_CLUSTER_DNS")]
     cluster_dns: Option<String>,
+    /// Publish KV events in vLLM's format on a ZMQ PUB socket bound here,
+    /// `tcp://HOST:PORT` (loopback unless events.insecure_remote) or
+    /// `ipc://PATH` (docs/events.md) [events.endpoint, default "" (off)].
+    #[arg(long, env = "KVTIER_KV_EVENTS")]
+    kv_events: Option<String>,
+    /// ZMQ ROUTER endpoint answering replay requests as vLLM's publisher
+    /// does [events.replay_endpoint, default "" (none)].
+    #[arg(long, env = "KVTIER_KV_EVENTS_REPLAY")]
+    kv_events_replay: Option<String>,
+    /// This node's name in events' topics `kv@NODE@NAMESPACE` and in
+    /// lookups [events.node, default: --cluster-self, else the first --listen].
+    #[arg(long, env = "KVTIER_KV_EVENTS_NODE")]
+    kv_events_node: Option<String>,
     /// Print the bound addresses as one JSON line on stdout once listening.
     #[arg(long)]
     ready_json: bool,
@@ -202,6 +215,15 @@ impl ServeArgs {
         }
         if let Some(v) = &self.cluster_dns {
             cfg.cluster.dns = v.clone();
+        }
+        if let Some(v) = &self.kv_events {
+            cfg.events.endpoint = v.clone();
+        }
+        if let Some(v) = &self.kv_events_replay {
+            cfg.events.replay_endpoint = v.clone();
+        }
+        if let Some(v) = &self.kv_events_node {
+            cfg.events.node = v.clone();
         }
         cfg.validate()?;
         Ok(cfg)

@@ -71,6 +71,7 @@ async fn churn(grpc: &str) {
         .collect();
     for (i, key) in keys.iter().enumerate() {
         let block = WriteBlock {
+            token_ids: Vec::new(),
             key: key.clone(),
             parent: None,
             token_count: 0,

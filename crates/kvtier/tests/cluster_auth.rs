@@ -84,6 +84,7 @@ async fn forged_replace(
     let mut req = tonic::Request::new(pb::WriteRequest {
         namespace: NS.into(),
         blocks: vec![pb::Block {
+            token_ids: Vec::new(),
             key,
             parent_key: Bytes::new(),
             token_count: 0,

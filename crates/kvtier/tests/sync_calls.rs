@@ -111,6 +111,7 @@ impl Server {
             let before = records(&self.disk);
             let payload: Vec<u8> = (0..256 << 10).map(|j| (i * 31 + j) as u8).collect();
             let block = WriteBlock {
+                token_ids: Vec::new(),
                 key: Key::new(format!("sync-{i:04}").into_bytes()).unwrap(),
                 parent: None,
                 token_count: 16,

@@ -68,6 +68,9 @@ class SaveSpec:
     #: tail, which would drop the window (the blocks a hit reads) before
     #: the head nobody reads; unlinked, each goes by its own last use.
     chained: bool = True
+    #: The token ids of ``keys``' blocks, one block after another, for
+    #: kvtier's KV events (docs/events.md); empty: none sent.
+    tokens: list[int] = field(default_factory=list)
 
 
 def chain_keys(

@@ -70,6 +70,11 @@ class ConnectorConfig:
     """Send block reads/writes over kvtier's bulk data plane when it offers one."""
     save_decode_blocks: bool = True
     """Also store blocks filled by generated tokens (multi-turn reuse)."""
+    send_token_ids: bool = True
+    """Send each full-attention block's token ids with it, so kvtier's KV
+    events can name them to routers (docs/events.md). The server keeps them
+    only while the block is resident and only with ``[events]`` on; requests
+    with a ``cache_salt`` never send theirs."""
     load_failure_policy: str = "recompute"
     """``recompute`` (failed loads are recomputed: same output, slower) or
     ``fail`` (vLLM's default: the request ends with an error)."""

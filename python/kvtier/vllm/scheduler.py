@@ -455,6 +455,9 @@ class SchedulerSide:
             if self.kinds[g] == "state":
                 continue  # (states are stored from vLLM's boundary hand-offs, _plan_states)
             chained = self.kinds[g] == "full"
+            # Only a chain's tokens name its blocks to a router (it rebuilds
+            # the chain from them); a salted request's blocks match nobody else's.
+            named = chained and self.cfg.send_token_ids and st.salt is None
             # Runs of real blocks: a window group may already hold null blocks
             # where it keeps no KV (never the blocks computed this step).
             run: list[int] = []
@@ -470,6 +473,8 @@ class SchedulerSide:
                         parent=st.keys[run[0] - 1] if run[0] and chained else None,
                         group=g,
                         chained=chained,
+                        tokens=(list(tokens[run[0] * self.block_size:(run[-1] + 1) * self.block_size])
+                                if named else []),
                     ))
                     run = []
         st.saved = full

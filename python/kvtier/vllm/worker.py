@@ -327,11 +327,12 @@ class WorkerSide:
         gather_us = int((time.perf_counter() - t0) * 1e6)
         blocks = []
         row = 0
+        bs = self.block_size
         for s in saves:
             for i, key in enumerate(s.keys):
                 parent = None if not s.chained else s.keys[i - 1] if i else s.parent
                 blocks.append(Block(key=key, payload=memoryview(data[row].numpy()), parent=parent,
-                                    token_count=self.block_size))
+                                    token_count=bs, token_ids=s.tokens[i * bs:(i + 1) * bs]))
                 row += 1
         self._submit("write", blocks, size)
         self.stats("save", blocks=n, gather_us=gather_us, bytes=size)

@@ -92,6 +92,7 @@ impl Ctx {
                     let keys = c.keys_for(&tokens(n, stream, blocks * BLOCK_TOKENS));
                     for (i, k) in keys.iter().enumerate() {
                         let b = WriteBlock {
+                            token_ids: Vec::new(),
                             key: k.clone(),
                             parent: i.checked_sub(1).map(|p| keys[p].clone()),
                             token_count: BLOCK_TOKENS as u32,
@@ -115,6 +116,7 @@ impl Ctx {
                         let blocks: Vec<WriteBlock> = chunk
                             .iter()
                             .map(|i| WriteBlock {
+                                token_ids: Vec::new(),
                                 key: kv_key(n, *i),
                                 parent: None,
                                 token_count: 0,

@@ -104,6 +104,7 @@ impl V1Worker {
     async fn write(&mut self, op: &'static str, key: Key, parent: Option<Key>) -> Sample {
         let c = &self.client;
         let b = WriteBlock {
+            token_ids: Vec::new(),
             key,
             parent,
             token_count: if op == "write" {

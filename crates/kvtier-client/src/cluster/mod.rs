@@ -397,6 +397,7 @@ impl ClusterClient {
             .iter()
             .enumerate()
             .map(|(i, k)| WriteBlock {
+                token_ids: Vec::new(),
                 key: k.clone(),
                 parent: i.checked_sub(1).map(|p| keys[p].clone()),
                 token_count: block_size as u32,

@@ -104,6 +104,16 @@ impl Index {
         self.chain.share_stats()
     }
 
+    /// Reports every later residency change to `o`; returns what is
+    /// resident now, so the caller can announce it.
+    pub fn observe(
+        &mut self,
+        o: crate::chain_index::Observer,
+    ) -> Vec<(BlockId, Option<crate::keys::Key>)> {
+        self.chain.observe(o);
+        self.chain.ids()
+    }
+
     /// Bytes resident in the capacity-share group of `ns`.
     pub fn group_bytes(&self, ns: &crate::keys::Namespace) -> u64 {
         self.chain.group_bytes(ns)

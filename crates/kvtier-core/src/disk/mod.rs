@@ -237,6 +237,16 @@ impl DiskTier {
         blocking(move || s.put(block, mode)).await
     }
 
+    /// Reports every later residency change to `sink` as the disk, after
+    /// reporting every block resident now (a warm restart's records).
+    pub fn observe(&self, sink: std::sync::Arc<dyn crate::events::EventSink>) {
+        let o = crate::events::observer(sink.clone(), crate::events::Medium::Disk);
+        let resident = self.shared.index.lock().observe(o);
+        for (id, parent) in resident {
+            sink.change(crate::events::Medium::Disk, true, &id, parent.as_ref());
+        }
+    }
+
     /// True when a live record is present, without touching recency or counters.
     pub fn has(&self, id: &BlockId) -> bool {
         self.shared

@@ -385,6 +385,7 @@ fn verify_record(buf: Vec<u8>, id: &BlockId, entry: &Entry) -> std::result::Resu
     Ok(Block {
         meta: h.meta,
         payload,
+        tokens: None,
     })
 }
 

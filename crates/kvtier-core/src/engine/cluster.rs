@@ -47,19 +47,19 @@ impl Engine {
         ns: &Namespace,
         keys: &[Key],
         timing: &mut StorageTiming,
-    ) -> (Vec<TierKind>, Vec<BlockId>) {
+    ) -> (Vec<Place>, Vec<BlockId>) {
         let ids: Vec<BlockId> = keys
             .iter()
             .map(|k| BlockId::new(ns.clone(), k.clone()))
             .collect();
-        let mut tiers: Vec<Option<TierKind>> = vec![None; ids.len()];
+        let mut tiers: Vec<Option<Place>> = vec![None; ids.len()];
         let mut ask: HashMap<PeerId, Vec<usize>> = HashMap::new();
         let t0 = Instant::now();
         for (i, id) in ids.iter().enumerate() {
             if self.memory.contains_block(id) {
-                tiers[i] = Some(TierKind::Memory);
+                tiers[i] = Some(Place::here(TierKind::Memory));
             } else if self.disk.as_ref().is_some_and(|d| d.has(id)) {
-                tiers[i] = Some(TierKind::Disk);
+                tiers[i] = Some(Place::here(TierKind::Disk));
             } else {
                 match peers.owners(id).peers.first() {
                     Some(&p) => ask.entry(p).or_default().push(i),
@@ -73,11 +73,11 @@ impl Engine {
             let t0 = Instant::now();
             let answers = self.ask_lookups(peers, ns, keys, ask).await;
             let mut retry: HashMap<PeerId, Vec<usize>> = HashMap::new();
-            for (r, idx) in answers {
+            for (p, r, idx) in answers {
                 match r {
-                    Ok(n) => {
-                        for &i in &idx[..n.min(idx.len())] {
-                            tiers[i] = Some(TierKind::Peer);
+                    Ok(held) => {
+                        for (&i, &t) in idx.iter().zip(&held) {
+                            tiers[i] = Some(Place::peer(p, t));
                         }
                     }
                     // The peer is now marked down: ask the keys' next owners.
@@ -91,10 +91,10 @@ impl Engine {
                 }
             }
             if !retry.is_empty() {
-                for (r, idx) in self.ask_lookups(peers, ns, keys, retry).await {
-                    if let Ok(n) = r {
-                        for &i in &idx[..n.min(idx.len())] {
-                            tiers[i] = Some(TierKind::Peer);
+                for (p, r, idx) in self.ask_lookups(peers, ns, keys, retry).await {
+                    if let Ok(held) = r {
+                        for (&i, &t) in idx.iter().zip(&held) {
+                            tiers[i] = Some(Place::peer(p, t));
                         }
                     }
                 }
@@ -116,10 +116,10 @@ impl Engine {
         ns: &Namespace,
         keys: &[Key],
         groups: HashMap<PeerId, Vec<usize>>,
-    ) -> Vec<(Result<usize>, Vec<usize>)> {
+    ) -> Vec<(PeerId, Result<Vec<TierKind>>, Vec<usize>)> {
         join_all(groups.into_iter().map(|(p, idx)| {
             let group: Vec<Key> = idx.iter().map(|&i| keys[i].clone()).collect();
-            async move { (peers.lookup(p, ns, &group).await, idx) }
+            async move { (p, peers.lookup(p, ns, &group).await, idx) }
         }))
         .await
     }

@@ -58,7 +58,7 @@ mod types;
 mod write;
 
 pub use types::{
-    EngineConfig, EngineStats, LookupOutcome, StorageTiming, WriteOutcome, WritePolicy,
+    EngineConfig, EngineStats, LookupOutcome, Place, StorageTiming, WriteOutcome, WritePolicy,
 };
 
 #[derive(Default)]
@@ -103,6 +103,7 @@ pub struct EngineBuilder {
     object: Option<(Arc<dyn Tier>, ObjectOptions)>,
     peers: Option<Arc<dyn Peers>>,
     admission: (Admission, Admission),
+    events: Option<Arc<dyn crate::events::EventSink>>,
 }
 
 impl EngineBuilder {
@@ -137,6 +138,13 @@ impl EngineBuilder {
         self
     }
 
+    /// Reports every residency change of every tier to `sink`, if any (KV
+    /// events, `docs/events.md`), starting with what the disk tier holds now.
+    pub fn events(mut self, sink: Option<Arc<dyn crate::events::EventSink>>) -> Self {
+        self.events = sink;
+        self
+    }
+
     /// The engine. Must run inside a Tokio runtime when an object store with
     /// write-back is configured (its uploader starts here).
     pub fn build(self) -> Engine {
@@ -149,6 +157,23 @@ impl EngineBuilder {
             Some((d, p)) => (Some(d), p),
             None => (None, WritePolicy::default()),
         };
+        let mut object = self.object;
+        if let Some(sink) = &self.events {
+            memory.observe(crate::events::observer(
+                sink.clone(),
+                crate::events::Medium::Memory,
+            ));
+            if let Some(d) = &disk {
+                d.observe(sink.clone());
+            }
+            object = object.map(|(inner, o)| {
+                let t: Arc<dyn Tier> = Arc::new(crate::events::ObservedTier {
+                    inner,
+                    sink: sink.clone(),
+                });
+                (t, o)
+            });
+        }
         Engine {
             cfg: self.cfg,
             memory,
@@ -157,7 +182,7 @@ impl EngineBuilder {
             leases,
             counters: Arc::default(),
             writing: Default::default(),
-            object: self.object.map(|(t, o)| ObjectLink::new(t, o)),
+            object: object.map(|(t, o)| ObjectLink::new(t, o)),
             peers: self.peers,
             disk_admission: Arc::new(Admitter::new(self.admission.0, ADMISSION_WINDOW)),
             object_admission: Arc::new(Admitter::new(self.admission.1, ADMISSION_WINDOW)),
@@ -174,6 +199,7 @@ impl Engine {
             object: None,
             peers: None,
             admission: Default::default(),
+            events: None,
         }
     }
 
@@ -314,7 +340,10 @@ impl Engine {
     ) -> Result<LookupOutcome> {
         let (mut tiers, mut ids) = match &self.peers {
             Some(peers) => self.lookup_in_cluster(&**peers, ns, keys, timing).await,
-            None => self.lookup_local(ns, keys, timing).await?,
+            None => {
+                let (t, ids) = self.lookup_local(ns, keys, timing).await?;
+                (t.into_iter().map(Place::here).collect(), ids)
+            }
         };
         if let Some(obj) = &self.object
             && ids.len() < keys.len()
@@ -325,7 +354,7 @@ impl Engine {
                 .await;
             timing.add(TierKind::Object, t0.elapsed());
             for key in &keys[ids.len()..ids.len() + n] {
-                tiers.push(TierKind::Object);
+                tiers.push(Place::here(TierKind::Object));
                 ids.push(BlockId::new(ns.clone(), key.clone()));
             }
         }
@@ -345,9 +374,17 @@ impl Engine {
             },
             _ => None,
         };
+        let places = tiers
+            .iter()
+            .map(|p| {
+                let node = p.peer.zip(self.peers.as_ref()).map(|(id, ps)| ps.name(id));
+                (p.tier, node)
+            })
+            .collect();
         Ok(LookupOutcome {
             found: tiers.len(),
-            tiers,
+            tiers: tiers.iter().map(Place::reported).collect(),
+            places,
             lease,
         })
     }

@@ -106,13 +106,48 @@ impl StorageTiming {
     }
 }
 
+/// Where a lookup found one block: a tier of this node or of another one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Place {
+    /// The tier it sits in (a peer's memory or disk, not [`TierKind::Peer`]).
+    pub tier: TierKind,
+    /// The node holding it; `None` for this node and for the object store.
+    pub peer: Option<crate::cluster::PeerId>,
+}
+
+impl Place {
+    /// A tier of this node (or the object store).
+    pub fn here(tier: TierKind) -> Self {
+        Self { tier, peer: None }
+    }
+    /// Another node's memory or disk.
+    pub fn peer(peer: crate::cluster::PeerId, tier: TierKind) -> Self {
+        Self {
+            tier,
+            peer: Some(peer),
+        }
+    }
+    /// The tier as `LookupResponse.tiers` reports it (another node's tiers
+    /// are [`TierKind::Peer`]).
+    pub fn reported(&self) -> TierKind {
+        if self.peer.is_some() {
+            TierKind::Peer
+        } else {
+            self.tier
+        }
+    }
+}
+
 /// Result of a lookup.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LookupOutcome {
     /// Leading keys present.
     pub found: usize,
-    /// Tier of each found key.
+    /// Tier of each found key ([`TierKind::Peer`] for another node's).
     pub tiers: Vec<TierKind>,
+    /// Where each found key sits: its tier, and the node for another node's
+    /// (by name, as `--cluster-self` gives it). Same length as `tiers`.
+    pub places: Vec<(TierKind, Option<String>)>,
     /// Lease on the found prefix, when one was asked for and something was found.
     pub lease: Option<LeaseGrant>,
 }

@@ -9,7 +9,7 @@
 use super::{ClusterSection, FORWARDED, node_name};
 use async_trait::async_trait;
 use kvtier_core::cluster::{Owners, PeerId, Peers, rank};
-use kvtier_core::tier::Overwrite;
+use kvtier_core::tier::{Overwrite, TierKind};
 use kvtier_core::{Block, BlockId, Error, Key, Namespace, Result};
 use kvtier_proto::v1 as pb;
 use kvtier_proto::v1::kv_tier_client::KvTierClient;
@@ -426,6 +426,8 @@ fn pb_block(b: &Block) -> pb::Block {
         crc32c: b.meta.crc32c,
         payload: b.payload.clone(),
         ttl_ms,
+        // The owner publishes KV events for its copy (docs/events.md).
+        token_ids: b.tokens.as_deref().map(<[u32]>::to_vec).unwrap_or_default(),
     }
 }
 
@@ -473,7 +475,11 @@ impl Peers for GrpcPeers {
             .collect()
     }
 
-    async fn lookup(&self, p: PeerId, ns: &Namespace, keys: &[Key]) -> Result<usize> {
+    fn name(&self, p: PeerId) -> String {
+        self.peer(p).name.clone()
+    }
+
+    async fn lookup(&self, p: PeerId, ns: &Namespace, keys: &[Key]) -> Result<Vec<TierKind>> {
         let peer = self.peer(p);
         let (req, budget) = self.request(
             pb::LookupRequest {
@@ -487,7 +493,16 @@ impl Peers for GrpcPeers {
         let r = self
             .call(&peer, "lookup", budget, async move { c.lookup(req).await })
             .await?;
-        Ok((r.into_inner().found_blocks as usize).min(keys.len()))
+        let r = r.into_inner();
+        let n = (r.found_blocks as usize).min(keys.len());
+        // A peer answers from its memory or disk only; anything else it
+        // reports (an older node without tiers) counts as its memory.
+        Ok((0..n)
+            .map(|i| match r.tiers.get(i).copied() {
+                Some(t) if t == pb::Tier::Disk as i32 => TierKind::Disk,
+                _ => TierKind::Memory,
+            })
+            .collect())
     }
 
     async fn get(&self, p: PeerId, id: &BlockId) -> Result<Option<Block>> {

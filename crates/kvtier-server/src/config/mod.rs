@@ -32,6 +32,8 @@ pub struct Config {
     pub cluster: crate::cluster::ClusterSection,
     /// Capacity shares of the memory and disk tiers (docs/security.md).
     pub tenants: TenantsSection,
+    /// KV events for cache-aware routers (docs/events.md); off unless `endpoint` is set.
+    pub events: EventsSection,
 }
 
 /// `[tls]`: one certificate for the gRPC, HTTP and data-plane listeners.
@@ -306,11 +308,13 @@ impl EngineSection {
 
 pub use crate::numa::ListenSpec;
 pub use compression::CompressionNamespace;
+pub use kv_events::EventsSection;
 pub use listen::SameHostSocket;
 pub use tenants::{ShareEntry, TenantsSection};
 pub use tiers::{DiskSection, NamespaceStore, ObjectStoreSection};
 
 mod compression;
+mod kv_events;
 mod listen;
 mod tenants;
 mod tiers;
@@ -339,6 +343,12 @@ impl Config {
     pub fn validate(&self) -> anyhow::Result<()> {
         self.cluster.validate()?;
         self.tenants.validate()?;
+        self.events.validate()?;
+        anyhow::ensure!(
+            !self.cluster.enabled() || self.events.node.is_empty(),
+            "events.node is for a single node: in a cluster each node is named by its \
+             cluster.self, in events and in lookups alike (docs/events.md)"
+        );
         if self.tls.cert.is_empty() != self.tls.key.is_empty() {
             anyhow::bail!("tls: cert and key go together (both set, or both empty)");
         }

@@ -96,7 +96,10 @@ impl V1Service {
             .map_err(to_status)?;
         // The read that follows a lookup finds the store's blocks under way.
         engine.prefetch(&ns, &keys[..out.tiers.len()], &out.tiers);
+        let (nodes, tier_counts) = crate::messages::placement(&out.places, &self.shared.node);
         Ok(pb::LookupResponse {
+            nodes,
+            tier_counts,
             found_blocks: out.found as u32,
             tiers: out.tiers.into_iter().map(tier).collect(),
             keys: if req.tokens.is_empty() {
@@ -129,6 +132,7 @@ impl V1Service {
             .enumerate()
             .map(|(i, b)| block_from_pb(&ns, i, b, max))
             .collect::<Result<_, _>>()?;
+        self.shared.note_tokens(&blocks);
         for b in blocks {
             let len = b.payload.len() as u64;
             // Only a node of the cluster forwarding an HTTP key/value put asks to replace.

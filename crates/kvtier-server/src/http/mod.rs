@@ -6,6 +6,7 @@
 //! | PUT | `/v1/kv/{namespace}/{key}?ttl_ms=N` | 204 | 400 (also for an unknown query parameter), 413 (over `engine.max_block_size` or `server.request_memory`), 503 (busy), 507 (JSON body) |
 //! | GET | `/v1/kv/{namespace}/{key}` | 200 + bytes | 404 (JSON body) |
 //! | DELETE | `/v1/kv/{namespace}/{key}` | 204 | 404 |
+//! | POST | `/v1/lookup` (JSON, `lookup.rs`) | 200 + JSON | 400, 401, 403 |
 //! | GET | `/healthz` | 200 | |
 //! | GET | `/metrics` | 200 Prometheus text | |
 //!
@@ -34,6 +35,7 @@ use serde::Deserialize;
 use std::time::Instant;
 
 mod listen;
+mod lookup;
 pub use listen::serve;
 
 const API: &str = "http";
@@ -46,6 +48,7 @@ pub fn router(shared: Shared) -> Router {
             "/v1/kv/{namespace}/{key}",
             get(get_value).put(put_value).delete(delete_value),
         )
+        .route("/v1/lookup", axum::routing::post(lookup::lookup))
         .route("/healthz", get(healthz))
         .route("/metrics", get(metrics))
         .fallback(not_found)

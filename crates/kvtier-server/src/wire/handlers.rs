@@ -204,6 +204,7 @@ async fn write_inner(
             block_from_pb_checked(&ns, i, b, max, crc)
         })
         .collect::<Result<Vec<_>, _>>()?;
+    shared.note_tokens(&blocks);
     let mut resp = pb::WriteResponse::default();
     for b in blocks {
         let len = b.payload.len() as u64;

@@ -69,6 +69,7 @@ pub async fn grpc_client(s: &Server) -> kvtier_client::Client {
 /// A block of `n` bytes under key `k`.
 pub fn block(k: &str, n: usize) -> kvtier_client::WriteBlock {
     kvtier_client::WriteBlock {
+        token_ids: Vec::new(),
         key: kvtier_core::Key::new(k.as_bytes().to_vec()).unwrap(),
         parent: None,
         token_count: 0,

@@ -9,6 +9,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 /// A block of `payload` under `key`, without a parent.
 pub fn blk(key: &[u8], payload: Bytes) -> WriteBlock {
     WriteBlock {
+        token_ids: Vec::new(),
         key: Key::new(Bytes::copy_from_slice(key)).unwrap(),
         parent: None,
         token_count: 0,

@@ -190,6 +190,7 @@ pub fn chain(c: u32, n: usize) -> Vec<WriteBlock> {
             })
             .collect();
         out.push(WriteBlock {
+            token_ids: Vec::new(),
             key: Key::new(Bytes::from(k)).unwrap(),
             parent: out.last().map(|p| p.key.clone()),
             token_count: 128,

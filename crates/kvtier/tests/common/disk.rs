@@ -186,6 +186,7 @@ pub fn chain(keys: &[Key]) -> Vec<WriteBlock> {
     keys.iter()
         .enumerate()
         .map(|(i, k)| WriteBlock {
+            token_ids: Vec::new(),
             key: k.clone(),
             parent: i.checked_sub(1).map(|p| keys[p].clone()),
             token_count: 16,
