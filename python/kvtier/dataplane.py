@@ -152,8 +152,9 @@ class DataPlane:
         return MappedRead(self._dp.map_read(namespace, list(keys), lease_id, timeout))
 
     @_errors
-    def write(self, namespace: str, blocks: Sequence[tuple[bytes, bytes | None, int, Any, int]], timeout: float):
-        """Blocks as ``(key, parent, token_count, payload, ttl_ms)``: ``(stored, existing, timing)``."""
+    def write(self, namespace: str, blocks: Sequence[tuple[bytes, bytes | None, int, Any, int, list[int]]],
+              timeout: float):
+        """Blocks as ``(key, parent, token_count, payload, ttl_ms, token_ids)``: ``(stored, existing, timing)``."""
         return self._dp.write(namespace, list(blocks), timeout)
 
     def close(self) -> None:

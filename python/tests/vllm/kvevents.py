@@ -17,6 +17,7 @@ import zmq
 
 from kvtier import Block, Client
 from kvtier.server import Server
+
 from llmd import int64_hash
 
 #: Tokens per block in these tests (each block's token_ids, and llm-d's block size).

@@ -12,9 +12,10 @@ serves.
 from __future__ import annotations
 
 from kvevents import BS, Chain, Node, free_port
-from llmd import LlmdCheck, wait_for
 
 from kvtier import Block
+
+from llmd import LlmdCheck, wait_for
 
 
 def _joined(llmd: LlmdCheck, nodes: list[Node], ns: str = "warm/up") -> None:
@@ -31,35 +32,43 @@ def _joined(llmd: LlmdCheck, nodes: list[Node], ns: str = "warm/up") -> None:
 
 
 def test_llmd_follows_writes_deletes_and_demotions_per_tier(tmp_path):
+    # The router knows the model by its served name, not kvtier's namespace:
+    # events.models publishes the namespace under that name (llm-d seeds its
+    # keys with it, so only then do kvtier's blocks match the engines').
+    cfg = tmp_path / "kvtier.toml"
+    cfg.write_text('[events.models]\n"acme/" = "acme/Llama-3.1-8B"\n')
     node = Node(tmp_path, "node-a", "--disk-dir", str(tmp_path / "disk"), "--write-policy", "write-back",
-                "--memory-capacity", "1MiB")
+                "--memory-capacity", "1MiB", "--config", str(cfg))
     try:
         with LlmdCheck([node.endpoint], BS) as llmd:
             _joined(llmd, [node])
             c = Chain("acme/llama", "c", 2, payload=300 << 10)
+            model = "acme/Llama-3.1-8B"
             c.write(node)
-            wait_for(lambda: llmd.lookup(c.ns, c.tokens)["pods"].get("node-a", {}).get("cpu") == 2,
-                     describe=lambda: llmd.lookup(c.ns, c.tokens))
+            wait_for(lambda: llmd.lookup(model, c.tokens)["pods"].get("node-a", {}).get("cpu") == 2,
+                     describe=lambda: llmd.lookup(model, c.tokens))
             # A third and fourth block do not fit in memory (write-back): the
             # chain's tail moves to disk, and llm-d follows it there.
             d = Chain("acme/llama", "d", 2, payload=300 << 10)
             d.write(node)
             def moved():
-                h = llmd.lookup(c.ns, c.tokens)["held"].get("node-a", {})
+                h = llmd.lookup(model, c.tokens)["held"].get("node-a", {})
                 return h.get("cpu") == [0] and h.get("disk") == [1]
-            wait_for(moved, describe=lambda: llmd.lookup(c.ns, c.tokens))
+            wait_for(moved, describe=lambda: llmd.lookup(model, c.tokens))
             # kvtier's own per-tier lookup says the same of node-a: the
             # head in memory, the tail on disk, a run of 2 blocks.
             r = node.client.lookup(c.ns, keys=c.keys)
             mine = {t.tier.name.lower(): (t.blocks, t.leading) for t in r.tier_counts if t.node == "node-a"}
             assert mine == {"memory": (1, 1), "disk": (1, 1)}, r.tier_counts
-            assert llmd.lookup(c.ns, c.tokens)["leading"]["node-a"] == 2
+            assert llmd.lookup(model, c.tokens)["leading"]["node-a"] == 2
             # Delete the chain's head: gone from every tier, for llm-d too.
             node.client.delete(c.ns, [c.keys[0]])
-            wait_for(lambda: not llmd.lookup(c.ns, c.tokens)["leading"].get("node-a"),
-                     describe=lambda: llmd.lookup(c.ns, c.tokens))
+            wait_for(lambda: not llmd.lookup(model, c.tokens)["leading"].get("node-a"),
+                     describe=lambda: llmd.lookup(model, c.tokens))
+            # Under the namespace itself nothing matches: a different seed.
+            assert not llmd.lookup(c.ns, d.tokens)["leading"]
             # The other chain is untouched.
-            assert llmd.lookup(d.ns, d.tokens)["leading"].get("node-a") == 2
+            assert llmd.lookup(model, d.tokens)["leading"].get("node-a") == 2
     finally:
         node.stop()
 

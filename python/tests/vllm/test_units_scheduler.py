@@ -126,6 +126,26 @@ def test_saves_follow_chunked_prefill_and_decode():
     assert [(x.keys, x.block_ids, x.parent) for x in saves] == [([full[3]], [6], keys[2])]
 
 
+def test_saves_carry_their_token_ids_unless_salted_or_turned_off():
+    """Each full-attention block goes with its tokens, for kvtier's KV events
+    (docs/events.md); a salted request's never leave, nor anyone's with
+    send_token_ids off."""
+    toks = list(range(2 * BS))
+
+    def saved(salt=None, **cfg):
+        s = _sched(FakeClient(), **cfg)
+        r = FakeRequest("a", toks)
+        r.cache_salt = salt
+        s.get_num_new_matched_tokens(r, 0)
+        s._kv_cache_manager.blocks["a"] = [7, 8]
+        _, saves = s.build(sched_output(new=[("a", 0)], scheduled={"a": 2 * BS}))
+        return [x.tokens for x in saves]
+
+    assert saved() == [toks]
+    assert saved(salt="tenant-secret") == [[]]
+    assert saved(send_token_ids=False) == [[]]
+
+
 def test_preempted_request_is_looked_up_again_and_failed_loads_restored():
     toks = list(range(3 * BS))
     keys = kvkeys.chain(toks, BS)

@@ -25,6 +25,12 @@ pub struct EventsSection {
     /// Publish only these namespaces (exact, or a prefix ending in `/` or
     /// `:`); empty = every namespace.
     pub namespaces: Vec<String>,
+    /// The model name a router knows a namespace by, the "model" of its
+    /// topic (`kv@NODE@MODEL`): a namespace, or a prefix ending in `/` or
+    /// `:` (the longest wins) → the model name. Unlisted: the namespace.
+    /// llm-d seeds its keys with the topic's model, so kvtier's blocks match
+    /// the engines' only under the engines' model name.
+    pub models: std::collections::BTreeMap<String, String>,
     /// Allow a non-loopback endpoint: anyone who can connect reads every
     /// published namespace's token ids.
     pub insecure_remote: bool,
@@ -45,6 +51,7 @@ impl Default for EventsSection {
             replay_endpoint: String::new(),
             node: String::new(),
             namespaces: Vec::new(),
+            models: Default::default(),
             insecure_remote: false,
             buffer_steps: 10_000,
             queue: 1 << 20,
@@ -88,7 +95,27 @@ impl EventsSection {
             "events.node {:?}: '@' separates a topic's parts (kv@NODE@NAMESPACE)",
             self.node
         );
+        for (ns, model) in &self.models {
+            anyhow::ensure!(
+                !model.contains('@') && !model.is_empty(),
+                "events.models {ns:?} = {model:?}: a model name must be non-empty and without '@' \
+                 (it is the last part of kv@NODE@MODEL)"
+            );
+        }
         Ok(())
+    }
+
+    /// The "model" of `ns`'s topic: its [`EventsSection::models`] entry (exact,
+    /// else the longest prefix), else the namespace itself.
+    pub fn model_of<'a>(&'a self, ns: &'a str) -> &'a str {
+        if let Some(m) = self.models.get(ns) {
+            return m;
+        }
+        self.models
+            .iter()
+            .filter(|(p, _)| (p.ends_with('/') || p.ends_with(':')) && ns.starts_with(p.as_str()))
+            .max_by_key(|(p, _)| p.len())
+            .map_or(ns, |(_, m)| m.as_str())
     }
 
     /// Whether events of `ns` are published.
@@ -156,6 +183,32 @@ mod tests {
         with("ipc:///run/kvtier/events", false).validate().unwrap();
         assert!(with("udp://127.0.0.1:1", false).validate().is_err());
         assert!(with("tcp://127.0.0.1:x", false).validate().is_err());
+    }
+
+    #[test]
+    fn a_namespace_is_published_under_its_model_name() {
+        let s = EventsSection {
+            models: [
+                ("vllm/".to_string(), "generic".to_string()),
+                (
+                    "vllm/llama/".to_string(),
+                    "meta-llama/Llama-3.1-8B".to_string(),
+                ),
+                ("solo".to_string(), "solo-model".to_string()),
+            ]
+            .into(),
+            ..Default::default()
+        };
+        assert_eq!(s.model_of("vllm/llama/abc"), "meta-llama/Llama-3.1-8B");
+        assert_eq!(s.model_of("vllm/other/abc"), "generic");
+        assert_eq!(s.model_of("solo"), "solo-model");
+        assert_eq!(s.model_of("acme/x"), "acme/x");
+        let bad = EventsSection {
+            endpoint: "tcp://127.0.0.1:1".into(),
+            models: [("a".to_string(), "x@y".to_string())].into(),
+            ..Default::default()
+        };
+        assert!(bad.validate().is_err());
     }
 
     #[test]

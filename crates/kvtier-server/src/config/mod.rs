@@ -542,6 +542,7 @@ mod tests {
         assert_eq!(c.object_store, Config::default().object_store);
         assert_eq!(c.cluster, Config::default().cluster);
         assert_eq!(c.tenants, Config::default().tenants);
+        assert_eq!(c.events, Config::default().events);
     }
 
     #[test]

@@ -200,6 +200,7 @@ impl Publisher {
             replay,
         };
         let run = Run {
+            cfg: cfg.clone(),
             sock: pub_sock,
             ring,
             keep: cfg.buffer_steps,
@@ -219,6 +220,7 @@ impl Publisher {
 }
 
 struct Run {
+    cfg: EventsSection,
     sock: zeromq::PubSocket,
     ring: Ring,
     keep: usize,
@@ -272,7 +274,7 @@ impl Run {
         let ts = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0.0, |d| d.as_secs_f64());
-        let topic = Bytes::from(format!("kv@{}@{ns}", self.node));
+        let topic = Bytes::from(format!("kv@{}@{}", self.node, self.cfg.model_of(ns)));
         let payload = Bytes::from(encode_batch(ts, events, &self.ownership));
         let seq = self.seq;
         self.seq += 1;
