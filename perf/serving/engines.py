@@ -43,6 +43,8 @@ class ReplicaSpec:
     kv_transfer_config: dict[str, Any] | None = None
     env: dict[str, str] = field(default_factory=dict)
     cpus: Sequence[int] | None = None
+    extra_args: list[str] = field(default_factory=list)
+    """Added to the server's arguments (``--kv-events-config``: perf.serving.routing)."""
 
 
 def wait_http(url: str, proc: subprocess.Popen[Any], timeout: float, log: Path) -> None:
@@ -90,6 +92,7 @@ class Replica:
                "--enable-prefix-caching", "--disable-uvicorn-access-log", "--seed", "0"]
         if spec.kv_transfer_config is not None:
             cmd += ["--kv-transfer-config", json.dumps(spec.kv_transfer_config)]
+        cmd += spec.extra_args
         env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_NUM_OF_RESERVED_CPU": "0", **spec.env}
         if extra_path:
             env["PYTHONPATH"] = os.pathsep.join([*extra_path, env.get("PYTHONPATH", "")]).rstrip(os.pathsep)

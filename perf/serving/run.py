@@ -183,9 +183,14 @@ def check_outputs(dep: Deployment, model: str, trace: Path, n: int) -> list[dict
 
 
 def run_rate(dep: Deployment, model: str, trace: Path, requests: int, rate: float, out: Path,
-             timeout: float = 1800) -> dict[str, Any]:
+             timeout: float = 1800, output_len: int | None = None) -> dict[str, Any]:
     """vLLM's benchmark client against the router at ``rate`` requests/s
-    (Poisson arrivals, seed 0, the trace's order); the step's record."""
+    (Poisson arrivals, seed 0, the trace's order); the step's record.
+
+    ``output_len``: the client's ``--custom-output-len``. None leaves its
+    default, 256 tokens per request, which overrides the trace's
+    ``output_tokens`` (what bench-serving has always run); -1 takes each
+    request's ``output_tokens`` from the trace."""
     out.mkdir(parents=True, exist_ok=True)
     before, tiers_before = dep.counters(), dep.tier_counters()
     routed_before = http_json(dep.router + "/stats")["requests"]
@@ -197,6 +202,8 @@ def run_rate(dep: Deployment, model: str, trace: Path, requests: int, rate: floa
            "--ready-check-timeout-sec", "0", "--num-warmups", "0", "--disable-tqdm",
            "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,90,99",
            "--save-result", "--result-dir", str(out), "--result-filename", name]
+    if output_len is not None:
+        cmd += ["--custom-output-len", str(output_len)]
     t0 = time.monotonic()
     with open(out / f"client-{rate:g}.log", "wb") as log:
         proc = subprocess.run(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, timeout=timeout)

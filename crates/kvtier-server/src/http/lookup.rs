@@ -5,7 +5,7 @@
 //! Body: `{"namespace": "...", "tokens": [..], "block_size": N, "hash": "..."}`
 //! or `{"namespace": "...", "keys": ["hex", ..]}`. Answer: `found_blocks`,
 //! `tiers`, `nodes` and `tier_counts` (node, tier, blocks, leading).
-use super::{API, core_error, error, handle, refused};
+use super::{core_error, error, handle, refused};
 use crate::state::Shared;
 use axum::Json;
 use axum::extract::State;
@@ -33,7 +33,6 @@ pub(super) async fn lookup(
     headers: HeaderMap,
     body: Result<Json<LookupBody>, axum::extract::rejection::JsonRejection>,
 ) -> Response {
-    let _ = API;
     handle(&s, "lookup", async |clock| {
         let Json(b) = body.map_err(|e| {
             error(
@@ -67,6 +66,13 @@ pub(super) async fn lookup(
                 })
                 .collect::<Result<_, _>>()?,
             (true, _) => {
+                // Refused before hashing, as gRPC Lookup does: a huge token
+                // list costs CPU and memory.
+                let bs = match b.block_size {
+                    0 => s.engine.config().default_block_size,
+                    n => n,
+                };
+                crate::messages::check_count(b.tokens.len() / bs.max(1)).map_err(refused)?;
                 let hash = HashFn::parse(&b.hash).map_err(core_error)?;
                 s.engine
                     .keys_for_tokens(&b.tokens, b.block_size, hash)

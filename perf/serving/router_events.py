@@ -1,0 +1,186 @@
+"""KV events into the cache-aware router's index: a ZeroMQ SUB socket per
+publisher, each message decoded and applied to :class:`PrefixIndex`.
+
+Both publishers speak vLLM's ``ZmqEventPublisher`` protocol
+(``vllm/distributed/kv_events.py``): multipart ``[topic, seq (8 bytes
+big-endian), payload]``, the payload a ``KVEventBatch`` in msgpack
+(``[ts, [event, ...], dp_rank?]``, each event a map tagged by ``type``).
+
+* A vLLM engine publishes when started with ``--kv-events-config
+  '{"enable_kv_cache_events": true, "publisher": "zmq", "endpoint":
+  "ipc:///PATH", "topic": "kv@<replica>@<model>"}'`` (vLLM binds an
+  ``ipc://`` endpoint or a ``tcp://*:PORT`` one and connects to any other
+  ``tcp://``); its events are its own prefix cache (medium ``GPU``).
+* A kvtier node publishes with ``kvtier serve --kv-events tcp://127.0.0.1:PORT``
+  on topics ``kv@<node>@<namespace>`` (``kv@<node>@*`` for
+  ``AllBlocksCleared``): media ``CPU`` (its memory tier), ``DISK``,
+  ``STORAGE`` (the object store). The node's name comes from the topic.
+
+kvtier names a block by ``sha256(namespace ‖ 0x00 ‖ key)`` cut to a signed
+64-bit integer, ``key`` the connector's chained key of its tokens
+(docs/keys.md). A block written without its token ids is announced
+without them, so :func:`kvtier_keys` computes those hashes from a prompt's
+tokens to find it; it cannot for a deployment that salts its keys
+(``KVTIER_KEY_SALT``), whose blocks are found only by their tokens.
+
+Payloads are decoded with vLLM's own ``msgspec`` types when vLLM is
+importable (``--event-types vllm``: a format change fails loudly), else as
+plain msgpack (``msgspec`` without types, or the ``msgpack`` package).
+Missed messages (a sequence gap) are counted, not replayed: the index
+heals as blocks are stored and removed again.
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+import sys
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from .router_index import PrefixIndex
+from .router_score import KeysFn
+
+__all__ = ["Feed", "decoder", "kvtier_hash", "kvtier_keys", "parse_topic"]
+
+log = logging.getLogger(__name__)
+
+Decode = Callable[[bytes], list[Mapping[str, Any]]]
+
+
+def decoder(kind: str = "auto") -> tuple[Decode, str]:
+    """A payload -> events function, and which decoder it is: ``vllm``
+    (vLLM's ``KVEventBatch``), ``msgspec`` or ``msgpack`` (untyped)."""
+    if kind in ("auto", "vllm"):
+        try:
+            import msgspec
+            from vllm.distributed.kv_events import KVEventBatch
+        except ImportError:
+            if kind == "vllm":
+                raise
+        else:
+            typed = msgspec.msgpack.Decoder(type=KVEventBatch)
+
+            def vllm_decode(payload: bytes) -> list[Mapping[str, Any]]:
+                return [{"type": type(e).__name__, **msgspec.structs.asdict(e)} for e in typed.decode(payload).events]
+            return vllm_decode, "vllm"
+    try:
+        import msgspec
+
+        plain: Callable[[bytes], Any] = msgspec.msgpack.decode
+        name = "msgspec"
+    except ImportError:
+        import msgpack
+
+        plain, name = (lambda p: msgpack.unpackb(p, raw=False, strict_map_key=False)), "msgpack"
+
+    def untyped(payload: bytes) -> list[Mapping[str, Any]]:
+        batch = plain(payload)
+        return [e for e in batch[1] if isinstance(e, dict)]
+    return untyped, name
+
+
+def kvtier_hash(namespace: str, key: bytes) -> int:
+    """kvtier's event hash of a block: the first 8 bytes of
+    ``sha256(namespace ‖ 0x00 ‖ key)``, big-endian, signed; 1 for 0 (which
+    reads as "no parent")."""
+    h = int.from_bytes(hashlib.sha256(namespace.encode() + b"\0" + key).digest()[:8], "big", signed=True)
+    return h or 1
+
+
+def kvtier_keys(namespaces: Callable[[], Iterable[str]], block_size: Callable[[], int]) -> KeysFn:
+    """The index keys (``(namespace, 0, hash)``, as :class:`PrefixIndex`
+    stores kvtier's blocks) of a prompt's full blocks, per namespace the
+    feeds have seen, at the connector's block size; unsalted keys
+    (``kvtier.keys.chain``)."""
+    try:
+        from kvtier.keys import chain
+    except ImportError:  # a checkout without the SDK installed: the one beside perf/
+        sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "python"))
+        from kvtier.keys import chain
+
+    def keys(tokens: Sequence[int]) -> list[tuple[int, list[Hashable]]]:
+        bs = block_size()
+        if bs <= 0:
+            return []
+        chained = chain(tokens, bs)
+        return [(bs, [(ns, 0, kvtier_hash(ns, k)) for k in chained]) for ns in namespaces()]
+    return keys
+
+
+def parse_topic(topic: str) -> tuple[str, str]:
+    """``kv@<node>@<namespace>`` -> (node, namespace); ("", "") otherwise."""
+    parts = topic.split("@", 2)
+    if len(parts) != 3 or parts[0] != "kv":
+        return "", ""
+    return parts[1], parts[2]
+
+
+class Feed:
+    """One publisher. ``engine``: the index source of that replica's engine
+    (its topic is not read); otherwise a kvtier node, named by its topics,
+    whose namespaces starting with ``namespace`` are kept."""
+
+    def __init__(self, endpoint: str, index: PrefixIndex, decode: Decode, engine: str | None = None,
+                 namespace: str = ""):
+        self.endpoint, self.index, self.decode = endpoint, index, decode
+        self.engine, self.namespace = engine, namespace
+        self.nodes: set[str] = set()
+        self.namespaces: set[str] = set()
+        self.messages = self.gaps = self.errors = self.skipped = 0
+        self._seq: int | None = None
+
+    def handle(self, frames: list[bytes]) -> None:
+        """Applies one message (``[topic, seq, payload]``)."""
+        if len(frames) != 3:
+            self.errors += 1
+            return
+        topic, seq_b, payload = frames
+        seq = int.from_bytes(seq_b, "big", signed=True)
+        if self._seq is not None and seq > self._seq + 1:
+            self.gaps += seq - self._seq - 1
+        self._seq = seq
+        self.messages += 1
+        try:
+            events = self.decode(payload)
+        except Exception as e:  # noqa: BLE001 - one bad message must not stop the feed
+            self.errors += 1
+            log.warning("%s: undecodable KV event batch (%s)", self.endpoint, e)
+            return
+        if self.engine is not None:
+            self.index.apply(self.index.source(self.engine, "engine", self.engine), events)
+            return
+        node, ns = parse_topic(topic.decode("utf-8", "replace"))
+        if not node:
+            self.skipped += 1
+            return
+        self.nodes.add(node)
+        src = self.index.source(node, "kvtier", "kvtier")
+        if ns == "*":
+            self.index.apply(src, [e for e in events if e.get("type") == "AllBlocksCleared"])
+        elif ns.startswith(self.namespace):
+            self.namespaces.add(ns)
+            self.index.apply(src, events, scope=ns)
+        else:
+            self.skipped += 1
+
+    async def run(self) -> None:
+        """Receives until cancelled."""
+        import zmq
+        import zmq.asyncio
+
+        ctx = zmq.asyncio.Context.instance()
+        sock = ctx.socket(zmq.SUB)
+        sock.setsockopt(zmq.SUBSCRIBE, b"")
+        sock.setsockopt(zmq.RCVHWM, 100_000)
+        sock.connect(self.endpoint)
+        try:
+            while True:
+                self.handle(await sock.recv_multipart())
+        finally:
+            sock.close(linger=0)
+
+    def stats(self) -> dict[str, Any]:
+        return {"endpoint": self.endpoint, "engine": self.engine, "nodes": sorted(self.nodes),
+                "namespaces": sorted(self.namespaces),
+                "messages": self.messages, "gaps": self.gaps, "errors": self.errors, "skipped": self.skipped}
