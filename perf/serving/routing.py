@@ -44,7 +44,7 @@ from typing import Any
 
 from kvtier.server import free_port_pairs
 
-from ..services import Server, ServerError, free_port, kvtier_server
+from ..services import Server, ServerError, Service, free_port, kvtier_server
 from .engines import Replica, ReplicaSpec, wait_http
 from .run import Deployment, System, _connector, _kvtier_args, warm_up
 
@@ -210,12 +210,7 @@ class Running:
             time.sleep(0.5)  # the SUB sockets join (ZeroMQ drops what is published before)
             yield RoutingDeployment(url, self.replicas, None, proc, nodes=self.nodes)
         finally:
-            proc.terminate()
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            Service(proc).stop()
 
 
 def _namespaces(logs: Sequence[Path]) -> list[str]:

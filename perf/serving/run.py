@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..services import Server, free_port, kvtier_server
+from ..services import Server, Service, free_port, kvtier_server
 from .engines import Replica, ReplicaSpec, http_json, wait_http
 
 __all__ = ["Deployment", "System", "TOPOLOGIES", "check_outputs", "deploy", "run_rate"]
@@ -140,15 +140,7 @@ def deploy(system: System, topology: str, spec: ReplicaSpec, workdir: Path, kvti
         stack.callback(log.close)
         router = subprocess.Popen([sys.executable, "-m", "perf.serving.router", "--port", str(port), *mode],
                                   cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-
-        def stop_router() -> None:
-            router.terminate()
-            try:
-                router.wait(10)
-            except subprocess.TimeoutExpired:
-                router.kill()
-                router.wait()
-        stack.callback(stop_router)
+        stack.callback(Service(router).stop)
         url = f"http://127.0.0.1:{port}"
         wait_http(url + "/health", router, 60, workdir / "router.log")
         yield Deployment(url, replicas, server, router, stats[:n] if server else [])
