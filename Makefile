@@ -42,9 +42,17 @@ clippy:
 # The example README.md runs (python/tests/test_readme.py) is built here with
 # the README's own command, so that test times the run, not a compile (a
 # package-only build unifies features differently and rebuilds dependencies).
+# Under CI the test executables are deleted once they passed (about 2.9 GB of
+# target/debug/deps, one ~60 MB binary per tests/*.rs; the vLLM install needs
+# the disk). Only unlinked, extension-less executables go: binaries that
+# target/debug/ hard-links (kvtier, used by the Python suites), libraries and
+# proc-macros stay, so nothing is rebuilt.
 rust-test:
 	$(CARGO) test --workspace
 	$(CARGO) build -q -p kvtier-client --example quickstart
+ifdef CI
+	find target/debug/deps -maxdepth 1 -type f -perm -u+x -links 1 ! -name '*.*' -delete
+endif
 
 # No module circles (crates, python/kvtier), no source file over 600 lines,
 # every file says why it exists, every path the docs name exists

@@ -58,7 +58,12 @@ if [ ! -x .tools/bin/minio ] && ! command -v minio >/dev/null && [ ! -x "${HOME:
   go_v=$(go env GOVERSION | sed 's/^go//')
   version_ge "$go_v" 1.24 || { echo "Go $go_v is too old to build MinIO: install Go >= 1.24 from https://go.dev/dl"; exit 1; }
   echo "go install github.com/minio/minio@$MINIO_VERSION -> .tools/bin (about 2 minutes)"
-  GOBIN="$PWD/.tools/bin" go install "github.com/minio/minio@$MINIO_VERSION"
+  # Modules and build cache in a temp dir, deleted after: ~/go and ~/.cache/go-build
+  # would keep about 2 GB the binary never needs (-modcacherw lets rm delete them).
+  gotmp=$(mktemp -d)
+  GOBIN="$PWD/.tools/bin" GOMODCACHE="$gotmp/mod" GOCACHE="$gotmp/cache" GOFLAGS="${GOFLAGS:+$GOFLAGS }-modcacherw" \
+    go install "github.com/minio/minio@$MINIO_VERSION"
+  rm -rf "$gotmp"
 fi
 # promtool for the alert rules' checks (python/tests/test_alerts.py), taken out of
 # Debian's prometheus package into .tools/bin: installing the package would also

@@ -16,44 +16,29 @@ What each file may fail:
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from perf import gotools
 from test_deploy import _header_example
 
 from conftest import REPO_ROOT
 
 KUBERNETES = REPO_ROOT / "deploy" / "kubernetes"
-SOURCE = REPO_ROOT / "tools" / "psa-check"
-BINARY = REPO_ROOT / ".tools" / "bin" / "psa-check"
 #: Baseline failures a file may have, and who may cause them (see the docstring).
 EXCUSED = {"hostPathVolumes", "privileged"}
 
 
-def _go() -> str:
-    found = shutil.which("go") or next((p for p in ("/usr/local/go/bin/go",) if os.access(p, os.X_OK)), None)
-    if not found:
-        pytest.fail("Go is not installed (>= 1.26, https://go.dev/dl): tools/psa-check needs it")
-    return found
-
-
 @pytest.fixture(scope="session")
 def psa_check() -> Path:
-    """Builds tools/psa-check (modules and build cache under .tools/go; go
-    rebuilds only what changed)."""
-    go_dir = REPO_ROOT / ".tools" / "go"
-    # -modcacherw: the module cache can be deleted like the rest of .tools.
-    env = os.environ | {"GOMODCACHE": str(go_dir / "mod"), "GOCACHE": str(go_dir / "cache"),
-                        "GOFLAGS": f"{os.environ.get('GOFLAGS', '')} -modcacherw".strip()}
-    r = subprocess.run([_go(), "build", "-buildvcs=false", "-o", str(BINARY), "."], cwd=SOURCE, env=env,
-                       capture_output=True, text=True, timeout=1800)
-    assert r.returncode == 0, f"go build tools/psa-check failed:\n{r.stdout}{r.stderr}"
-    return BINARY
+    """tools/psa-check, built when missing or stale (perf/gotools.py)."""
+    try:
+        return gotools.build("psa-check")
+    except gotools.GoToolError as e:
+        pytest.fail(str(e))
 
 
 def _evaluate(binary: Path, *paths: Path) -> dict[str, Any]:

@@ -13,8 +13,8 @@ import hashlib
 import json
 import os
 import select
-import shutil
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -25,34 +25,18 @@ import pytest
 
 from kvtier.server import REPO_ROOT
 
-SOURCE = REPO_ROOT / "tools" / "llmd-check"
-BINARY = REPO_ROOT / ".tools" / "bin" / "llmd-check"
-#: Modules and build cache live with the other tools (as test_pod_security.py's psa-check).
-GO_DIR = REPO_ROOT / ".tools" / "go"
-
-
-def _go() -> str:
-    found = shutil.which("go") or next((p for p in ("/usr/local/go/bin/go",) if os.access(p, os.X_OK)), None)
-    if not found:
-        # A missing tool fails, never skips: a skipped oracle reads as a pass.
-        pytest.fail("Go is not installed (>= 1.26, https://go.dev/dl): tools/llmd-check needs it")
-    return found
+if str(REPO_ROOT) not in sys.path:  # perf/ (the Go tool builder) lives at the root
+    sys.path.insert(0, str(REPO_ROOT))
+from perf import gotools
 
 
 def build() -> Path:
-    """Builds tools/llmd-check unless the binary is newer than every source
-    (a cold build of llm-d's module graph takes minutes on two cores)."""
-    sources = [p for p in SOURCE.iterdir() if p.suffix in (".go", ".mod", ".sum")]
-    if BINARY.exists() and BINARY.stat().st_mtime >= max(p.stat().st_mtime for p in sources):
-        return BINARY
-    # -modcacherw: the module cache can be deleted like the rest of .tools.
-    env = os.environ | {"GOMODCACHE": str(GO_DIR / "mod"), "GOCACHE": str(GO_DIR / "cache"),
-                        "GOFLAGS": f"{os.environ.get('GOFLAGS', '')} -modcacherw".strip()}
-    r = subprocess.run([_go(), "build", "-buildvcs=false", "-o", str(BINARY), "."], cwd=SOURCE, env=env,
-                       capture_output=True, text=True, timeout=1800)
-    assert r.returncode == 0, f"go build tools/llmd-check failed:\n{r.stdout}{r.stderr}"
-    BINARY.touch()  # go leaves an up-to-date binary unwritten: keep its mtime past the sources'
-    return BINARY
+    """tools/llmd-check, built when missing or stale (perf/gotools.py)."""
+    try:
+        return gotools.build("llmd-check")
+    except gotools.GoToolError as e:
+        # A missing tool fails, never skips: a skipped oracle reads as a pass.
+        pytest.fail(str(e))
 
 
 def int64_hash(*parts: str | bytes) -> int:
