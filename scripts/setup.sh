@@ -39,7 +39,7 @@ if [ ! -x .venv/bin/python ] || ! .venv/bin/python -c 'import grpc_tools, xxhash
    || ! .venv/bin/python -c 'import importlib.util as u, sys; sys.exit(u.find_spec("mfusepy") is None)' 2>/dev/null \
    || [ "$(.venv/bin/ruff --version 2>/dev/null)" != "ruff 0.17.5" ]; then
   [ -x .venv/bin/python ] || python3 -m venv .venv
-  .venv/bin/pip install -q --disable-pip-version-check -r python/requirements-dev.txt
+  .venv/bin/pip install -q --disable-pip-version-check --no-cache-dir -r python/requirements-dev.txt
 fi
 rustup component list --installed 2>/dev/null | grep -q clippy || rustup component add clippy rustfmt
 $for_tests || exit 0
