@@ -19,7 +19,9 @@ it learns what each engine's prefix cache holds from vLLM's KV events
 (``--engine-events``, one per backend, in order) and, optionally, what
 each kvtier node holds from kvtier's (``--kvtier-events``, one per node;
 replica i reads through the node of the i-th endpoint unless
-``--replica-node`` names it), tokenizes the prompt (``--tokenizer`` the
+``--replica-node`` names it; an endpoint may add its publisher's replay
+endpoint after a comma, so missed messages are fetched: :mod:`.router_events`),
+tokenizes the prompt (``--tokenizer`` the
 model directory, else the first backend's ``/tokenize``) and scores the
 replicas (:mod:`.router_score`, whose docstring has the weights; change
 one with ``--weight NAME=VALUE``).
@@ -28,7 +30,8 @@ one with ``--weight NAME=VALUE``).
     python -m perf.serving.router --port P --mode pd --prefill http://... --decode http://...
     python -m perf.serving.router --port P --mode cache-aware --tokenizer MODEL \\
         --engine-events ipc:///run/e0 --engine-events ipc:///run/e1 \\
-        --kvtier-events tcp://127.0.0.1:5601 --kvtier-events tcp://127.0.0.1:5602 http://...:A http://...:B
+        --kvtier-events tcp://127.0.0.1:5601,tcp://127.0.0.1:5611 \\
+        --kvtier-events tcp://127.0.0.1:5602,tcp://127.0.0.1:5612 http://...:A http://...:B
 
 ``GET /stats`` answers how many requests went to each backend (and, in
 cache-aware mode, the tokens it credited per tier, the index and the feeds).
@@ -276,9 +279,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--prefill", default="")
     ap.add_argument("--decode", default="")
     ap.add_argument("--engine-events", action="append", default=[],
-                    help="cache-aware: a backend's vLLM KV-event endpoint, once per backend in order ('' for none)")
+                    help="cache-aware: a backend's vLLM KV-event endpoint, once per backend in order ('' for none); "
+                         "ENDPOINT,REPLAY also names its replay_endpoint")
     ap.add_argument("--kvtier-events", action="append", default=[],
-                    help="cache-aware: a kvtier node's --kv-events endpoint, once per node")
+                    help="cache-aware: a kvtier node's --kv-events endpoint, once per node; "
+                         "ENDPOINT,REPLAY also names its --kv-events-replay")
     ap.add_argument("--replica-node", action="append", default=[],
                     help="cache-aware: the kvtier node (host:port, as in its topics) each backend reads through, "
                          "in backend order; default: the node of the --kvtier-events endpoint at the same position")

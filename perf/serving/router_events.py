@@ -26,11 +26,20 @@ tokens to find it; it cannot for a deployment that salts its keys
 Payloads are decoded with vLLM's own ``msgspec`` types when vLLM is
 importable (``--event-types vllm``: a format change fails loudly), else as
 plain msgpack (``msgspec`` without types, or the ``msgpack`` package).
-Missed messages (a sequence gap) are counted, not replayed: the index
-heals as blocks are stored and removed again.
+A feed's endpoint may name the publisher's replay endpoint after a comma
+(``tcp://127.0.0.1:5601,tcp://127.0.0.1:5611``: kvtier's
+``--kv-events-replay``, vLLM's ``replay_endpoint``). With one, a feed that
+joins late asks for everything the publisher still buffers, and a gap in the
+sequence numbers is filled before the next message is applied, by the
+protocol of vLLM's ``ZmqEventPublisher``: a DEALER sends ``[b"", start seq]``
+and receives ``[b"", topic, seq, payload]`` per buffered message, then
+``[b"", b"", -1, b""]``. What a replay does not return (no replay endpoint,
+no answer within :data:`REPLAY_TIMEOUT_S`, a buffer that no longer holds it)
+is counted as a gap; the index heals as blocks are stored and removed again.
 """
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import logging
 import sys
@@ -46,6 +55,10 @@ __all__ = ["Feed", "decoder", "kvtier_hash", "kvtier_keys", "parse_topic"]
 log = logging.getLogger(__name__)
 
 Decode = Callable[[bytes], list[Mapping[str, Any]]]
+
+#: How long a replay may take before the feed gives up on it and counts the gap.
+REPLAY_TIMEOUT_S = 2.0
+END_SEQ = -1
 
 
 def decoder(kind: str = "auto") -> tuple[Decode, str]:
@@ -117,26 +130,41 @@ def parse_topic(topic: str) -> tuple[str, str]:
 
 
 class Feed:
-    """One publisher. ``engine``: the index source of that replica's engine
-    (its topic is not read); otherwise a kvtier node, named by its topics,
-    whose namespaces starting with ``namespace`` are kept."""
+    """One publisher (``ENDPOINT[,REPLAY_ENDPOINT]``). ``engine``: the index
+    source of that replica's engine (its topic is not read); otherwise a
+    kvtier node, named by its topics, whose namespaces starting with
+    ``namespace`` are kept."""
 
     def __init__(self, endpoint: str, index: PrefixIndex, decode: Decode, engine: str | None = None,
                  namespace: str = ""):
-        self.endpoint, self.index, self.decode = endpoint, index, decode
+        live, _, replay = endpoint.partition(",")
+        self.endpoint, self.replay = live, replay or None
+        self.index, self.decode = index, decode
         self.engine, self.namespace = engine, namespace
         self.nodes: set[str] = set()
         self.namespaces: set[str] = set()
-        self.messages = self.gaps = self.errors = self.skipped = 0
+        self.messages = self.gaps = self.errors = self.skipped = self.replayed = 0
         self._seq: int | None = None
+
+    @staticmethod
+    def seq(frames: list[bytes]) -> int | None:
+        """A message's sequence number; None for a malformed message."""
+        return int.from_bytes(frames[1], "big", signed=True) if len(frames) == 3 and len(frames[1]) == 8 else None
+
+    def missing(self, seq: int) -> int | None:
+        """The first sequence number missed before ``seq`` (0 for a feed that
+        has seen nothing and joined after message 0), None when none is."""
+        if self._seq is None:
+            return 0 if seq > 0 else None
+        return self._seq + 1 if seq > self._seq + 1 else None
 
     def handle(self, frames: list[bytes]) -> None:
         """Applies one message (``[topic, seq, payload]``)."""
-        if len(frames) != 3:
+        seq = self.seq(frames)
+        if seq is None:
             self.errors += 1
             return
-        topic, seq_b, payload = frames
-        seq = int.from_bytes(seq_b, "big", signed=True)
+        topic, _, payload = frames
         if self._seq is not None and seq > self._seq + 1:
             self.gaps += seq - self._seq - 1
         self._seq = seq
@@ -164,8 +192,35 @@ class Feed:
         else:
             self.skipped += 1
 
+    async def fill(self, sock: Any, start: int, until: int) -> None:
+        """Replays messages ``start <= seq < until`` through ``sock`` (a
+        DEALER on the replay endpoint), applying them in order; stops at the
+        end marker or after :data:`REPLAY_TIMEOUT_S`."""
+        import zmq
+
+        try:
+            await sock.send_multipart([b"", start.to_bytes(8, "big", signed=True)], flags=zmq.NOBLOCK)
+        except zmq.Again:
+            log.warning("%s: replay endpoint %s not connected; %d message(s) lost", self.endpoint, self.replay,
+                        until - start)
+            return
+        deadline = asyncio.get_running_loop().time() + REPLAY_TIMEOUT_S
+        while (left := deadline - asyncio.get_running_loop().time()) > 0:
+            if not await sock.poll(left * 1000):
+                break
+            reply = await sock.recv_multipart()
+            frames = reply[1:] if reply and reply[0] == b"" else reply
+            seq = self.seq(frames)
+            if seq is None or seq == END_SEQ:
+                return
+            if (self._seq is None or seq > self._seq) and start <= seq < until:
+                self.handle(frames)
+                self.replayed += 1
+        log.warning("%s: replay from %s gave no end marker within %.0f s", self.endpoint, self.replay,
+                    REPLAY_TIMEOUT_S)
+
     async def run(self) -> None:
-        """Receives until cancelled."""
+        """Receives until cancelled; fills gaps first when it has a replay endpoint."""
         import zmq
         import zmq.asyncio
 
@@ -174,13 +229,26 @@ class Feed:
         sock.setsockopt(zmq.SUBSCRIBE, b"")
         sock.setsockopt(zmq.RCVHWM, 100_000)
         sock.connect(self.endpoint)
+        replay = None
+        if self.replay:
+            replay = ctx.socket(zmq.DEALER)
+            replay.setsockopt(zmq.LINGER, 0)
+            replay.connect(self.replay)
         try:
             while True:
-                self.handle(await sock.recv_multipart())
+                frames = await sock.recv_multipart()
+                seq = self.seq(frames)
+                start = None if replay is None or seq is None else self.missing(seq)
+                if replay is not None and seq is not None and start is not None:
+                    await self.fill(replay, start, seq)
+                self.handle(frames)
         finally:
             sock.close(linger=0)
+            if replay is not None:
+                replay.close(linger=0)
 
     def stats(self) -> dict[str, Any]:
         return {"endpoint": self.endpoint, "engine": self.engine, "nodes": sorted(self.nodes),
                 "namespaces": sorted(self.namespaces),
-                "messages": self.messages, "gaps": self.gaps, "errors": self.errors, "skipped": self.skipped}
+                "messages": self.messages, "gaps": self.gaps, "errors": self.errors, "skipped": self.skipped,
+                "replay": self.replay, "replayed": self.replayed}

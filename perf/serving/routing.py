@@ -62,11 +62,12 @@ _KEEP = ("kvtier_tier_hits_total", "kvtier_tier_misses_total", "kvtier_cluster_p
 @dataclass
 class NodePlan:
     """One kvtier node: its fixed gRPC port (the cluster's node list names
-    every node before any starts), its events endpoint, its arguments."""
+    every node before any starts), its events and replay endpoints, its arguments."""
 
     index: int
     port: int
     events: str
+    replay: str
     args: list[str]
 
     @property
@@ -83,11 +84,12 @@ class Plan:
     tiers: str
     nodes: list[NodePlan]
     engine_events: list[str]
+    """Each engine's event endpoint; its replay endpoint is the same path + ``-replay``."""
     system: System = field(default_factory=lambda: System("kvtier", kvtier="memory"))
 
     def engine_args(self, i: int, model: str) -> list[str]:
         cfg = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": self.engine_events[i],
-               "topic": f"kv@replica-{i}@{Path(model).name}"}
+               "replay_endpoint": f"{self.engine_events[i]}-replay", "topic": f"kv@replica-{i}@{Path(model).name}"}
         return ["--kv-events-config", json.dumps(cfg)]
 
     def connector(self, i: int) -> dict[str, Any]:
@@ -102,11 +104,13 @@ class Plan:
         args = ["--mode", "cache-aware", "--tokenizer", tokenizer, "--log-decisions"]
         for w in weights:
             args += ["--weight", w]
+        # Each feed names its publisher's replay endpoint too, so a message
+        # ZeroMQ drops (slow joiner, high-water mark) is fetched, not lost.
         for ep in self.engine_events:
-            args += ["--engine-events", ep]
+            args += ["--engine-events", f"{ep},{ep}-replay"]
         if router == "cache-aware-kvtier":
             for n in self.nodes:
-                args += ["--kvtier-events", n.events, "--replica-node", n.name]
+                args += ["--kvtier-events", f"{n.events},{n.replay}", "--replica-node", n.name]
             if namespace:
                 args += ["--kvtier-namespace", namespace]
         return [*args, *urls]
@@ -116,7 +120,7 @@ class Plan:
         urls = [f"http://127.0.0.1:ENGINE{i}" for i in range(len(self.nodes))]
         return {
             "kvtier_tiers": self.tiers,
-            "nodes": [{"name": n.name, "events": n.events, "args": n.args} for n in self.nodes],
+            "nodes": [{"name": n.name, "events": n.events, "replay": n.replay, "args": n.args} for n in self.nodes],
             "engines": [{"kv_transfer_config": self.connector(i), "args": self.engine_args(i, model)}
                         for i in range(len(self.nodes))],
             "routers": {r: self.router_args(r, urls, model, "NAMESPACE") for r in ROUTERS},
@@ -134,10 +138,10 @@ def plan(workdir: Path, tiers: str = "memory", replicas: int = 2) -> Plan:
     for i, port in enumerate(ports):
         args = _kvtier_args(tiers, workdir / f"node{i}")
         args[args.index("--local-listen") + 1] = str(run_dir / f"n{i}.sock")
-        events = f"tcp://127.0.0.1:{free_port()}"
+        events, replay = (f"tcp://127.0.0.1:{p}" for p in (free_port(), free_port()))
         args += ["--cluster-nodes", members, "--cluster-self", f"grpc://127.0.0.1:{port}", "--cluster-replicas", "1",
-                 "--kv-events", events]
-        nodes.append(NodePlan(i, port, events, args))
+                 "--kv-events", events, "--kv-events-replay", replay]
+        nodes.append(NodePlan(i, port, events, replay, args))
     return Plan(workdir, run_dir, tiers, nodes, [f"ipc://{run_dir}/engine-{i}" for i in range(replicas)],
                 System("kvtier", kvtier=tiers))
 

@@ -37,18 +37,23 @@ def test_dry_run_plans_the_topology_and_writes_the_record(tmp_path):
         assert args[args.index("--cluster-self") + 1] == f"grpc://{n['name']}"
         assert args[args.index("--cluster-replicas") + 1] == "1"
         assert args[args.index("--kv-events") + 1] == n["events"] and n["events"].startswith("tcp://127.0.0.1:")
+        assert args[args.index("--kv-events-replay") + 1] == n["replay"] != n["events"]
         assert "--local-listen" in args
         engine = topo["engines"][i]
         assert engine["kv_transfer_config"]["kv_connector_extra_config"]["url"] == n["name"], "its own node"
         events = json.loads(engine["args"][engine["args"].index("--kv-events-config") + 1])
         assert events["enable_kv_cache_events"] and events["publisher"] == "zmq"
         assert events["endpoint"].startswith("ipc://")
+        assert events["replay_endpoint"] == events["endpoint"] + "-replay"
     routers = topo["routers"]
     assert routers["round-robin"][:2] == ["--mode", "round-robin"]
     assert "--kvtier-events" not in routers["cache-aware-engine"]
     assert routers["cache-aware-engine"].count("--engine-events") == 2
     kv = routers["cache-aware-kvtier"]
-    assert kv.count("--kvtier-events") == 2
+    assert [kv[i + 1] for i, a in enumerate(kv) if a == "--kvtier-events"] == [f"{n['events']},{n['replay']}"
+                                                                              for n in nodes]
+    assert all(routers["cache-aware-engine"][i + 1].endswith("-replay")
+               for i, a in enumerate(routers["cache-aware-engine"]) if a == "--engine-events")
     assert [kv[i + 1] for i, a in enumerate(kv) if a == "--replica-node"] == [n["name"] for n in nodes]
     assert len(rec["schedule"]) == 3 and len({s["trace_set"] for s in rec["schedule"]}) == 3
 

@@ -25,7 +25,7 @@ if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
 from perf.serving.router import CacheAware, make_app
-from perf.serving.router_events import Feed, decoder, parse_topic
+from perf.serving.router_events import REPLAY_TIMEOUT_S, Feed, decoder, parse_topic
 from perf.serving.router_index import PrefixIndex
 from vllm.distributed.kv_events import BlockStored, KVEventBatch, ZmqEventPublisher
 
@@ -136,3 +136,106 @@ def test_router_follows_the_engine_events_of_vllms_publisher():
     assert ca["decoder"] == "vllm" and ca["routed"] == 3
     assert ca["credited_tokens"]["engine"] == 2 * 160 + 16 and ca["credited_tokens"]["prompt"] == 400 + 70
     assert ca["load"] == {"inflight": [0, 0], "pending_prefill": [0.0, 0.0], "active": [0.0, 0.0]}
+
+
+def _other_batch(i: int) -> KVEventBatch:
+    """One block no prompt here shares, so only the first batch decides what PROMPT finds."""
+    return KVEventBatch(ts=time.time(), events=[BlockStored(
+        block_hashes=[bytes([i % 256]) * 32], parent_block_hash=None, token_ids=[5000 + i] * BS, block_size=BS,
+        lora_id=None, medium="GPU", lora_name=None, group_idx=0)])
+
+
+def test_a_late_feed_replays_what_vllms_publisher_sent_before_it_joined():
+    tmp = Path(tempfile.mkdtemp(prefix="kvr-"))
+    pub = ZmqEventPublisher(0, endpoint=f"ipc://{tmp}/e", replay_endpoint=f"ipc://{tmp}/r", topic="kv@r0@m")
+    index = PrefixIndex()
+    feed = Feed(f"ipc://{tmp}/e,ipc://{tmp}/r", index, decoder("vllm")[0], engine="engine:a")
+
+    async def go():
+        # Sent before any subscriber exists: reachable only through the replay buffer.
+        pub.publish(_vllm_batch(3, b"p"))
+        for i in range(5):
+            pub.publish(_other_batch(i))
+        await asyncio.sleep(0.3)
+        task = asyncio.create_task(feed.run())
+        for i in range(5, 200):
+            pub.publish(_other_batch(i))
+            await asyncio.sleep(0.02)
+            if feed.messages >= 10:
+                break
+        task.cancel()
+
+    try:
+        asyncio.run(go())
+    finally:
+        pub.shutdown()
+        shutil.rmtree(tmp, ignore_errors=True)
+    assert feed.replay == f"ipc://{tmp}/r" and feed.endpoint == f"ipc://{tmp}/e"
+    # Every message from 0 on was applied once, in order: nothing counted lost.
+    assert feed.replayed >= 6 and feed.gaps == 0 and feed.errors == 0, feed.stats()
+    assert feed.messages == feed._seq + 1, feed.stats()
+    assert len(index.sources["engine:a"].run(PROMPT)[1]) == 3, feed.stats()
+
+
+def test_a_gap_is_filled_from_the_replay_buffer_in_order():
+    import zmq
+    import zmq.asyncio
+
+    tmp = Path(tempfile.mkdtemp(prefix="kvr-"))
+    pub = ZmqEventPublisher(0, endpoint=f"ipc://{tmp}/e", replay_endpoint=f"ipc://{tmp}/r", topic="kv@r0@m")
+    index = PrefixIndex()
+    feed = Feed(f"ipc://{tmp}/e,ipc://{tmp}/r", index, decoder("vllm")[0], engine="engine:a")
+    enc = msgspec.msgpack.Encoder()
+
+    def frame(seq: int, batch: KVEventBatch) -> list[bytes]:
+        return [b"kv@r0@m", seq.to_bytes(8, "big"), enc.encode(batch)]
+
+    async def go():
+        pub.publish(_other_batch(0))
+        pub.publish(_vllm_batch(3, b"p"))  # seq 1: the message this feed "missed"
+        for i in range(2, 6):
+            pub.publish(_other_batch(i))
+        await asyncio.sleep(0.3)
+        feed.handle(frame(0, _other_batch(0)))
+        sock = zmq.asyncio.Context.instance().socket(zmq.DEALER)
+        sock.connect(feed.replay)
+        try:
+            assert feed.missing(4) == 1 and feed.missing(1) is None
+            await feed.fill(sock, 1, 4)  # seq 1, 2, 3 of the six buffered
+        finally:
+            sock.close(linger=0)
+        feed.handle(frame(4, _other_batch(4)))
+
+    try:
+        asyncio.run(go())
+    finally:
+        pub.shutdown()
+        shutil.rmtree(tmp, ignore_errors=True)
+    assert (feed.replayed, feed.messages, feed.gaps, feed._seq) == (3, 5, 0, 4), feed.stats()
+    assert len(index.sources["engine:a"].run(PROMPT)[1]) == 3
+
+
+def test_a_replay_endpoint_that_never_answers_costs_a_timeout_not_the_feed():
+    tmp = Path(tempfile.mkdtemp(prefix="kvr-"))
+    pub = ZmqEventPublisher(0, endpoint=f"ipc://{tmp}/e", topic="kv@r0@m")  # no replay socket
+    index = PrefixIndex()
+    feed = Feed(f"ipc://{tmp}/e,ipc://{tmp}/nobody", index, decoder("vllm")[0], engine="engine:a")
+
+    async def go():
+        task = asyncio.create_task(feed.run())
+        t0 = time.monotonic()
+        for i in range(400):
+            pub.publish(_other_batch(i))
+            await asyncio.sleep(0.02)
+            if feed.messages >= 3:
+                break
+        task.cancel()
+        return time.monotonic() - t0
+
+    try:
+        took = asyncio.run(go())
+    finally:
+        pub.shutdown()
+        shutil.rmtree(tmp, ignore_errors=True)
+    assert feed.messages >= 3 and feed.replayed == 0, feed.stats()
+    assert took < 8 * REPLAY_TIMEOUT_S, took
