@@ -4,7 +4,7 @@ and (in :mod:`perf.services`) starting the systems a measurement runs
 against. perf/README.md says how scripts use it."""
 from __future__ import annotations
 
-from .ab import Summary, alternate, order, ratio, summarize
+from .ab import Summary, alternate, median, median_or_none, order, ratio, summarize
 from .header import (
     HEADER_KEYS,
     ROOT,
@@ -24,6 +24,6 @@ from .sample import Sampler, cpu_seconds, rss_mib
 
 __all__ = [
     "HEADER_KEYS", "ROOT", "Sampler", "Summary", "alternate", "command_line", "cpu_seconds", "git_state", "header",
-    "machine", "order", "packages", "ratio", "record", "rss_mib", "stamp", "stamp_file", "summarize", "tool_version",
+    "machine", "median", "median_or_none", "order", "packages", "ratio", "record", "rss_mib", "stamp", "stamp_file", "summarize", "tool_version",
     "versions", "write_record",
 ]

@@ -19,6 +19,22 @@ T = TypeVar("T")
 LOW, HIGH = 0.75, 1.33
 
 
+def median_or_none(xs: Sequence[float | None]) -> float | None:
+    """The median of the values present (a repeat that measured nothing is
+    None); None when none is."""
+    present = [x for x in xs if x is not None]
+    return statistics.median(present) if present else None
+
+
+def median(xs: Sequence[float | None]) -> float:
+    """:func:`median_or_none` for a value the caller computes with: an error
+    names the empty measurement instead of a TypeError further on."""
+    m = median_or_none(xs)
+    if m is None:
+        raise ValueError("no measured values to take the median of")
+    return m
+
+
 def order(variants: Sequence[str], repeat: int) -> list[str]:
     """Repeat ``repeat``'s order: the variants as given on even repeats,
     reversed on odd ones (A B, B A, ...)."""

@@ -30,7 +30,6 @@ import argparse
 import json
 import os
 import re
-import statistics
 import subprocess
 import sys
 import time
@@ -38,7 +37,7 @@ from pathlib import Path
 
 from _perf import ROOT
 
-from perf import header, packages, versions, write_record
+from perf import header, median, median_or_none, packages, versions, write_record
 
 ARCHS = ("gemma3", "llama")
 LAYERS = 6
@@ -124,10 +123,6 @@ def engine_main(spec_path: str) -> None:
     Path(spec["out"]).write_text(json.dumps(out))
 
 
-def med(xs):
-    return statistics.median(xs) if xs else None
-
-
 def kv_tokens(log: str) -> int | None:
     """vLLM's "KV cache size: N tokens" line."""
     m = re.search(r"KV cache size: ([\d,]+) tokens", log)
@@ -183,16 +178,16 @@ def main() -> None:
         alone, kv = runs[f"{arch}-alone"]["sizes"], runs[f"{arch}-kvtier"]["sizes"]
         for size in map(str, sizes):
             e = kv[size]
-            cached, local = med([x["ttft_s"] for x in e["cached"]]), med([x["ttft_s"] for x in e["local"]])
-            recompute = med([x["ttft_s"] for x in e["recompute"]])
+            cached, local = median([x["ttft_s"] for x in e["cached"]]), median([x["ttft_s"] for x in e["local"]])
+            recompute = median([x["ttft_s"] for x in e["recompute"]])
             ref = alone[size]["recompute"][0]["logprobs"]
             rows.append({
                 "arch": arch, "prompt_tokens": int(size),
-                "recompute_ttft_s": recompute, "recompute_alone_ttft_s": med([x["ttft_s"] for x in alone[size]["recompute"]]),
+                "recompute_ttft_s": recompute, "recompute_alone_ttft_s": median_or_none([x["ttft_s"] for x in alone[size]["recompute"]]),
                 "cached_ttft_s": cached, "local_hit_ttft_s": local,
                 "cached_over_recompute": cached / recompute, "cached_over_local_hit": cached / local,
                 "cached_tokens": [x["cached_tokens"] for x in e["cached"]],
-                "stored_bytes": e["stored_bytes"], "loaded_bytes": med([x["loaded_bytes"] for x in e["cached"]]),
+                "stored_bytes": e["stored_bytes"], "loaded_bytes": median_or_none([x["loaded_bytes"] for x in e["cached"]]),
                 "load_errors": [err for x in e["cached"] for err in x["load_errors"]],
                 "max_logprob_diff": max(max(abs(x["logprobs"][k] - ref[k]) for k in set(ref) & set(x["logprobs"]))
                                         for x in e["cached"]),

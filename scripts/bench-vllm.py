@@ -40,7 +40,7 @@ from pathlib import Path
 from _perf import ROOT
 
 from kvtier.server import free_port_pair
-from perf import HEADER_KEYS, header, packages, versions, write_record
+from perf import HEADER_KEYS, header, median, median_or_none, packages, versions, write_record
 from perf.services import Azurite
 
 
@@ -181,18 +181,13 @@ def engine_main(spec_path: str) -> None:
                 runs.append(run(prompt))
             entry[tier] = runs
             if tier == "memory":
-                entry["floor"] = floor(prompt, med([x["bytes"] for x in runs]))
+                entry["floor"] = floor(prompt, median_or_none([x["bytes"] for x in runs]))
     if server is not None:
         server.stop()
     Path(spec["out"]).write_text(json.dumps(results))
 
 
 # -- the whole measurement ---------------------------------------------------------
-
-def med(xs):
-    xs = [x for x in xs if x is not None]
-    return statistics.median(xs) if xs else None
-
 
 def max_diff(a: dict, b: dict):
     common = set(a) & set(b)
@@ -313,14 +308,14 @@ def write_note_record(args, runs: dict, n_params: int, info: dict, dtype: str) -
         if name == "baseline":
             continue
         for size, entry in r["sizes"].items():
-            baseline_median = med([x["ttft_s"] for x in base[size]["recompute"]])
+            baseline_median = median([x["ttft_s"] for x in base[size]["recompute"]])
             recompute = min(baseline_median, miss.get(size, baseline_median))
             ref_lp = base[size]["recompute"][0]["logprobs"]
             for tier in ("memory", "disk", "object"):
                 xs = entry.get(tier)
                 if not xs:
                     continue
-                ttft = med([x["ttft_s"] for x in xs])
+                ttft = median([x["ttft_s"] for x in xs])
                 fl = entry.get("floor") if tier == "memory" else None
                 rows.append({
                     "mode": r["mode"], "path": r.get("path", "tcp"), "tier": tier, "prompt_tokens": int(size),
@@ -328,13 +323,13 @@ def write_note_record(args, runs: dict, n_params: int, info: dict, dtype: str) -
                     "ttft_s_median": ttft, "ttft_s_repeats": [x["ttft_s"] for x in xs],
                     "recompute_ttft_s": recompute, "recompute_baseline_engine_s": baseline_median,
                     "recompute_same_engine_miss_s": miss.get(size), "ratio": ttft / recompute,
-                    "lookup_ms_median": (med([x["lookup_us"] for x in xs]) or 0) / 1000,
-                    "read_ms_median": (med([x["read_us"] for x in xs]) or 0) / 1000,
-                    "copy_ms_median": (med([x["copy_us"] for x in xs]) or 0) / 1000,
+                    "lookup_ms_median": (median_or_none([x["lookup_us"] for x in xs]) or 0) / 1000,
+                    "read_ms_median": (median_or_none([x["read_us"] for x in xs]) or 0) / 1000,
+                    "copy_ms_median": (median_or_none([x["copy_us"] for x in xs]) or 0) / 1000,
                     "cached_tokens": [x["cached_tokens"] for x in xs],
                     "tiers_seen": [x["tiers"] for x in xs],
                     "load_errors": [x["load_error"] for x in xs if x["load_error"]],
-                    "bytes_loaded": med([x["bytes"] for x in xs]),
+                    "bytes_loaded": median_or_none([x["bytes"] for x in xs]),
                     "first_token_equal": all(x["token"] == base[size]["recompute"][0]["token"] for x in xs),
                     "max_logprob_diff": max((max_diff(x["logprobs"], ref_lp) or 0) for x in xs),
                 })
@@ -347,7 +342,7 @@ def write_note_record(args, runs: dict, n_params: int, info: dict, dtype: str) -
         "model": {"size": args.model_size, "shape": SIZES[args.model_size], "parameters": n_params, "dtype": dtype,
                   "weights": "random (kvtier.vllm.testing.make_model, seed 0)"},
         "engine_load_s": {k: v["load_s"] for k, v in runs.items()},
-        "recompute": {size: {"baseline_engine_ttft_s_median": med([x["ttft_s"] for x in e["recompute"]]),
+        "recompute": {size: {"baseline_engine_ttft_s_median": median_or_none([x["ttft_s"] for x in e["recompute"]]),
                              "baseline_engine_ttft_s_repeats": [x["ttft_s"] for x in e["recompute"]],
                              "same_engine_miss_ttft_s": miss.get(size)} for size, e in base.items()},
         "cached": rows,

@@ -23,7 +23,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent.parent
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
-from perf import HEADER_KEYS, Sampler, header, headlines, record, summarize  # noqa: E402
+from perf import HEADER_KEYS, Sampler, header, headlines, median, median_or_none, record, summarize  # noqa: E402
 from perf.records import header_problems, load, record_paths  # noqa: E402
 
 RECORDS = record_paths()
@@ -72,6 +72,13 @@ def test_outliers_are_flagged_outside_three_quarters_to_four_thirds_of_the_media
     s = summarize([100, 74, 134, 76, 132])
     assert s.median == 100
     assert [i for i, _, _ in s.outliers] == [1, 2]
+
+
+def test_a_median_skips_repeats_that_measured_nothing_and_refuses_none_at_all():
+    assert median([3.0, None, 1.0, 2.0]) == 2.0 and median_or_none([None, 5.0]) == 5.0
+    assert median_or_none([]) is None and median_or_none([None]) is None
+    with pytest.raises(ValueError, match="no measured values"):
+        median([None])
 
 
 def test_the_sampler_reads_cpu_time_and_rss_from_proc():

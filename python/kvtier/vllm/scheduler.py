@@ -120,6 +120,9 @@ class SchedulerSide:
         #: after it would attend to the null blocks before it): every load of
         #: such a model is async whatever load_mode says, and fails whole.
         self.hybrid = len(self.specs) > 1 or any(kind != "full" for kind in self.kinds)
+        #: Whether vLLM is told a load completes later (get_num_new_matched_tokens)
+        #: and the load is queued as async (update_state_after_alloc): one answer for both.
+        self.async_load = self.cfg.load_mode == "async" or self.hybrid
         #: A state group holds states at block boundaries only: a hit must
         #: end on one, so the last prompt block is recomputed whole.
         self.aligned = "state" in self.kinds
@@ -296,7 +299,7 @@ class SchedulerSide:
             return 0, False
         hit = min(st.found * self.block_size, self._cap(request))  # vLLM must compute at least the last token
         ext = max(0, hit - num_computed_tokens)
-        return ext, ext > 0 and (self.cfg.load_mode == "async" or self.hybrid)
+        return ext, ext > 0 and self.async_load
 
     def _still_waiting(self, request, st: _State) -> bool:
         """A consumer of a prefill engine (``kv_role: kv_consumer`` behind a
@@ -339,7 +342,6 @@ class SchedulerSide:
         bs = self.block_size
         first = st.local // bs
         last = -(-(st.local + num_external_tokens) // bs)
-        is_async = self.cfg.load_mode == "async" or self.hybrid
         null = self._null_block()
         for g, group_ids in enumerate(blocks.get_block_ids()):
             # A window group holds null blocks where it keeps no KV: those are
@@ -349,7 +351,7 @@ class SchedulerSide:
             if self.kinds[g] == "state":
                 # Only the state at the hit: vLLM puts its block last, nulls before.
                 pairs = [(k, b) for k, b in pairs if b == group_ids[last - 1]]
-            if not pairs and not is_async:
+            if not pairs and not self.async_load:
                 continue  # (an async load reports every group done, even an empty one)
             spec = LoadSpec(
                 req_id=request.request_id,
@@ -357,7 +359,7 @@ class SchedulerSide:
                 block_ids=[b for _, b in pairs],
                 leases=dict(st.leases),
                 lease_nodes=dict(st.lease_nodes),
-                is_async=is_async,
+                is_async=self.async_load,
                 group=g,
             )
             if g == 0:

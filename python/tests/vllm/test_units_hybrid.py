@@ -66,13 +66,14 @@ def _setup(tokens: int, window_keys=slice(None)):
     return toks, keys, c, _sched(c)
 
 
-def _sched(client, **cfg):
+def _sched(client, specs=None, **cfg):
+    """A scheduler over ``specs`` (default :func:`_specs`: a window group 0, a global group 1)."""
     from kvtier.vllm.scheduler import SchedulerSide
 
     conf = ConnectorConfig.from_extra({"url": "x:1", **cfg})
     ident = SimpleNamespace(namespaces=lambda g=0: [f"ns{g}"])
     s = SchedulerSide(conf, ident, client, can_load=True, can_save=True, block_size=BS, stats=StatsLog("", "t"),
-                      specs=_specs())
+                      specs=specs if specs is not None else _specs())
     s.bind_kv_cache_manager(Manager())
     return s
 
@@ -149,16 +150,9 @@ def _state_sched(client):
     """A scheduler for a Mamba hybrid: a state group (0) and a global group (1)."""
     from vllm.v1.kv_cache_interface import FullAttentionSpec, MambaSpec
 
-    from kvtier.vllm.scheduler import SchedulerSide
-
-    conf = ConnectorConfig.from_extra({"url": "x:1"})
-    ident = SimpleNamespace(namespaces=lambda g=0: [f"ns{g}"])
-    specs = [MambaSpec(block_size=BS, shapes=((3, 64),), dtypes=(torch.float32,), mamba_cache_mode="align"),
-             FullAttentionSpec(block_size=BS, num_kv_heads=2, head_size=64, dtype=torch.float32)]
-    s = SchedulerSide(conf, ident, client, can_load=True, can_save=True, block_size=BS, stats=StatsLog("", "t"),
-                      specs=specs)
-    s.bind_kv_cache_manager(Manager())
-    return s
+    return _sched(client, [MambaSpec(block_size=BS, shapes=((3, 64),), dtypes=(torch.float32,),
+                                     mamba_cache_mode="align"),
+                           FullAttentionSpec(block_size=BS, num_kv_heads=2, head_size=64, dtype=torch.float32)])
 
 
 def test_a_state_hit_ends_on_a_block_boundary_and_loads_only_the_state_there():
