@@ -54,9 +54,9 @@ pub struct Block {
     /// The bytes (KV tensors for a cache block, the value for a key/value entry).
     pub payload: Bytes,
     /// The token ids its writer gave, passed on to the other nodes of a
-    /// cluster so their KV events can name them (docs/events.md). Never
-    /// written below memory, never compared: a block read from disk or the
-    /// object store has none.
+    /// cluster so their KV events can name them (docs/events.md). Kept in
+    /// the disk tier's records (docs/disk-format.md), never in the object
+    /// store's: a block read from there has none.
     pub tokens: Option<std::sync::Arc<[u32]>>,
 }
 

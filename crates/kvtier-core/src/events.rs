@@ -33,6 +33,10 @@ pub trait EventSink: Send + Sync + 'static {
     /// `id` (whose chain parent is `parent`, given when `stored`) is now
     /// resident in `medium` (`stored`), or left it.
     fn change(&self, medium: Medium, stored: bool, id: &BlockId, parent: Option<&Key>);
+
+    /// The token ids of `id`, reported before the `change` that stores it
+    /// when its tier kept them (the disk tier's records at a warm restart).
+    fn tokens(&self, _id: &BlockId, _tokens: Arc<[u32]>) {}
 }
 
 /// The chain-index observer reporting to `sink` as `medium`.

@@ -35,6 +35,7 @@ mod admission_metrics;
 pub mod auth;
 pub mod cluster;
 pub mod config;
+pub mod disk;
 pub mod events;
 pub mod fuzzing;
 pub mod grpc;
@@ -437,40 +438,12 @@ async fn build_engine_with(
     engine_cfg.shares = cfg.tenants.shares();
     let builder =
         Engine::builder(engine_cfg).admission(cfg.disk.admission()?, cfg.object_store.admission()?);
-    let builder = with_disk(builder, cfg).await?;
+    let builder = disk::attach(builder, cfg).await?;
     let builder = object::attach(builder, cfg)?.events(events);
     Ok(match peers {
         Some(p) => builder.peers(p).build(),
         None => builder.build(),
     })
-}
-
-/// Adds the disk tier when `disk.dir` is set (recovering what it holds).
-async fn with_disk(
-    builder: kvtier_core::EngineBuilder,
-    cfg: &Config,
-) -> anyhow::Result<kvtier_core::EngineBuilder> {
-    if cfg.disk.dir.is_empty() {
-        return Ok(builder);
-    }
-    let d = &cfg.disk;
-    let mut dc = kvtier_core::DiskConfig::new(&d.dir, d.capacity);
-    dc.sync = d.sync;
-    dc.batch_interval = d.batch_interval;
-    dc.verify_on_open = d.verify_on_open;
-    dc.shares = cfg.tenants.shares();
-    let (disk, rep) = kvtier_core::DiskTier::open_async(dc)
-        .await
-        .context("disk tier")?;
-    tracing::info!(
-        dir = %d.dir,
-        blocks = rep.blocks,
-        bytes = rep.bytes,
-        dropped = rep.dropped(),
-        elapsed_ms = rep.elapsed.as_millis() as u64,
-        "disk tier recovered"
-    );
-    Ok(builder.disk(Some(Arc::new(disk)), d.policy()?))
 }
 
 /// Refuses to listen beyond loopback without authentication, unless the

@@ -59,7 +59,7 @@ def test_a_chain_is_announced_per_tier_with_its_tokens_and_removed_on_delete(tmp
         node.stop()
 
 
-def test_eviction_demotes_with_tokens_and_a_restart_clears_then_reannounces(tmp_path):
+def test_eviction_demotes_with_tokens_and_a_restart_clears_then_reannounces_with_them(tmp_path):
     # Memory for two 400 KiB blocks, write-back: the third write evicts the
     # least recently used leaf to disk.
     disk = str(tmp_path / "disk")
@@ -80,7 +80,7 @@ def test_eviction_demotes_with_tokens_and_a_restart_clears_then_reannounces(tmp_
         sub.close()
         node.stop()
     # A warm restart: consumers are told to forget the node, then its disk
-    # records are announced again (without tokens: they are not stored).
+    # records are announced again, with the token ids each record keeps.
     node = Node(tmp_path, "node-a", *args)
     try:
         got = replay(node.replay, 0)
@@ -93,7 +93,8 @@ def test_eviction_demotes_with_tokens_and_a_restart_clears_then_reannounces(tmp_
         disk_hashes = {e.block_hashes[0] for e in events if type(e).__name__ == "BlockStored" and e.medium == "DISK"}
         assert a.hash(1) in disk_hashes
         again = [e for e in events if type(e).__name__ == "BlockStored" and e.block_hashes == [a.hash(1)]][0]
-        assert (again.token_ids, again.block_size) == ([], 0), "vLLM's tier-only form"
+        assert (again.token_ids, again.block_size) == (a.tokens[BS:2 * BS], BS), "its tokens, from the disk record"
+        assert again.parent_block_hash == a.hash(0)
     finally:
         node.stop()
 

@@ -11,9 +11,10 @@ serves.
 """
 from __future__ import annotations
 
-from kvevents import BS, Chain, Node, free_port
+from kvevents import BS, Chain, Node
 
 from kvtier import Block
+from kvtier.server import free_port_pairs
 
 from llmd import LlmdCheck, wait_for
 
@@ -74,7 +75,7 @@ def test_llmd_follows_writes_deletes_and_demotions_per_tier(tmp_path):
 
 
 def test_llmd_sees_which_node_holds_which_block_in_a_cluster(tmp_path):
-    ports = [free_port(), free_port()]
+    ports = free_port_pairs(2)  # each node's data plane takes P + 1 ("auto")
     names = [f"127.0.0.1:{p}" for p in ports]
     nodes_arg = ",".join(f"grpc://{n}" for n in names)
     nodes = [Node(tmp_path, names[i], "--cluster-nodes", nodes_arg, "--cluster-self", f"grpc://{names[i]}",

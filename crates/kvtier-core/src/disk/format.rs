@@ -13,7 +13,8 @@
 //! off  len  field
 //!   0    4  magic "KVTB"
 //!   4    2  format version (1)
-//!   6    2  flags (bit 0: has parent, bit 1: has expiry; others must be 0)
+//!   6    2  flags (bit 0: has parent, bit 1: has expiry, bit 2: has token
+//!             ids; others must be 0)
 //!   8    4  header length H in bytes, including the trailing header crc
 //!  12    8  sequence number (unique per write, higher = newer)
 //!  20    8  payload length P
@@ -27,6 +28,7 @@
 //!  52    N  namespace (UTF-8)
 //!   .    K  key
 //!   .    Q  parent key
+//!   .   4T  token ids, u32 each (T = token count when bit 2 is set, else 0)
 //! H-4    4  crc32c of header bytes [0, H-4)
 //!   H    P  payload
 //! ```
@@ -34,6 +36,7 @@ use crate::block::{BlockId, BlockMeta};
 use crate::keys::{Key, MAX_KEY_LEN, MAX_NAMESPACE_LEN, Namespace};
 use bytes::Bytes;
 use sha2::{Digest, Sha256};
+use std::sync::Arc;
 
 /// First four bytes of every record.
 pub const MAGIC: [u8; 4] = *b"KVTB";
@@ -45,8 +48,14 @@ pub const VERSION: u16 = 1;
 pub const VERSION_CODEC: u16 = 2;
 /// Bytes before the variable-length fields.
 pub const FIXED_LEN: usize = 52;
-/// Longest possible header (fixed part, longest names, header crc).
-pub const MAX_HEADER_LEN: usize = FIXED_LEN + MAX_NAMESPACE_LEN + 2 * MAX_KEY_LEN + 4;
+/// Longest header without token ids (fixed part, longest names, header crc):
+/// what a reader reads first.
+pub const MAX_NAMES_HEADER_LEN: usize = FIXED_LEN + MAX_NAMESPACE_LEN + 2 * MAX_KEY_LEN + 4;
+/// Most token ids a record keeps; a block with more is written without them
+/// (docs/events.md: its KV event after a restart then names no tokens).
+pub const MAX_TOKEN_IDS: u32 = 1 << 16;
+/// Longest possible header.
+pub const MAX_HEADER_LEN: usize = MAX_NAMES_HEADER_LEN + 4 * MAX_TOKEN_IDS as usize;
 /// Extension of a committed record file.
 pub const RECORD_EXT: &str = "kvb";
 /// Extension of a record still being written (deleted on open).
@@ -54,6 +63,7 @@ pub const TEMP_EXT: &str = "tmp";
 
 const FLAG_PARENT: u16 = 1;
 const FLAG_EXPIRY: u16 = 2;
+const FLAG_TOKENS: u16 = 4;
 
 /// A decoded record header.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -69,6 +79,10 @@ pub struct RecordHeader {
     /// Record format version: [`VERSION`], or [`VERSION_CODEC`] (only from
     /// [`decode_object_header`]).
     pub version: u16,
+    /// The block's token ids, when its writer gave them (disk records only:
+    /// the object tier writes none, so a node of an older build can read
+    /// every object).
+    pub tokens: Option<Arc<[u32]>>,
 }
 
 /// Why a header could not be decoded.
@@ -95,7 +109,22 @@ pub fn file_hash(id: &BlockId) -> [u8; 16] {
 
 /// Encodes the header for `meta` with the given sequence number and payload length.
 pub fn encode_header(meta: &BlockMeta, seq: u64, payload_len: u64) -> Vec<u8> {
-    encode_header_version(meta, seq, payload_len, VERSION)
+    encode(meta, None, seq, payload_len, VERSION)
+}
+
+/// [`encode_header`] keeping the block's token ids, when there are exactly
+/// `meta.token_count` of them and at most [`MAX_TOKEN_IDS`] (the disk tier's
+/// records, so its KV events name them after a restart).
+pub fn encode_header_tokens(
+    meta: &BlockMeta,
+    tokens: Option<&[u32]>,
+    seq: u64,
+    payload_len: u64,
+) -> Vec<u8> {
+    let tokens = tokens.filter(|t| {
+        !t.is_empty() && t.len() == meta.token_count as usize && meta.token_count <= MAX_TOKEN_IDS
+    });
+    encode(meta, tokens, seq, payload_len, VERSION)
 }
 
 /// [`encode_header`] with an explicit record version ([`VERSION_CODEC`] for
@@ -106,16 +135,30 @@ pub fn encode_header_version(
     payload_len: u64,
     version: u16,
 ) -> Vec<u8> {
+    encode(meta, None, seq, payload_len, version)
+}
+
+fn encode(
+    meta: &BlockMeta,
+    tokens: Option<&[u32]>,
+    seq: u64,
+    payload_len: u64,
+    version: u16,
+) -> Vec<u8> {
     let ns = meta.id.namespace.as_str().as_bytes();
     let key = meta.id.key.as_bytes();
     let parent = meta.parent.as_ref().map(Key::as_bytes).unwrap_or(&[]);
-    let header_len = FIXED_LEN + ns.len() + key.len() + parent.len() + 4;
+    let toks = tokens.unwrap_or(&[]);
+    let header_len = FIXED_LEN + ns.len() + key.len() + parent.len() + 4 * toks.len() + 4;
     let mut flags = 0u16;
     if meta.parent.is_some() {
         flags |= FLAG_PARENT;
     }
     if meta.expires_unix_ms.is_some() {
         flags |= FLAG_EXPIRY;
+    }
+    if tokens.is_some() {
+        flags |= FLAG_TOKENS;
     }
     let mut b = Vec::with_capacity(header_len);
     b.extend_from_slice(&MAGIC);
@@ -135,6 +178,9 @@ pub fn encode_header_version(
     b.extend_from_slice(ns);
     b.extend_from_slice(key);
     b.extend_from_slice(parent);
+    for t in toks {
+        b.extend_from_slice(&t.to_le_bytes());
+    }
     let crc = crc32c::crc32c(&b);
     b.extend_from_slice(&crc.to_le_bytes());
     debug_assert_eq!(b.len(), header_len);
@@ -195,7 +241,7 @@ fn decode_header_versions(buf: &[u8], versions: &[u16]) -> Result<RecordHeader, 
             "header crc32c mismatch (stored {want:#010x}, computed {got:#010x})"
         ));
     }
-    if flags & !(FLAG_PARENT | FLAG_EXPIRY) != 0 {
+    if flags & !(FLAG_PARENT | FLAG_EXPIRY | FLAG_TOKENS) != 0 {
         return bad(format!("unknown flags {flags:#06x}"));
     }
     let (n, k, q) = (
@@ -203,7 +249,16 @@ fn decode_header_versions(buf: &[u8], versions: &[u16]) -> Result<RecordHeader, 
         u16_at(buf, 46) as usize,
         u16_at(buf, 48) as usize,
     );
-    if FIXED_LEN + n + k + q + 4 != header_len || (q == 0) == (flags & FLAG_PARENT != 0) {
+    let token_count = u32_at(buf, 32);
+    let t = if flags & FLAG_TOKENS != 0 {
+        if token_count == 0 || token_count > MAX_TOKEN_IDS {
+            return bad(format!("{token_count} token ids flagged"));
+        }
+        token_count as usize
+    } else {
+        0
+    };
+    if FIXED_LEN + n + k + q + 4 * t + 4 != header_len || (q == 0) == (flags & FLAG_PARENT != 0) {
         return bad("field lengths disagree with the header length or flags".into());
     }
     let ns = std::str::from_utf8(&buf[FIXED_LEN..FIXED_LEN + n])
@@ -219,18 +274,25 @@ fn decode_header_versions(buf: &[u8], versions: &[u16]) -> Result<RecordHeader, 
         Some(Key::new(Bytes::copy_from_slice(p)).map_err(|e| HeaderError::Corrupt(e.message))?)
     };
     let expires_unix_ms = (flags & FLAG_EXPIRY != 0).then(|| u64_at(buf, 36));
+    let toks_at = key_at + k + q;
+    let tokens = (t > 0).then(|| {
+        (0..t)
+            .map(|i| u32_at(buf, toks_at + 4 * i))
+            .collect::<Arc<[u32]>>()
+    });
     Ok(RecordHeader {
         seq: u64_at(buf, 12),
         meta: BlockMeta {
             id: BlockId::new(ns, key),
             parent,
-            token_count: u32_at(buf, 32),
+            token_count,
             crc32c: u32_at(buf, 28),
             expires_unix_ms,
         },
         payload_len: u64_at(buf, 20),
         header_len,
         version,
+        tokens,
     })
 }
 
@@ -279,5 +341,50 @@ mod tests {
                 assert!(decode_header(&x).is_err(), "flip at {i} accepted");
             }
         }
+    }
+
+    #[test]
+    fn token_ids_roundtrip_only_when_they_match_the_token_count() {
+        let m = meta(true, Some(7));
+        let toks: Vec<u32> = (0..128).map(|i| i * 1000 + 7).collect();
+        let h = encode_header_tokens(&m, Some(&toks), 9, 100);
+        assert_eq!(h.len(), encode_header(&m, 9, 100).len() + 4 * 128);
+        let d = decode_header(&h).unwrap();
+        assert_eq!(d.tokens.as_deref(), Some(&toks[..]));
+        assert_eq!((d.meta, d.header_len), (m.clone(), h.len()));
+        assert_eq!(
+            decode_object_header(&h).unwrap().tokens.as_deref(),
+            Some(&toks[..])
+        );
+        // Any other count is dropped rather than stored wrong.
+        for wrong in [&toks[..127], &[][..]] {
+            let d = decode_header(&encode_header_tokens(&m, Some(wrong), 9, 100)).unwrap();
+            assert_eq!(d.tokens, None);
+        }
+        assert_eq!(
+            decode_header(&encode_header(&m, 9, 100)).unwrap().tokens,
+            None
+        );
+        let cut = &h[..h.len() - 1];
+        assert_eq!(decode_header(cut), Err(HeaderError::Short));
+        for i in 0..h.len() {
+            let mut x = h.clone();
+            x[i] ^= 0x01;
+            assert!(decode_header(&x).is_err(), "flip at {i} accepted");
+        }
+    }
+
+    #[test]
+    fn a_token_flag_without_a_plausible_count_is_corrupt() {
+        let mut m = meta(false, None);
+        m.token_count = 0;
+        let mut h = encode_header(&m, 1, 1);
+        h[6] |= FLAG_TOKENS as u8;
+        let n = h.len();
+        let crc = crc32c::crc32c(&h[..n - 4]);
+        h[n - 4..].copy_from_slice(&crc.to_le_bytes());
+        assert!(
+            matches!(decode_header(&h), Err(HeaderError::Corrupt(w)) if w.contains("token ids"))
+        );
     }
 }

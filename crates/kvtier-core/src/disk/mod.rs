@@ -3,7 +3,7 @@
 //!
 //! ## Layout: one file per block
 //! ```text
-//!   <dir>/FORMAT                     "kvtier-disk-format 1"
+//!   <dir>/FORMAT                     "kvtier-disk-format 2"
 //!   <dir>/LOCK                       flock'd by the owning process
 //!   <dir>/blocks/<hh>/<hash>-<seq>.kvb   committed record (header + payload)
 //!   <dir>/blocks/<hh>/<hash>-<seq>.tmp   record being written (deleted on open)
@@ -122,6 +122,10 @@ pub struct DiskConfig {
     pub verify_on_open: bool,
     /// How the tier's capacity is divided between tenants (docs/security.md).
     pub shares: crate::shares::Shares,
+    /// Keep the token ids read from the records at open until
+    /// [`DiskTier::observe`] announces them (KV events on; docs/events.md).
+    /// Off, they are not held in memory.
+    pub keep_tokens: bool,
 }
 
 impl DiskConfig {
@@ -137,6 +141,7 @@ impl DiskConfig {
             batch_interval: Self::DEFAULT_BATCH_INTERVAL,
             verify_on_open: true,
             shares: Default::default(),
+            keep_tokens: false,
         }
     }
 }
@@ -182,7 +187,7 @@ impl DiskTier {
     pub fn open(cfg: DiskConfig) -> Result<(DiskTier, RecoveryReport)> {
         let (lock, blocks_dir) = recovery::prepare_dir(&cfg.dir)?;
         let mut idx = Index::new(Arc::new(cfg.shares.clone()));
-        let (report, max_seq) = recovery::rebuild(&cfg, &blocks_dir, &mut idx)?;
+        let (report, max_seq, tokens) = recovery::rebuild(&cfg, &blocks_dir, &mut idx)?;
         let bg = Arc::new(Background::default());
         let shared = Arc::new(Shared {
             cfg,
@@ -191,6 +196,7 @@ impl DiskTier {
             next_seq: AtomicU64::new(max_seq + 1),
             bg: bg.clone(),
             report: report.clone(),
+            recovered_tokens: Mutex::new(tokens),
             corrupt_on_read: AtomicU64::new(0),
             write_exhausted: AtomicU64::new(0),
             write_errors: AtomicU64::new(0),
@@ -238,11 +244,16 @@ impl DiskTier {
     }
 
     /// Reports every later residency change to `sink` as the disk, after
-    /// reporting every block resident now (a warm restart's records).
+    /// reporting every block resident now (a warm restart's records, with
+    /// the token ids they keep when `keep_tokens` is set).
     pub fn observe(&self, sink: std::sync::Arc<dyn crate::events::EventSink>) {
         let o = crate::events::observer(sink.clone(), crate::events::Medium::Disk);
+        let mut tokens = std::mem::take(&mut *self.shared.recovered_tokens.lock());
         let resident = self.shared.index.lock().observe(o);
         for (id, parent) in resident {
+            if let Some(t) = tokens.remove(&id) {
+                sink.tokens(&id, t);
+            }
             sink.change(crate::events::Medium::Disk, true, &id, parent.as_ref());
         }
     }

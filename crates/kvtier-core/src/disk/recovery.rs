@@ -22,8 +22,17 @@ use std::io::{self, Read, Write};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-/// Contents of `<dir>/FORMAT`.
-pub const FORMAT_LINE: &str = "kvtier-disk-format 1\n";
+/// Contents of `<dir>/FORMAT`. Format 2 records may carry token ids (record
+/// flag bit 2), which a format-1 build would delete as corrupt; it refuses a
+/// format-2 directory instead.
+pub const FORMAT_LINE: &str = "kvtier-disk-format 2\n";
+/// A directory this build opens and upgrades (once it holds the lock): its
+/// records are valid format-2 records.
+const FORMAT_LINE_V1: &str = "kvtier-disk-format 1\n";
+
+/// Token ids read from the records at open, until the KV events announce
+/// them (`DiskTier::observe`).
+pub(super) type RecoveredTokens = HashMap<BlockId, std::sync::Arc<[u32]>>;
 
 /// What the index rebuild found when the tier was opened.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -96,8 +105,10 @@ pub(super) fn prepare_dir(dir: &Path) -> Result<(File, PathBuf)> {
         )));
     }
     let fmt_path = dir.join("FORMAT");
+    let mut upgrade = false;
     match fs::read_to_string(&fmt_path) {
         Ok(s) if s == FORMAT_LINE => {}
+        Ok(s) if s == FORMAT_LINE_V1 => upgrade = true,
         Ok(s) => {
             return Err(Error::internal(format!(
                 "disk tier directory {} has format {:?}; this build reads {:?}",
@@ -106,17 +117,7 @@ pub(super) fn prepare_dir(dir: &Path) -> Result<(File, PathBuf)> {
                 FORMAT_LINE.trim()
             )));
         }
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {
-            let tmp = dir.join("FORMAT.tmp");
-            let write = || -> io::Result<()> {
-                let mut f = File::create(&tmp)?;
-                f.write_all(FORMAT_LINE.as_bytes())?;
-                f.sync_all()?;
-                fs::rename(&tmp, &fmt_path)?;
-                sync_dir(dir)
-            };
-            write().map_err(|e| dir_error(dir, "is not writable (writing FORMAT)", e))?;
-        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => write_format(dir)?,
         Err(e) => return Err(dir_error(dir, "cannot read FORMAT", e)),
     }
     let lock_path = dir.join("LOCK");
@@ -133,6 +134,11 @@ pub(super) fn prepare_dir(dir: &Path) -> Result<(File, PathBuf)> {
             lock_path.display()
         ))
     })?;
+    if upgrade {
+        // Under the lock: a format-1 process still running there keeps its directory.
+        write_format(dir)?;
+        tracing::info!(dir = %dir.display(), "disk tier: directory upgraded to format 2");
+    }
     let blocks = dir.join("blocks");
     for i in 0..=255u8 {
         let shard = blocks.join(format!("{i:02x}"));
@@ -142,6 +148,19 @@ pub(super) fn prepare_dir(dir: &Path) -> Result<(File, PathBuf)> {
         .and_then(|_| sync_dir(dir))
         .map_err(|e| dir_error(dir, "fsync failed", e))?;
     Ok((lock, blocks))
+}
+
+/// Writes `FORMAT` durably (temp file, fsync, rename, directory fsync).
+fn write_format(dir: &Path) -> Result<()> {
+    let (tmp, path) = (dir.join("FORMAT.tmp"), dir.join("FORMAT"));
+    let write = || -> io::Result<()> {
+        let mut f = File::create(&tmp)?;
+        f.write_all(FORMAT_LINE.as_bytes())?;
+        f.sync_all()?;
+        fs::rename(&tmp, &path)?;
+        sync_dir(dir)
+    };
+    write().map_err(|e| dir_error(dir, "is not writable (writing FORMAT)", e))
 }
 
 enum Scan {
@@ -158,9 +177,19 @@ fn scan_file(path: &Path, verify: bool) -> io::Result<Scan> {
     if verify {
         f.read_to_end(&mut buf)?;
     } else {
+        // The names' longest header first; token ids, when the header says
+        // it is longer, after (most records' headers are far shorter).
         (&mut f)
-            .take(format::MAX_HEADER_LEN as u64)
+            .take(format::MAX_NAMES_HEADER_LEN as u64)
             .read_to_end(&mut buf)?;
+        if buf.len() >= 12 {
+            let want = u32::from_le_bytes(buf[8..12].try_into().expect("4 bytes")) as usize;
+            if want > buf.len() && want <= format::MAX_HEADER_LEN {
+                (&mut f)
+                    .take((want - buf.len()) as u64)
+                    .read_to_end(&mut buf)?;
+            }
+        }
     }
     let h = match format::decode_header(&buf) {
         Ok(h) => h,
@@ -210,7 +239,7 @@ pub(super) fn rebuild(
     cfg: &DiskConfig,
     blocks: &Path,
     idx: &mut Index,
-) -> Result<(RecoveryReport, u64)> {
+) -> Result<(RecoveryReport, u64, RecoveredTokens)> {
     let t0 = Instant::now();
     let mut rep = RecoveryReport::default();
     let mut max_seq = 0u64;
@@ -290,7 +319,13 @@ pub(super) fn rebuild(
     }
     let mut recs: Vec<_> = best.into_values().collect();
     recs.sort_by_key(|(h, _, _)| h.seq);
+    let mut tokens = RecoveredTokens::new();
     for (h, file_len, hash) in recs {
+        if cfg.keep_tokens
+            && let Some(t) = h.tokens
+        {
+            tokens.insert(h.meta.id.clone(), t);
+        }
         let m = h.meta;
         let e = Entry::new(
             h.seq,
@@ -322,7 +357,8 @@ pub(super) fn rebuild(
     rep.elapsed = t0.elapsed();
     tracing::info!(dir = %cfg.dir.display(), blocks = rep.blocks, bytes = rep.bytes, torn = rep.dropped_torn,
         corrupt = rep.dropped_corrupt, elapsed_ms = rep.elapsed.as_millis() as u64, "disk tier recovered");
-    Ok((rep, max_seq))
+    tokens.retain(|id, _| idx.get(id).is_some());
+    Ok((rep, max_seq, tokens))
 }
 
 fn record_path(blocks: &Path, r: &Removed) -> PathBuf {

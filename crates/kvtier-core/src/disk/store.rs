@@ -31,6 +31,8 @@ pub(super) struct Shared {
     pub(super) next_seq: AtomicU64,
     pub(super) bg: Arc<Background>,
     pub(super) report: RecoveryReport,
+    /// What `DiskTier::observe` announces with the records found at open.
+    pub(super) recovered_tokens: Mutex<super::recovery::RecoveredTokens>,
     pub(super) corrupt_on_read: AtomicU64,
     pub(super) write_exhausted: AtomicU64,
     pub(super) write_errors: AtomicU64,
@@ -117,7 +119,7 @@ impl Shared {
         let len = block.payload.len() as u64;
         let hash = format::file_hash(&id);
         let seq = self.next_seq.fetch_add(1, Ordering::Relaxed);
-        let header = format::encode_header(&block.meta, seq, len);
+        let header = format::encode_header_tokens(&block.meta, block.tokens.as_deref(), seq, len);
         let cost = charge(header.len() as u64 + len);
         let capacity = self.cfg.capacity.bytes();
         if cost > capacity {
@@ -385,7 +387,7 @@ fn verify_record(buf: Vec<u8>, id: &BlockId, entry: &Entry) -> std::result::Resu
     Ok(Block {
         meta: h.meta,
         payload,
-        tokens: None,
+        tokens: h.tokens,
     })
 }
 

@@ -109,6 +109,10 @@ impl EventHub {
 }
 
 impl EventSink for EventHub {
+    fn tokens(&self, id: &BlockId, tokens: Arc<[u32]>) {
+        EventHub::tokens(self, id, tokens);
+    }
+
     fn change(&self, medium: Medium, stored: bool, id: &BlockId, parent: Option<&Key>) {
         if self.cfg.publishes(id.namespace.as_str()) {
             self.send(Msg::Change {
