@@ -49,7 +49,7 @@ from perf.serving.report import BOUND_X
 from perf.serving.router_score import parse_weights
 from perf.serving.routing import ROUTERS, RoutingDeployment, deploy, kvtier_hits, plan
 from perf.serving.run import run_rate
-from perf.serving.trace import TraceSpec, generate, read_trace, token_counts, write_trace
+from perf.serving.trace import add_arguments, from_arguments, generate, read_trace, token_counts, write_trace
 
 
 def trace_set(c: int, k: int, n_sets: int) -> int:
@@ -127,12 +127,7 @@ def main() -> int:
     ap.add_argument("--routers", default=",".join(ROUTERS))
     ap.add_argument("--rates", default="0.5,1,2")
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--users", type=int, default=TraceSpec.users)
-    ap.add_argument("--turns", type=int, default=TraceSpec.turns)
-    ap.add_argument("--system-words", type=int, default=TraceSpec.system_words)
-    ap.add_argument("--user-words", type=int, default=TraceSpec.user_words)
-    ap.add_argument("--reply-words", type=int, default=TraceSpec.reply_words)
-    ap.add_argument("--output-tokens", type=int, default=TraceSpec.output_tokens)
+    add_arguments(ap)
     ap.add_argument("--block-size", type=int, default=64)
     ap.add_argument("--num-blocks", type=int, default=96, help="each engine's own KV blocks (its prefix cache)")
     ap.add_argument("--kvtier-tiers", choices=("memory", "disk"), default="memory",
@@ -165,8 +160,7 @@ def main() -> int:
     traces: dict[tuple[int, int], tuple[Path, int]] = {}
     for t in range(n_sets):
         for i, _ in enumerate(rates):
-            tspec = TraceSpec(a.users, a.turns, a.system_words, a.user_words, a.reply_words, a.output_tokens,
-                              a.seed + 1000 * i + t)
+            tspec = from_arguments(a, a.seed + 1000 * i + t)
             turns = generate(tspec)
             traces[t, i] = (write_trace(turns, work / f"trace-{t}-{i}.jsonl", tspec), len(turns))
     topo = plan(work / "deploy", a.kvtier_tiers)

@@ -35,7 +35,7 @@ from _perf import ROOT
 from perf import header, versions, write_record
 from perf.serving.engines import ReplicaSpec
 from perf.serving.run import TOPOLOGIES, System, check_outputs, deploy, run_rate
-from perf.serving.trace import TraceSpec, generate, token_counts, write_trace
+from perf.serving.trace import add_arguments, from_arguments, generate, token_counts, write_trace
 
 
 def systems(names: list[str]) -> list[System]:
@@ -85,12 +85,7 @@ def main() -> int:
     ap.add_argument("--rates", default="0.1,0.2,0.4,0.8")
     ap.add_argument("--systems", default="alone,kvtier,kvtier-disk")
     ap.add_argument("--topologies", default="one,two,pd")
-    ap.add_argument("--users", type=int, default=TraceSpec.users)
-    ap.add_argument("--turns", type=int, default=TraceSpec.turns)
-    ap.add_argument("--system-words", type=int, default=TraceSpec.system_words)
-    ap.add_argument("--user-words", type=int, default=TraceSpec.user_words)
-    ap.add_argument("--reply-words", type=int, default=TraceSpec.reply_words)
-    ap.add_argument("--output-tokens", type=int, default=TraceSpec.output_tokens)
+    add_arguments(ap)
     ap.add_argument("--block-size", type=int, default=64)
     ap.add_argument("--num-blocks", type=int, default=96, help="each engine's own KV blocks (its prefix cache)")
     ap.add_argument("--seed", type=int, default=0)
@@ -124,7 +119,7 @@ def main() -> int:
     rates = [float(r) for r in a.rates.split(",")]
     traces = []
     for i, _ in enumerate(rates):
-        tspec = TraceSpec(a.users, a.turns, a.system_words, a.user_words, a.reply_words, a.output_tokens, a.seed + i)
+        tspec = from_arguments(a, a.seed + i)
         turns = generate(tspec)
         path = write_trace(turns, work / f"trace-{i}.jsonl", tspec)
         traces.append((path, len(turns), token_counts(turns, lambda p: tok(p).input_ids, a.block_size)))

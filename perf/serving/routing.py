@@ -46,7 +46,7 @@ from kvtier.server import free_port_pairs
 
 from ..services import Server, ServerError, Service, free_port, kvtier_server
 from .engines import Replica, ReplicaSpec, wait_http
-from .run import Deployment, System, _connector, _kvtier_args, warm_up
+from .run import Deployment, System, _connector, _kvtier_args, start_replicas
 
 __all__ = ["ROUTERS", "NodePlan", "Plan", "Running", "RoutingDeployment", "deploy", "kvtier_hits", "plan"]
 
@@ -245,18 +245,11 @@ def deploy(p: Plan, spec: ReplicaSpec, binary: Path | None = None,
             if time.monotonic() > end:
                 raise ServerError(f"the kvtier nodes did not see each other within 60 s: {p.nodes}")
             time.sleep(0.2)
-        replicas = []
-        for i in range(len(p.nodes)):
-            rs = ReplicaSpec(**{**spec.__dict__, "kv_transfer_config": p.connector(i),
+        specs = [ReplicaSpec(**{**spec.__dict__, "kv_transfer_config": p.connector(i),
                                 "extra_args": [*spec.extra_args, *p.engine_args(i, spec.model)],
                                 "env": dict(spec.env), "cpus": cpus[i] if i < len(cpus) else None})
-            r = Replica.spawn(rs, p.workdir / f"engine-{i}.log", extra_path=[str(ROOT / "python")])
-            stack.callback(r.stop)
-            replicas.append(r)
-        for r in replicas:
-            r.ready(timeout)
-        for r in replicas:
-            warm_up(r.url, spec.model)
+                 for i in range(len(p.nodes))]
+        replicas = start_replicas(specs, p.workdir, stack, timeout, [str(ROOT / "python")])
         found = _namespaces([r.log for r in replicas])
         # one model: one namespace (several for a hybrid model's groups: their common prefix)
         namespace = os.path.commonprefix(found) if found else ""

@@ -122,17 +122,9 @@ def deploy(system: System, topology: str, spec: ReplicaSpec, workdir: Path, kvti
             env.update(penv)
             path += ppath
         n = 1 if topology == "one" else 2
-        replicas = []
-        for i in range(n):
-            s = ReplicaSpec(**{**spec.__dict__, "kv_transfer_config": ktc[i], "env": {**spec.env, **env},
-                               "cpus": cpus[i] if i < len(cpus) else None})
-            r = Replica.spawn(s, workdir / f"engine-{i}.log", extra_path=path)
-            stack.callback(r.stop)
-            replicas.append(r)
-        for r in replicas:
-            r.ready(timeout)
-        for r in replicas:
-            warm_up(r.url, spec.model)
+        specs = [ReplicaSpec(**{**spec.__dict__, "kv_transfer_config": ktc[i], "env": {**spec.env, **env},
+                                "cpus": cpus[i] if i < len(cpus) else None}) for i in range(n)]
+        replicas = start_replicas(specs, workdir, stack, timeout, path)
         port = free_port()
         mode = ["--mode", "pd", "--prefill", replicas[0].url, "--decode", replicas[1].url] if topology == "pd" \
             else ["--mode", "round-robin", *[r.url for r in replicas]]
@@ -144,6 +136,23 @@ def deploy(system: System, topology: str, spec: ReplicaSpec, workdir: Path, kvti
         url = f"http://127.0.0.1:{port}"
         wait_http(url + "/health", router, 60, workdir / "router.log")
         yield Deployment(url, replicas, server, router, stats[:n] if server else [])
+
+
+def start_replicas(specs: Sequence[ReplicaSpec], workdir: Path, stack: contextlib.ExitStack, timeout: float,
+                   extra_path: Sequence[str] = ()) -> list[Replica]:
+    """Spawns every replica (logging to ``workdir/engine-I.log``, each
+    stopped when ``stack`` closes) before waiting for any, so they load in
+    parallel; then waits for each and warms it up."""
+    replicas = []
+    for i, s in enumerate(specs):
+        r = Replica.spawn(s, workdir / f"engine-{i}.log", extra_path=extra_path)
+        stack.callback(r.stop)
+        replicas.append(r)
+    for r in replicas:
+        r.ready(timeout)
+    for r, s in zip(replicas, specs):
+        warm_up(r.url, s.model)
+    return replicas
 
 
 def warm_up(url: str, model: str, requests: int = 3) -> None:

@@ -21,6 +21,7 @@ previous prompt's tokens followed by the new words' tokens.
 """
 from __future__ import annotations
 
+import argparse
 import hashlib
 import json
 import random
@@ -29,7 +30,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["TraceSpec", "Turn", "generate", "infinite_cache_hits", "read_trace", "token_counts", "write_trace"]
+__all__ = ["TraceSpec", "Turn", "add_arguments", "from_arguments", "generate", "infinite_cache_hits", "read_trace",
+           "token_counts", "write_trace"]
 
 _LETTERS = "abcdefghijklmnopqrstuvwxyz0123456789"
 
@@ -50,6 +52,22 @@ class TraceSpec:
     output_tokens: int = 16
     """Tokens the engine generates per request."""
     seed: int = 0
+
+
+#: The shape of a trace a benchmark script takes from its command line.
+SHAPE = ("users", "turns", "system_words", "user_words", "reply_words", "output_tokens")
+
+
+def add_arguments(ap: argparse.ArgumentParser) -> None:
+    """``--users``, ``--turns``, ... (:data:`SHAPE`), defaulting to the note's trace."""
+    default = TraceSpec()
+    for name in SHAPE:
+        ap.add_argument(f"--{name.replace('_', '-')}", type=int, default=getattr(default, name))
+
+
+def from_arguments(a: argparse.Namespace, seed: int) -> TraceSpec:
+    """The trace :func:`add_arguments`' options describe, generated from ``seed``."""
+    return TraceSpec(**{name: getattr(a, name) for name in SHAPE}, seed=seed)
 
 
 @dataclass(frozen=True)
