@@ -238,8 +238,7 @@ class Feed:
             while True:
                 frames = await sock.recv_multipart()
                 seq = self.seq(frames)
-                start = None if replay is None or seq is None else self.missing(seq)
-                if replay is not None and seq is not None and start is not None:
+                if replay is not None and seq is not None and (start := self.missing(seq)) is not None:
                     await self.fill(replay, start, seq)
                 self.handle(frames)
         finally:

@@ -125,7 +125,8 @@ class Block:
     token_ids: Sequence[int] = ()
     """The block's token ids (none, or ``token_count`` of them): the
     server's KV events carry them so routers can match blocks to prompts
-    (docs/events.md). Never stored with the block."""
+    (docs/events.md). The disk tier keeps them in its record, for the
+    events after a restart; a read never returns them."""
 
 
 @dataclass(frozen=True)

@@ -234,6 +234,7 @@ impl Shared {
     /// are stored (docs/events.md).
     pub fn note_tokens(&self, blocks: &[kvtier_core::Block]) {
         if let Some(h) = &self.events {
+            use kvtier_core::events::EventSink as _;
             for b in blocks {
                 if let Some(t) = &b.tokens {
                     h.tokens(&b.meta.id, t.clone());

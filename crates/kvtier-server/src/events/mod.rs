@@ -95,22 +95,18 @@ impl EventHub {
             self.counters.dropped.inc();
         }
     }
+}
 
-    /// Token ids of a block about to be written; ignored for namespaces
-    /// that are not published.
-    pub fn tokens(&self, id: &BlockId, tokens: Arc<[u32]>) {
+impl EventSink for EventHub {
+    /// Token ids of a block about to be written (or recovered from disk);
+    /// ignored for namespaces that are not published.
+    fn tokens(&self, id: &BlockId, tokens: Arc<[u32]>) {
         if !tokens.is_empty() && self.cfg.publishes(id.namespace.as_str()) {
             self.send(Msg::Tokens {
                 id: id.clone(),
                 tokens,
             });
         }
-    }
-}
-
-impl EventSink for EventHub {
-    fn tokens(&self, id: &BlockId, tokens: Arc<[u32]>) {
-        EventHub::tokens(self, id, tokens);
     }
 
     fn change(&self, medium: Medium, stored: bool, id: &BlockId, parent: Option<&Key>) {
