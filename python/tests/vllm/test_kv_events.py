@@ -14,7 +14,7 @@ import msgspec
 import pytest
 from kvevents import BS, Chain, Node, Sub, joined, replay
 
-from kvtier import Block, KvtierError
+from kvtier import Block, KvtierError, _proto
 from kvtier.server import ServerError
 
 
@@ -95,6 +95,14 @@ def test_eviction_demotes_with_tokens_and_a_restart_clears_then_reannounces_with
         again = [e for e in events if type(e).__name__ == "BlockStored" and e.block_hashes == [a.hash(1)]][0]
         assert (again.token_ids, again.block_size) == (a.tokens[BS:2 * BS], BS), "its tokens, from the disk record"
         assert again.parent_block_hash == a.hash(0)
+        # A reader asking the raw API for that disk record gets its bytes,
+        # never the token ids the record keeps (docs/security.md, "KV events").
+        m = _proto.load()
+        with grpc.insecure_channel(node.server.grpc) as ch:
+            got_blocks = [r.block for r in m.v1_grpc.KvTierStub(ch).Read(
+                m.v1.ReadRequest(namespace="t/m", keys=[a.keys[1]]), timeout=30) if r.WhichOneof("item") == "block"]
+        assert len(got_blocks) == 1 and got_blocks[0].block.payload == a.payloads[1]
+        assert list(got_blocks[0].block.token_ids) == []
     finally:
         node.stop()
 
